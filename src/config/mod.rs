@@ -1,0 +1,200 @@
+//! Configuration: the YAML file of DESIGN §5 parsed into serde structs that
+//! mirror it (`raw`), then validated into the typed `Config` below. Every
+//! problem is reported at once, each with its field path (and line where the
+//! YAML parser gives one).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The validated, typed configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub listen: Vec<Listen>,
+    pub admin: Option<Admin>,
+    pub limits: ServerLimits,
+    pub upstream: Upstream,
+    pub store: StoreConfig,
+    pub keys: Vec<KeySource>,
+    pub cookie: CookieConfig,
+    /// Prefix of queuegate's own paths, default `/__queuegate`.
+    pub reserved_prefix: String,
+    pub bypass: Vec<BypassRule>,
+    pub routes: Vec<Route>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Listen {
+    pub addr: SocketAddr,
+    pub tls: Option<TlsFiles>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Admin {
+    pub addr: SocketAddr,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerLimits {
+    /// The whole request head must arrive within this (default 10s).
+    pub header_timeout: Duration,
+    /// Beyond this the request gets 431 (default 16384).
+    pub max_header_bytes: usize,
+    /// Open client connections at most (default 10000).
+    pub max_connections: usize,
+    /// On SIGTERM, in-flight requests get this long (default 30s).
+    pub drain_timeout: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Upstream {
+    /// `http://` or `https://` origin, no path beyond `/`.
+    pub url: http::Uri,
+    /// Default 2s.
+    pub connect_timeout: Duration,
+    /// Whole response head must arrive within this (default 60s).
+    pub timeout: Duration,
+    pub pool: Pool,
+    /// Replace the client's `Host` with this (default: keep the client's).
+    pub host: Option<String>,
+    /// PEM file of private CAs to trust for an `https://` upstream.
+    pub ca_file: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pool {
+    /// Default 256.
+    pub max_idle_per_host: usize,
+    /// Default 90s.
+    pub idle_timeout: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoreConfig {
+    pub backend: Backend,
+    /// Present when `backend` is redis (defaults filled in).
+    pub redis: RedisConfig,
+    /// For the per-instance limit while the store is down (default 1).
+    pub expected_instances: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Memory,
+    Redis,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RedisConfig {
+    pub mode: RedisMode,
+    /// Per-call timeout (default 200ms).
+    pub timeout: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum RedisMode {
+    /// `redis: { url: redis://host:port/db }` (default redis://127.0.0.1:6379).
+    Standalone { url: String },
+    /// `redis: { cluster: [redis://a:7000, redis://b:7001] }`.
+    Cluster { nodes: Vec<String> },
+    /// `redis: { sentinel: { master: mymaster, nodes: [redis://s1:26379] } }`.
+    Sentinel {
+        master: String,
+        nodes: Vec<String>,
+    },
+}
+
+/// Where one key of the key ring comes from. Never the YAML itself.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeySource {
+    /// Key id: 1–16 characters of `[A-Za-z0-9_-]`.
+    pub id: String,
+    pub from: KeyFrom,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum KeyFrom {
+    Env(String),
+    File(PathBuf),
+}
+
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct CookieConfig {
+    /// `Domain=` attribute; when set the `__Host-` prefix is not used.
+    pub domain: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum BypassRule {
+    PathPrefix(String),
+    Path(String),
+    Method(http::Method),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Route {
+    /// `[A-Za-z0-9_-]{1,32}`: it is part of the cookie name and value.
+    pub name: String,
+    pub matcher: RouteMatch,
+    pub capacity: u64,
+    /// Default 20.
+    pub max_admit_per_tick: u64,
+    /// Default 100ms.
+    pub tick: Duration,
+    /// Default 10m.
+    pub session_ttl: Duration,
+    /// Default 60s.
+    pub pass_ttl: Duration,
+    /// Default 60s.
+    pub arrival_grace: Duration,
+    /// Default 30s.
+    pub abandon_after: Duration,
+    /// Default 200000.
+    pub max_waiting: u64,
+    /// Default 503.
+    pub waiting_status: http::StatusCode,
+    /// Default gate.
+    pub mode: Mode,
+    /// Default local.
+    pub on_store_error: OnStoreError,
+    pub page: PageConfig,
+}
+
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct RouteMatch {
+    /// Exact host (port ignored), lower-cased.
+    pub host: Option<String>,
+    /// Normalised path prefix, matched on a segment boundary.
+    pub path_prefix: Option<String>,
+    pub case_insensitive: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Gate,
+    QueueAll,
+    Passthrough,
+    Closed,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnStoreError {
+    Open,
+    Closed,
+    Local,
+}
+
+/// Per-route waiting page text and template.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct PageConfig {
+    pub title: Option<String>,
+    pub message: Option<String>,
+    /// Template file (read and checked for its placeholders at load).
+    pub template: Option<PathBuf>,
+}
