@@ -5,7 +5,9 @@
 //! - `config`: the YAML file, parsed and validated into a typed `Config`.
 //! - `clock`: wall-clock time read through tokio, so tests can pause it.
 //! - `queue`: the `QueueStore` trait and its memory and Redis backends.
+//! - `waiting`: the waiting page people see and the `return` path they go back to.
 #![forbid(unsafe_code)]
 
 pub mod clock;
 pub mod config;
+pub mod waiting;
