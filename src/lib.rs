@@ -10,6 +10,7 @@
 //! - `shutdown`: SIGTERM/SIGINT.
 //! - `clock`: wall-clock time read through tokio, so tests can pause it.
 //! - `demo`: the embedded demo origin behind `queuegate demo`.
+//! - `waiting`: the waiting page people see and the `return` path they go back to.
 #![forbid(unsafe_code)]
 
 pub mod app;
@@ -20,6 +21,7 @@ pub mod proxy;
 pub mod response;
 pub mod server;
 pub mod shutdown;
+pub mod waiting;
 
 use std::future::Future;
 use std::sync::Arc;
