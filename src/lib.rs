@@ -8,6 +8,7 @@
 //! - `proxy`: the pooled upstream client, header rewriting, upgrades.
 //! - `response`: the one body type and every response queuegate makes.
 //! - `shutdown`: SIGTERM/SIGINT.
+//! - `queue`: the `QueueStore` trait and its memory and Redis backends.
 //! - `clock`: wall-clock time read through tokio, so tests can pause it.
 //! - `demo`: the embedded demo origin behind `queuegate demo`.
 //! - `waiting`: the waiting page people see and the `return` path they go back to.
@@ -18,6 +19,7 @@ pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod proxy;
+pub mod queue;
 pub mod response;
 pub mod server;
 pub mod shutdown;
