@@ -641,18 +641,18 @@ fn covers(earlier: &RouteMatch, later: &RouteMatch) -> bool {
     };
     let path_covered = match (&earlier.path_prefix, &later.path_prefix) {
         (None, _) => true,
-        (Some(_), None) => false,
+        // `/` matches every path.
+        (Some(a), None) => a == "/",
+        (Some(a), Some(_)) if a == "/" => true,
+        // The later route also takes case variants the earlier one lets by.
+        (Some(_), Some(_)) if later.case_insensitive && !earlier.case_insensitive => false,
         (Some(a), Some(b)) => {
             let (a, b) = if earlier.case_insensitive {
                 (a.to_ascii_lowercase(), b.to_ascii_lowercase())
-            } else if later.case_insensitive {
-                // The later route also takes case variants the earlier one
-                // lets through.
-                return false;
             } else {
                 (a.clone(), b.clone())
             };
-            a == "/" || b == a || b.starts_with(&format!("{a}/"))
+            b == a || b.starts_with(&format!("{a}/"))
         }
     };
     host_covered && path_covered
@@ -966,4 +966,342 @@ fn show(duration: Duration) -> String {
 /// whose `usize` cannot hold one, saturate rather than wrap.
 fn to_usize(value: u64) -> usize {
     usize::try_from(value).unwrap_or(usize::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "\
+listen: [{ addr: 127.0.0.1:8080 }]
+upstream: { url: http://127.0.0.1:3000 }
+keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]
+";
+
+    fn parse(extra: &str) -> Result<Config, ConfigErrors> {
+        Config::from_yaml(&format!("{BASE}{extra}"))
+    }
+
+    /// The paths of the problems `extra` causes, in file order.
+    fn problem_paths(extra: &str) -> Vec<String> {
+        match parse(extra) {
+            Ok(config) => panic!("expected problems, got {config:?}"),
+            Err(errors) => errors.errors.into_iter().map(|e| e.path).collect(),
+        }
+    }
+
+    fn message_at(extra: &str, path: &str) -> String {
+        let errors = parse(extra).expect_err("expected problems");
+        match errors.at(path) {
+            Some(error) => error.message.clone(),
+            None => panic!("no problem at {path}: {errors}"),
+        }
+    }
+
+    #[test]
+    fn path_prefixes_are_normalised() {
+        assert_eq!(normalise_prefix("/tickets/").as_deref(), Ok("/tickets"));
+        assert_eq!(normalise_prefix("/").as_deref(), Ok("/"));
+        assert_eq!(normalise_prefix("//").as_deref(), Ok("/"));
+        assert_eq!(normalise_prefix("//a///b/").as_deref(), Ok("/a/b"));
+        assert_eq!(normalise_prefix("/a/./b/../c").as_deref(), Ok("/a/c"));
+        assert_eq!(normalise_prefix("/../a").as_deref(), Ok("/a"));
+        assert_eq!(normalise_prefix("/%7euser/%41").as_deref(), Ok("/~user/A"));
+        assert_eq!(normalise_prefix("/a%2fb").as_deref(), Ok("/a%2Fb"));
+        assert_eq!(normalise_prefix("/caf\u{e9}").as_deref(), Ok("/caf\u{e9}"));
+        assert!(normalise_prefix("tickets").is_err());
+        assert!(normalise_prefix("/a?b=1").is_err());
+        assert!(normalise_prefix("/a%4").is_err());
+        assert!(normalise_prefix("/a%zz").is_err());
+    }
+
+    #[test]
+    fn route_match_needs_host_or_path_prefix() {
+        let paths = problem_paths("routes: [{ name: a, match: {}, capacity: 1 }]\n");
+        assert_eq!(paths, ["routes[0].match"]);
+        let paths = problem_paths("routes: [{ name: a, capacity: 1 }]\n");
+        assert_eq!(paths, ["routes[0].match"]);
+    }
+
+    #[test]
+    fn route_hosts_are_lower_cased_and_have_no_port() {
+        let config =
+            parse("routes: [{ name: a, match: { host: Shop.Example.COM }, capacity: 1 }]\n")
+                .unwrap();
+        assert_eq!(
+            config.routes[0].matcher.host.as_deref(),
+            Some("shop.example.com")
+        );
+        let message = message_at(
+            "routes: [{ name: a, match: { host: 'a.com:8080' }, capacity: 1 }]\n",
+            "routes[0].match.host",
+        );
+        assert!(message.contains("without the port"), "{message}");
+    }
+
+    #[test]
+    fn a_route_hidden_by_an_earlier_one_is_rejected() {
+        let hidden = "routes:\n  - { name: a, match: { path_prefix: /shop }, capacity: 1 }\n  - { name: b, match: { path_prefix: /shop/sale/ }, capacity: 1 }\n";
+        assert_eq!(problem_paths(hidden), ["routes[1].match"]);
+        let catch_all_first = "routes:\n  - { name: a, match: { path_prefix: / }, capacity: 1 }\n  - { name: b, match: { host: x.com }, capacity: 1 }\n";
+        assert_eq!(problem_paths(catch_all_first), ["routes[1].match"]);
+        let any_case_first = "routes:\n  - { name: a, match: { path_prefix: /Shop, case_insensitive: true }, capacity: 1 }\n  - { name: b, match: { path_prefix: /shop/x }, capacity: 1 }\n";
+        assert_eq!(problem_paths(any_case_first), ["routes[1].match"]);
+    }
+
+    #[test]
+    fn routes_that_overlap_only_partly_are_accepted() {
+        let config = parse(
+            "routes:\n  - { name: a, match: { path_prefix: /shop/sale }, capacity: 1 }\n  - { name: b, match: { path_prefix: /shop }, capacity: 1 }\n  - { name: c, match: { host: x.com, path_prefix: /s }, capacity: 1 }\n  - { name: d, match: { path_prefix: /s }, capacity: 1 }\n  - { name: e, match: { path_prefix: /S, case_insensitive: true }, capacity: 1 }\n",
+        )
+        .unwrap();
+        assert_eq!(config.routes.len(), 5);
+    }
+
+    #[test]
+    fn route_names_are_unique_and_cookie_safe() {
+        let paths = problem_paths(
+            "routes:\n  - { name: a, match: { path_prefix: /a }, capacity: 1 }\n  - { name: a, match: { path_prefix: /b }, capacity: 1 }\n  - { name: 'c.d', match: { path_prefix: /c }, capacity: 1 }\n  - { name: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa, match: { path_prefix: /d }, capacity: 1 }\n",
+        );
+        assert_eq!(
+            paths,
+            ["routes[1].name", "routes[2].name", "routes[3].name"]
+        );
+    }
+
+    #[test]
+    fn a_route_inside_the_reserved_prefix_is_rejected() {
+        let paths = problem_paths(
+            "routes: [{ name: a, match: { path_prefix: /__queuegate/x }, capacity: 1 }]\n",
+        );
+        assert_eq!(paths, ["routes[0].match.path_prefix"]);
+        parse("routes: [{ name: a, match: { path_prefix: /__queuegatex }, capacity: 1 }]\n")
+            .unwrap();
+    }
+
+    #[test]
+    fn route_numbers_and_durations_are_bounded() {
+        let paths = problem_paths(
+            "routes: [{ name: a, match: { path_prefix: /a }, capacity: 0, max_admit_per_tick: 0, tick: 9ms, pass_ttl: 1999ms, arrival_grace: 0s, abandon_after: 0ms, waiting_status: 600 }]\n",
+        );
+        assert_eq!(
+            paths,
+            [
+                "routes[0].capacity",
+                "routes[0].max_admit_per_tick",
+                "routes[0].tick",
+                "routes[0].pass_ttl",
+                "routes[0].arrival_grace",
+                "routes[0].abandon_after",
+                "routes[0].waiting_status",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_session_must_outlive_its_pass() {
+        let message = message_at(
+            "routes: [{ name: a, match: { path_prefix: /a }, capacity: 1, session_ttl: 30s, pass_ttl: 1m }]\n",
+            "routes[0].session_ttl",
+        );
+        assert!(
+            message.starts_with("30s is shorter than pass_ttl 1m"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn waiting_status_takes_any_error_status() {
+        let config = parse(
+            "routes: [{ name: a, match: { path_prefix: /a }, capacity: 1, waiting_status: 428 }]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            config.routes[0].waiting_status,
+            http::StatusCode::PRECONDITION_REQUIRED
+        );
+        let paths = problem_paths(
+            "routes: [{ name: a, match: { path_prefix: /a }, capacity: 1, waiting_status: 302 }]\n",
+        );
+        assert_eq!(paths, ["routes[0].waiting_status"]);
+    }
+
+    #[test]
+    fn upstream_url_is_an_origin_only() {
+        for (url, why) in [
+            ("ftp://x.com", "scheme"),
+            ("127.0.0.1:3000", "http://host:port"),
+            ("http://x.com/app", "path"),
+            ("http://x.com/?a=1", "query"),
+            ("http://user:pw@x.com", "credentials"),
+            ("http:///", "invalid upstream url"),
+        ] {
+            let text = format!(
+                "listen: [{{ addr: 127.0.0.1:8080 }}]\nupstream: {{ url: '{url}' }}\nkeys: [{{ id: k1, env: K }}]\n"
+            );
+            let errors = Config::from_yaml(&text).expect_err(url);
+            let message = &errors.at("upstream.url").expect(url).message;
+            assert!(message.contains(why), "{url}: {message}");
+        }
+        let text = "listen: [{ addr: 127.0.0.1:8080 }]\nupstream: { url: 'https://[::1]:8443/' }\nkeys: [{ id: k1, env: K }]\n";
+        let config = Config::from_yaml(text).unwrap();
+        assert_eq!(config.upstream.url.scheme_str(), Some("https"));
+    }
+
+    #[test]
+    fn upstream_url_is_required_and_ca_file_needs_https() {
+        let text = "listen: [{ addr: 127.0.0.1:8080 }]\nupstream: { timeout: 5s }\nkeys: [{ id: k1, env: K }]\n";
+        let errors = Config::from_yaml(text).unwrap_err();
+        assert_eq!(errors.errors.len(), 1);
+        assert_eq!(errors.errors[0].path, "upstream.url");
+        assert_eq!(errors.errors[0].line, Some(2), "{errors}");
+        let text = "listen: [{ addr: 127.0.0.1:8080 }]\nupstream: { url: http://a:1, ca_file: /ca.pem }\nkeys: [{ id: k1, env: K }]\n";
+        assert!(Config::from_yaml(text)
+            .unwrap_err()
+            .at("upstream.ca_file")
+            .is_some());
+    }
+
+    #[test]
+    fn limits_are_bounded() {
+        let paths = problem_paths(
+            "limits: { header_timeout: 0s, max_header_bytes: 1023, max_connections: 0 }\n",
+        );
+        assert_eq!(
+            paths,
+            [
+                "limits.header_timeout",
+                "limits.max_header_bytes",
+                "limits.max_connections"
+            ]
+        );
+        let config = parse("limits: { max_header_bytes: 1048576, drain_timeout: 0s }\n").unwrap();
+        assert_eq!(config.limits.max_header_bytes, 1_048_576);
+        assert_eq!(config.limits.drain_timeout, Duration::ZERO);
+    }
+
+    #[test]
+    fn keys_need_exactly_one_source_and_unique_ids() {
+        let text = "listen: [{ addr: 127.0.0.1:8080 }]\nupstream: { url: http://a:1 }\nkeys:\n  - { id: k1 }\n  - { id: k2, env: A, file: /b }\n  - { id: k2, file: /c }\n  - { env: D }\n";
+        let errors = Config::from_yaml(text).unwrap_err();
+        let paths: Vec<&str> = errors.errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, ["keys[0]", "keys[1]", "keys[2].id", "keys[3].id"]);
+    }
+
+    #[test]
+    fn at_least_one_key_and_one_listener_are_required() {
+        let errors =
+            Config::from_yaml("listen: []\nupstream: { url: http://a:1 }\nkeys: []\n").unwrap_err();
+        let paths: Vec<&str> = errors.errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, ["listen", "keys"]);
+    }
+
+    #[test]
+    fn admin_defaults_to_loopback_and_must_not_share_a_listener() {
+        assert_eq!(
+            parse("").unwrap().admin,
+            Some(Admin {
+                addr: DEFAULT_ADMIN_ADDR
+            })
+        );
+        assert_eq!(
+            parse("admin: {}\n").unwrap().admin,
+            Some(Admin {
+                addr: DEFAULT_ADMIN_ADDR
+            })
+        );
+        assert_eq!(
+            problem_paths("admin: { addr: 127.0.0.1:8080 }\n"),
+            ["admin.addr"]
+        );
+    }
+
+    #[test]
+    fn redis_takes_exactly_one_topology() {
+        let paths = problem_paths(
+            "store: { redis: { url: redis://a:1, sentinel: { master: m, nodes: [redis://b:2] } } }\n",
+        );
+        assert_eq!(paths, ["store.redis"]);
+        let paths = problem_paths("store: { redis: { sentinel: { nodes: [] } } }\n");
+        assert_eq!(
+            paths,
+            ["store.redis.sentinel.master", "store.redis.sentinel.nodes"]
+        );
+        let paths = problem_paths("store: { redis: { cluster: [redis://a:1, 'http://b:2'] } }\n");
+        assert_eq!(paths, ["store.redis.cluster[1]"]);
+        let config = parse("store: { backend: redis, redis: { timeout: 50ms } }\n").unwrap();
+        assert_eq!(
+            config.store.redis,
+            RedisConfig {
+                mode: RedisMode::Standalone {
+                    url: DEFAULT_REDIS_URL.to_owned()
+                },
+                timeout: Duration::from_millis(50),
+            }
+        );
+    }
+
+    #[test]
+    fn bypass_rules_take_exactly_one_condition() {
+        let config =
+            parse("bypass: [{ path_prefix: /static/ }, { path: /healthz }, { method: OPTIONS }]\n")
+                .unwrap();
+        assert_eq!(
+            config.bypass,
+            [
+                BypassRule::PathPrefix("/static/".to_owned()),
+                BypassRule::Path("/healthz".to_owned()),
+                BypassRule::Method(http::Method::OPTIONS),
+            ]
+        );
+        let paths = problem_paths(
+            "bypass: [{}, { path: healthz }, { method: 'GE T' }, { path_prefix: /a, path: /b }]\n",
+        );
+        assert_eq!(
+            paths,
+            [
+                "bypass[0]",
+                "bypass[1].path",
+                "bypass[2].method",
+                "bypass[3]"
+            ]
+        );
+    }
+
+    #[test]
+    fn reserved_prefix_is_a_clean_path() {
+        assert_eq!(
+            parse("reserved_prefix: /_q/wait\n")
+                .unwrap()
+                .reserved_prefix,
+            "/_q/wait"
+        );
+        for bad in ["_q", "/_q/", "/", "//q", "/q/../r", "/q r"] {
+            let text = format!("reserved_prefix: '{bad}'\n");
+            assert_eq!(problem_paths(&text), ["reserved_prefix"], "{bad}");
+        }
+    }
+
+    #[test]
+    fn cookie_domain_is_checked_and_lower_cased() {
+        let config = parse("cookie: { domain: .Example.com }\n").unwrap();
+        assert_eq!(config.cookie.domain.as_deref(), Some("example.com"));
+        assert_eq!(
+            problem_paths("cookie: { domain: 'a;b' }\n"),
+            ["cookie.domain"]
+        );
+        assert_eq!(
+            parse("cookie: {}\n").unwrap().cookie,
+            CookieConfig::default()
+        );
+    }
+
+    #[test]
+    fn durations_read_back_as_written() {
+        assert_eq!(show(Duration::from_secs(600)), "10m");
+        assert_eq!(show(Duration::from_secs(7200)), "2h");
+        assert_eq!(show(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(show(Duration::from_micros(250)), "250us");
+        assert_eq!(show(Duration::ZERO), "0s");
+    }
 }
