@@ -2,7 +2,6 @@
 //! mirror it (`raw`), then validated into the typed `Config` below. Every
 //! problem is reported at once, each with its field path (and line where the
 //! YAML parser gives one).
-
 //!
 //! - `raw`: serde structs mirroring the YAML, unknown fields rejected.
 //! - `document`: YAML text → raw structs, every unreadable field recorded.
@@ -175,6 +174,7 @@ pub struct CookieConfig {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum BypassRule {
+    /// Kept as written (it starts with `/`): `/static/` and `/static` differ.
     PathPrefix(String),
     Path(String),
     Method(http::Method),
@@ -213,7 +213,9 @@ pub struct Route {
 pub struct RouteMatch {
     /// Exact host (port ignored), lower-cased.
     pub host: Option<String>,
-    /// Normalised path prefix, matched on a segment boundary.
+    /// Normalised path prefix, matched on a segment boundary: unreserved
+    /// percent-escapes decoded, dot segments resolved, repeated slashes
+    /// collapsed, no trailing slash except for `/` itself.
     pub path_prefix: Option<String>,
     pub case_insensitive: bool,
 }
