@@ -8,8 +8,9 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::config::Config;
+use crate::framing::AmbiguousHead;
 use crate::proxy::{self, Upstream};
-use crate::response::{self, Body};
+use crate::response::{self, Body, RequestError};
 
 /// Everything a request needs, shared by all connections.
 pub struct App {
@@ -36,14 +37,20 @@ impl App {
         self.draining.load(Ordering::SeqCst)
     }
 
-    /// Answers one request.
+    /// Answers one request. The server marks a request whose raw head was
+    /// ambiguous with an [`AmbiguousHead`] extension; the header check
+    /// catches what reaches the service some other way.
     pub async fn handle(
         &self,
         req: Request<Incoming>,
         remote: SocketAddr,
         tls: bool,
     ) -> Response<Body> {
-        if let Err(err) = proxy::check_framing(req.headers()) {
+        let framing = match req.extensions().get::<AmbiguousHead>() {
+            Some(head) => Err(RequestError::AmbiguousFraming(head.reason)),
+            None => proxy::check_framing(req.headers()),
+        };
+        if let Err(err) = framing {
             tracing::debug!(%remote, error = %err, "request rejected");
             return response::from_error(&err);
         }

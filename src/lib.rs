@@ -6,6 +6,7 @@
 //! - `server`: accept loops, connection limit, HTTP/1.1 and HTTP/2, drain.
 //! - `app`: shared state and the per-request entry point.
 //! - `proxy`: the pooled upstream client, header rewriting, upgrades.
+//! - `framing`: watches HTTP/1 request heads for ambiguous framing (smuggling).
 //! - `response`: the one body type and every response queuegate makes.
 //! - `shutdown`: SIGTERM/SIGINT.
 //! - `queue`: the `QueueStore` trait and its memory and Redis backends.
@@ -18,6 +19,7 @@ pub mod app;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod framing;
 pub mod proxy;
 pub mod queue;
 pub mod response;
