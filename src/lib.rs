@@ -5,7 +5,9 @@
 //! - `config`: the YAML file, parsed and validated into a typed `Config`.
 //! - `clock`: wall-clock time read through tokio, so tests can pause it.
 //! - `queue`: the `QueueStore` trait and its memory and Redis backends.
+//! - `admission`: signed waiting tickets and admission passes, and the key ring.
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod clock;
 pub mod config;
