@@ -15,6 +15,7 @@
 //! - `waiting`: the waiting page people see and the `return` path they go back to.
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod app;
 pub mod clock;
 pub mod config;
