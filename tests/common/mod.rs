@@ -191,23 +191,10 @@ impl Drop for Gate {
     }
 }
 
-/// Runs queuegate with `config` on listeners bound here on 127.0.0.1:0.
+/// Runs queuegate with `config` on listeners bound here on 127.0.0.1:0,
+/// with a test key ring.
 pub async fn spawn_gate(config: Config) -> Gate {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let listeners = queuegate::Listeners {
-        public: vec![listener],
-        admin: None,
-    };
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(queuegate::run(config, listeners, async move {
-        let _ = rx.await;
-    }));
-    Gate {
-        addr,
-        shutdown: Some(tx),
-        task: Some(task),
-    }
+    spawn_gate_with(config, ring("k1")).await
 }
 
 /// A plain HTTP client with a body type that can stream.
