@@ -8,8 +8,10 @@
 //! - `proxy`: the pooled upstream client, header rewriting, upgrades.
 //! - `response`: the one body type and every response queuegate makes.
 //! - `shutdown`: SIGTERM/SIGINT.
+//! - `queue`: the `QueueStore` trait and its memory and Redis backends.
 //! - `clock`: wall-clock time read through tokio, so tests can pause it.
 //! - `demo`: the embedded demo origin behind `queuegate demo`.
+//! - `waiting`: the waiting page people see and the `return` path they go back to.
 #![forbid(unsafe_code)]
 
 pub mod app;
@@ -17,9 +19,11 @@ pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod proxy;
+pub mod queue;
 pub mod response;
 pub mod server;
 pub mod shutdown;
+pub mod waiting;
 
 use std::future::Future;
 use std::sync::Arc;
