@@ -19,7 +19,12 @@ const STATS_EVERY: Duration = Duration::from_millis(500);
 
 /// Runs the tick loop of route `name` until it leaves the config or `stop`
 /// changes.
-pub async fn run(gate: Gate, settings: Arc<ArcSwap<Settings>>, name: String, mut stop: watch::Receiver<bool>) {
+pub async fn run(
+    gate: Gate,
+    settings: Arc<ArcSwap<Settings>>,
+    name: String,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut tick = match current_tick(&settings, &name) {
         Some(t) => t,
         None => return,
@@ -62,14 +67,22 @@ pub async fn run(gate: Gate, settings: Arc<ArcSwap<Settings>>, name: String, mut
                 Err(err) => tracing::debug!(route = %name, error = %err, "admit tick failed"),
             }
             if route.cfg.on_store_error == OnStoreError::Local {
-                let _ = gate.local.admit_tick(&name, &route.local_limits, None).await;
+                let _ = gate
+                    .local
+                    .admit_tick(&name, &route.local_limits, None)
+                    .await;
             }
         }
         if last_stats.is_none_or(|at| at.elapsed() >= STATS_EVERY) {
             last_stats = Some(Instant::now());
             if let Ok(stats) = gate.store.stats(&name, &route.limits).await {
                 // Only the tick moves a known epoch: it is what notices a loss.
-                let _ = live.epoch_us.compare_exchange(0, stats.epoch_us, Ordering::Relaxed, Ordering::Relaxed);
+                let _ = live.epoch_us.compare_exchange(
+                    0,
+                    stats.epoch_us,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
                 live.waiting.store(stats.waiting, Ordering::Relaxed);
                 live.active.store(stats.active, Ordering::Relaxed);
                 live.admit_rate_milli

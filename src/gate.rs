@@ -13,8 +13,8 @@ use http::Method;
 use crate::admission::{self, Claims, KeyRing, Kind, Verdict, VisitorId};
 use crate::clock::Clock;
 use crate::config::{self, BypassRule, Mode, OnStoreError};
-use crate::waiting::page::Template;
 use crate::queue::{Arrival, Limits, MemoryStore, Place, Poll, QueueStore, Store, StoreError};
+use crate::waiting::page::Template;
 
 /// Cookies queuegate sets are named `qg_<route>` (`__Host-qg_<route>` on TLS).
 const COOKIE_PREFIX: &str = "qg_";
@@ -240,7 +240,13 @@ impl Gate {
     }
 
     /// Decides a request to gated route `route` (DESIGN §1 step 4).
-    pub async fn decide(&self, s: &Settings, route: &RouteRt, headers: &HeaderMap, tls: bool) -> Decision {
+    pub async fn decide(
+        &self,
+        s: &Settings,
+        route: &RouteRt,
+        headers: &HeaderMap,
+        tls: bool,
+    ) -> Decision {
         match route.cfg.mode {
             Mode::Passthrough => {
                 return Decision::Admit {
@@ -266,7 +272,13 @@ impl Gate {
 
     /// A pass: forward while fresh; past half its life renew it through the
     /// store. `None` means the session is gone: treat as no cookie.
-    pub async fn check_pass(&self, s: &Settings, route: &RouteRt, pass: &Claims, tls: bool) -> Option<Decision> {
+    pub async fn check_pass(
+        &self,
+        s: &Settings,
+        route: &RouteRt,
+        pass: &Claims,
+        tls: bool,
+    ) -> Option<Decision> {
         let now_s = self.clock.now_s();
         let ttl_s = route.limits.pass_ttl.as_secs();
         let issued_s = pass.t.saturating_sub(ttl_s);
@@ -278,7 +290,10 @@ impl Gate {
                 set_cookie: None,
             });
         }
-        let renewed = self.store.renew(route.name(), &pass.id, issued_s, &route.limits).await;
+        let renewed = self
+            .store
+            .renew(route.name(), &pass.id, issued_s, &route.limits)
+            .await;
         let how = match renewed {
             Ok(true) => Admitted::Renewed,
             Ok(false) => return None,
@@ -299,8 +314,18 @@ impl Gate {
     }
 
     /// A ticket: poll the line (a heartbeat). `None` means the place is gone.
-    pub async fn check_ticket(&self, s: &Settings, route: &RouteRt, ticket: &Claims, tls: bool) -> Option<Decision> {
-        let polled = match self.store.poll(route.name(), &ticket.id, ticket.t, &route.limits).await {
+    pub async fn check_ticket(
+        &self,
+        s: &Settings,
+        route: &RouteRt,
+        ticket: &Claims,
+        tls: bool,
+    ) -> Option<Decision> {
+        let polled = match self
+            .store
+            .poll(route.name(), &ticket.id, ticket.t, &route.limits)
+            .await
+        {
             Ok(p) => p,
             Err(err) => match route.cfg.on_store_error {
                 OnStoreError::Local => {
@@ -330,7 +355,11 @@ impl Gate {
     pub async fn arrive(&self, s: &Settings, route: &RouteRt, tls: bool) -> Decision {
         let id = admission::new_visitor_id();
         let admit_now = route.cfg.mode == Mode::Gate;
-        let arrival = match self.store.arrive(route.name(), &id, &route.limits, admit_now).await {
+        let arrival = match self
+            .store
+            .arrive(route.name(), &id, &route.limits, admit_now)
+            .await
+        {
             Ok(a) => a,
             Err(err) => match route.cfg.on_store_error {
                 OnStoreError::Local => match self
@@ -369,26 +398,63 @@ impl Gate {
     }
 
     /// A fresh pass for `id`, as a `Set-Cookie` value.
-    pub fn pass_cookie(&self, s: &Settings, route: &RouteRt, id: &VisitorId, tls: bool) -> HeaderValue {
+    pub fn pass_cookie(
+        &self,
+        s: &Settings,
+        route: &RouteRt,
+        id: &VisitorId,
+        tls: bool,
+    ) -> HeaderValue {
         let expiry = self.clock.now_s() + route.limits.pass_ttl.as_secs();
         let value = s.ring.sign(Kind::Pass, route.name(), id, expiry);
         let max_age = route.limits.session_ttl.as_secs() + route.limits.pass_ttl.as_secs();
-        set_cookie(route.cookie_name(tls), &value, max_age, tls, s.cookie_domain.as_deref())
+        set_cookie(
+            route.cookie_name(tls),
+            &value,
+            max_age,
+            tls,
+            s.cookie_domain.as_deref(),
+        )
     }
 
     /// A ticket for `id` at join score `score_us`, as a `Set-Cookie` value.
-    pub fn ticket_cookie(&self, s: &Settings, route: &RouteRt, id: &VisitorId, score_us: u64, tls: bool) -> HeaderValue {
+    pub fn ticket_cookie(
+        &self,
+        s: &Settings,
+        route: &RouteRt,
+        id: &VisitorId,
+        score_us: u64,
+        tls: bool,
+    ) -> HeaderValue {
         let value = s.ring.sign(Kind::Ticket, route.name(), id, score_us);
-        set_cookie(route.cookie_name(tls), &value, TICKET_COOKIE_MAX_AGE_S, tls, s.cookie_domain.as_deref())
+        set_cookie(
+            route.cookie_name(tls),
+            &value,
+            TICKET_COOKIE_MAX_AGE_S,
+            tls,
+            s.cookie_domain.as_deref(),
+        )
     }
 }
 
 /// A `Set-Cookie` value that removes the route's cookie.
 pub fn clear_cookie(s: &Settings, route: &RouteRt, tls: bool) -> HeaderValue {
-    set_cookie(route.cookie_name(tls), "", 0, tls, s.cookie_domain.as_deref())
+    set_cookie(
+        route.cookie_name(tls),
+        "",
+        0,
+        tls,
+        s.cookie_domain.as_deref(),
+    )
 }
 
-fn set_cookie(name: &str, value: &str, max_age_s: u64, tls: bool, domain: Option<&str>) -> HeaderValue {
+fn set_cookie(
+    name: &str,
+    value: &str,
+    max_age_s: u64,
+    tls: bool,
+    domain: Option<&str>,
+) -> HeaderValue {
     let mut text = format!("{name}={value}; Path=/; Max-Age={max_age_s}; HttpOnly; SameSite=Lax");
     if tls {
         text.push_str("; Secure");
@@ -398,7 +464,8 @@ fn set_cookie(name: &str, value: &str, max_age_s: u64, tls: bool, domain: Option
         text.push_str(domain);
     }
     // Names, values and the domain are validated ASCII, so this holds.
-    HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("qg_invalid=; Max-Age=0"))
+    HeaderValue::from_str(&text)
+        .unwrap_or_else(|_| HeaderValue::from_static("qg_invalid=; Max-Age=0"))
 }
 
 /// Every `name=value` pair in the request's `Cookie` headers.
@@ -436,10 +503,11 @@ pub fn credentials(headers: &HeaderMap, name: &str, ring: &KeyRing, route: &str)
 /// Removes queuegate's own cookies from the `Cookie` headers, so the origin
 /// never sees them.
 pub fn strip_own_cookies(headers: &mut HeaderMap) {
-    let has_own = headers
-        .get_all(COOKIE)
-        .iter()
-        .any(|v| v.as_bytes().windows(COOKIE_PREFIX.len()).any(|w| w == COOKIE_PREFIX.as_bytes()));
+    let has_own = headers.get_all(COOKIE).iter().any(|v| {
+        v.as_bytes()
+            .windows(COOKIE_PREFIX.len())
+            .any(|w| w == COOKIE_PREFIX.as_bytes())
+    });
     if !has_own {
         return;
     }
@@ -475,7 +543,11 @@ pub fn request_host<'a>(headers: &'a HeaderMap, uri: &'a http::Uri) -> Option<&'
         None => uri.host()?,
     };
     if raw.starts_with('[') {
-        return Some(raw.split_once(']').map_or(raw, |(h, _)| h).trim_start_matches('['));
+        return Some(
+            raw.split_once(']')
+                .map_or(raw, |(h, _)| h)
+                .trim_start_matches('['),
+        );
     }
     Some(raw.rsplit_once(':').map_or(raw, |(h, _)| h))
 }
@@ -484,7 +556,8 @@ pub fn request_host<'a>(headers: &'a HeaderMap, uri: &'a http::Uri) -> Option<&'
 /// unreserved characters decoded, repeated slashes collapsed, dot segments
 /// resolved. The request line itself is forwarded unchanged.
 pub fn normalize_path(raw: &str) -> Cow<'_, str> {
-    let needs_work = raw.contains('%') || raw.contains("//") || raw.contains("/.") || !raw.starts_with('/');
+    let needs_work =
+        raw.contains('%') || raw.contains("//") || raw.contains("/.") || !raw.starts_with('/');
     if !needs_work {
         return Cow::Borrowed(raw);
     }
@@ -563,7 +636,10 @@ mod tests {
     #[test]
     fn own_cookies_are_stripped_and_others_kept() {
         let mut h = HeaderMap::new();
-        h.append(COOKIE, HeaderValue::from_static("a=1; qg_tickets=v1.x; b=2"));
+        h.append(
+            COOKIE,
+            HeaderValue::from_static("a=1; qg_tickets=v1.x; b=2"),
+        );
         h.append(COOKIE, HeaderValue::from_static("__Host-qg_tickets=v1.y"));
         strip_own_cookies(&mut h);
         let all: Vec<_> = h.get_all(COOKIE).iter().collect();

@@ -14,7 +14,10 @@ use http::StatusCode;
 use queuegate::admission::{KeyRing, Kind};
 use rand::{Rng, SeedableRng};
 
-async fn gated(capacity: u64, tune: impl FnOnce(&mut queuegate::config::Route)) -> (Gate, Origin, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+async fn gated(
+    capacity: u64,
+    tune: impl FnOnce(&mut queuegate::config::Route),
+) -> (Gate, Origin, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     let (origin, hits) = counting_origin().await;
     let mut config = proxy_config(&origin.url());
     let mut r = route("tickets", "/tickets", capacity);
@@ -43,7 +46,10 @@ async fn capacity_n_then_the_line() {
     for i in 0..3 {
         let mut v = Visitor::new();
         let a = v.navigate(&gate.url(&format!("/tickets/{i}"))).await;
-        assert!(a.from_origin(), "visitor {i} should be admitted at once: {a:?}");
+        assert!(
+            a.reached_origin(),
+            "visitor {i} should be admitted at once: {a:?}"
+        );
         assert!(v.cookie("qg_tickets").unwrap().starts_with("v1.a.tickets."));
         admitted.push(v);
     }
@@ -53,11 +59,17 @@ async fn capacity_n_then_the_line() {
     let a = late.navigate(&gate.url("/tickets/seat?n=4&x=%2F")).await;
     assert_eq!(a.status, StatusCode::FOUND);
     let location = a.location().unwrap();
-    assert!(location.starts_with("/__queuegate/waiting?route=tickets&return="), "{location}");
+    assert!(
+        location.starts_with("/__queuegate/waiting?route=tickets&return="),
+        "{location}"
+    );
     let query = location.split_once('?').unwrap().1;
     let page = queuegate::waiting::page::WaitingQuery::parse(query);
     assert_eq!(page.return_path, "/tickets/seat?n=4&x=%2F");
-    assert!(late.cookie("qg_tickets").unwrap().starts_with("v1.w.tickets."));
+    assert!(late
+        .cookie("qg_tickets")
+        .unwrap()
+        .starts_with("v1.w.tickets."));
 
     let a = late.fetch(&gate.url("/tickets/api")).await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
@@ -72,12 +84,17 @@ async fn capacity_n_then_the_line() {
     let a = poster.post(&gate.url("/tickets/buy"), "{}").await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(a.json()["position"], 2);
-    assert_eq!(hits.load(Ordering::SeqCst), 3, "nobody past capacity reached the origin");
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        3,
+        "nobody past capacity reached the origin"
+    );
 }
 
 #[tokio::test]
 async fn waiting_status_is_configurable() {
-    let (gate, _origin, _hits) = gated(1, |r| r.waiting_status = StatusCode::TOO_MANY_REQUESTS).await;
+    let (gate, _origin, _hits) =
+        gated(1, |r| r.waiting_status = StatusCode::TOO_MANY_REQUESTS).await;
     Visitor::new().navigate(&gate.url("/tickets")).await;
     let a = Visitor::new().fetch(&gate.url("/tickets")).await;
     assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS);
@@ -92,10 +109,13 @@ fn b64(bytes: &[u8]) -> String {
 async fn nothing_without_a_valid_pass_reaches_the_origin() {
     let (gate, _origin, hits) = gated(1, |_| {}).await;
     let mut holder = Visitor::new();
-    assert!(holder.navigate(&gate.url("/tickets")).await.from_origin());
+    assert!(holder
+        .navigate(&gate.url("/tickets"))
+        .await
+        .reached_origin());
     let pass = holder.cookie("qg_tickets").unwrap().to_owned();
     let mut other = Visitor::new();
-    assert!(other.navigate(&gate.url("/other")).await.from_origin());
+    assert!(other.navigate(&gate.url("/other")).await.reached_origin());
     let other_pass = other.cookie("qg_other").unwrap().to_owned();
     let mut waiter = Visitor::new();
     waiter.navigate(&gate.url("/tickets")).await;
@@ -119,14 +139,26 @@ async fn nothing_without_a_valid_pass_reaches_the_origin() {
     let huge = "v1.".to_owned() + &"a".repeat(10 * 1024);
     let cases: Vec<(&str, String)> = vec![
         ("garbage", "qg_tickets=hello".into()),
-        ("flipped mac", format!("qg_tickets={}", flipped_mac.join("."))),
-        ("edited expiry", format!("qg_tickets={}", edited_expiry.join("."))),
+        (
+            "flipped mac",
+            format!("qg_tickets={}", flipped_mac.join(".")),
+        ),
+        (
+            "edited expiry",
+            format!("qg_tickets={}", edited_expiry.join(".")),
+        ),
         ("other route's pass", format!("qg_tickets={other_pass}")),
-        ("ticket relabelled as pass", format!("qg_tickets={relabelled}")),
+        (
+            "ticket relabelled as pass",
+            format!("qg_tickets={relabelled}"),
+        ),
         ("unknown kid", format!("qg_tickets={unknown_kid}")),
         ("forged mac", format!("qg_tickets={forged_same_kid}")),
         ("10 KB cookie", format!("qg_tickets={huge}")),
-        ("two bad copies", format!("qg_tickets=x; qg_tickets={}", flipped_mac.join("."))),
+        (
+            "two bad copies",
+            format!("qg_tickets=x; qg_tickets={}", flipped_mac.join(".")),
+        ),
         ("extra field", format!("qg_tickets={pass}.extra")),
         ("empty", "qg_tickets=".into()),
         ("no cookie", String::new()),
@@ -138,21 +170,33 @@ async fn nothing_without_a_valid_pass_reaches_the_origin() {
                 req = req.header("cookie", cookie.as_str());
             }
             if nav {
-                req = req.header("accept", "text/html").header("sec-fetch-mode", "navigate");
+                req = req
+                    .header("accept", "text/html")
+                    .header("sec-fetch-mode", "navigate");
             }
-            let req = req.body(http_body_util::Full::new(bytes::Bytes::new())).unwrap();
+            let req = req
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .unwrap();
             let (parts, _) = send(req).await;
             assert!(
-                parts.status == StatusCode::FOUND || parts.status == StatusCode::SERVICE_UNAVAILABLE,
+                parts.status == StatusCode::FOUND
+                    || parts.status == StatusCode::SERVICE_UNAVAILABLE,
                 "{what}: got {}",
                 parts.status
             );
             assert!(parts.headers.get("x-queuegate").is_some(), "{what}");
         }
     }
-    assert_eq!(hits.load(Ordering::SeqCst), before, "the origin saw a request without a valid pass");
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        before,
+        "the origin saw a request without a valid pass"
+    );
     // The real pass still works.
-    assert!(holder.navigate(&gate.url("/tickets")).await.from_origin());
+    assert!(holder
+        .navigate(&gate.url("/tickets"))
+        .await
+        .reached_origin());
 }
 
 #[tokio::test]
@@ -162,7 +206,7 @@ async fn queuegate_cookies_never_reach_the_origin() {
     v.jar.insert("session".into(), "app-cookie".into());
     v.navigate(&gate.url("/tickets")).await;
     let a = v.navigate(&gate.url("/tickets")).await;
-    assert!(a.from_origin());
+    assert!(a.reached_origin());
     assert_eq!(a.headers["x-origin-cookies"], "session=app-cookie");
     let a = v.navigate(&gate.url("/ungated")).await;
     assert_eq!(a.headers["x-origin-cookies"], "session=app-cookie");
@@ -176,16 +220,16 @@ async fn a_pass_renews_and_stops_working_after_leave() {
     // would be restored as lost with the store: let the route age first.
     tokio::time::sleep(Duration::from_millis(2_100)).await;
     let mut a = Visitor::new();
-    assert!(a.navigate(&gate.url("/tickets")).await.from_origin());
+    assert!(a.navigate(&gate.url("/tickets")).await.reached_origin());
     let first = a.cookie("qg_tickets").unwrap().to_owned();
     // Within the first half of its life, no new pass.
     let again = a.navigate(&gate.url("/tickets")).await;
-    assert!(again.from_origin());
+    assert!(again.reached_origin());
     assert!(again.headers.get("set-cookie").is_none());
     // Past half its life: renewed through the store, with a new pass.
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     let renewed = a.navigate(&gate.url("/tickets")).await;
-    assert!(renewed.from_origin());
+    assert!(renewed.reached_origin());
     assert_ne!(a.cookie("qg_tickets").unwrap(), first, "pass renewed");
 
     // Another visitor waits; the first leaves but replays its old pass.
@@ -199,7 +243,11 @@ async fn a_pass_renews_and_stops_working_after_leave() {
     let mut stopped = false;
     for _ in 0..60 {
         let mut attempt = replay.clone();
-        if !attempt.navigate(&gate.url("/tickets")).await.from_origin() {
+        if !attempt
+            .navigate(&gate.url("/tickets"))
+            .await
+            .reached_origin()
+        {
             stopped = true;
             break;
         }
@@ -216,28 +264,40 @@ async fn a_pass_signed_with_the_old_key_verifies_after_rotation() {
     let old = ring("k1");
     let gate = spawn_gate_with(config.clone(), old).await;
     let mut v = Visitor::new();
-    assert!(v.navigate(&gate.url("/tickets")).await.from_origin());
+    assert!(v.navigate(&gate.url("/tickets")).await.reached_origin());
     gate.stop().await.unwrap();
 
     let rotated = KeyRing::new(vec![
-        ("k2".into(), b"a brand new key that is long enough!".to_vec()),
+        (
+            "k2".into(),
+            b"a brand new key that is long enough!".to_vec(),
+        ),
         ("k1".into(), "test key k1 ".repeat(4).into_bytes()),
     ])
     .unwrap();
     let gate = spawn_gate_with(config, rotated).await;
     let a = v.navigate(&gate.url("/tickets")).await;
-    assert!(a.from_origin(), "old pass rejected after rotation: {a:?}");
+    assert!(
+        a.reached_origin(),
+        "old pass rejected after rotation: {a:?}"
+    );
 }
 
 #[tokio::test]
 async fn fifo_admission_in_join_order() {
     let (gate, _origin, _hits) = gated(1, |_| {}).await;
     let mut holder = Visitor::new();
-    assert!(holder.navigate(&gate.url("/tickets")).await.from_origin());
+    assert!(holder
+        .navigate(&gate.url("/tickets"))
+        .await
+        .reached_origin());
     let mut line: Vec<Visitor> = Vec::new();
     for _ in 0..20 {
         let mut v = Visitor::new();
-        assert_eq!(v.navigate(&gate.url("/tickets")).await.status, StatusCode::FOUND);
+        assert_eq!(
+            v.navigate(&gate.url("/tickets")).await.status,
+            StatusCode::FOUND
+        );
         line.push(v);
     }
     holder.leave(&gate, "tickets").await;
@@ -252,20 +312,25 @@ async fn fifo_admission_in_join_order() {
                 continue;
             }
             if v.status(&gate, "tickets").await["state"] == "admitted" {
-                assert!(v.navigate(&gate.url("/tickets")).await.from_origin());
+                assert!(v.navigate(&gate.url("/tickets")).await.reached_origin());
                 order.push(i);
                 done.insert(i);
                 v.leave(&gate, "tickets").await;
             }
         }
     }
-    assert_eq!(order, (0..20).collect::<Vec<_>>(), "admitted out of join order");
+    assert_eq!(
+        order,
+        (0..20).collect::<Vec<_>>(),
+        "admitted out of join order"
+    );
 }
 
 #[tokio::test]
 async fn random_crowd_never_exceeds_capacity() {
     const CAPACITY: usize = 4;
-    let (gate, _origin, _hits) = gated(CAPACITY as u64, |r| r.tick = Duration::from_millis(10)).await;
+    let (gate, _origin, _hits) =
+        gated(CAPACITY as u64, |r| r.tick = Duration::from_millis(10)).await;
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let mut crowd: Vec<Visitor> = (0..100).map(|_| Visitor::new()).collect();
     let mut inside: HashSet<usize> = HashSet::new();
@@ -276,14 +341,25 @@ async fn random_crowd_never_exceeds_capacity() {
         if inside.contains(&i) && rng.random_bool(0.3) {
             v.leave(&gate, "tickets").await;
             inside.remove(&i);
-        } else if v.cookie("qg_tickets").is_some_and(|c| c.starts_with("v1.w.")) && rng.random_bool(0.5) {
+        } else if v
+            .cookie("qg_tickets")
+            .is_some_and(|c| c.starts_with("v1.w."))
+            && rng.random_bool(0.5)
+        {
             v.status(&gate, "tickets").await;
-        } else if v.navigate(&gate.url("/tickets/page")).await.from_origin() {
-            if inside.insert(i) {
-                ever_inside += 1;
-            }
+        } else if v
+            .navigate(&gate.url("/tickets/page"))
+            .await
+            .reached_origin()
+            && inside.insert(i)
+        {
+            ever_inside += 1;
         }
-        assert!(inside.len() <= CAPACITY, "step {step}: {} inside", inside.len());
+        assert!(
+            inside.len() <= CAPACITY,
+            "step {step}: {} inside",
+            inside.len()
+        );
         if step % 50 == 0 {
             tokio::time::sleep(Duration::from_millis(15)).await;
         }
@@ -298,7 +374,10 @@ async fn a_silent_waiter_is_dropped_and_never_takes_a_slot() {
     })
     .await;
     let mut holder = Visitor::new();
-    assert!(holder.navigate(&gate.url("/tickets")).await.from_origin());
+    assert!(holder
+        .navigate(&gate.url("/tickets"))
+        .await
+        .reached_origin());
     let mut silent = Visitor::new();
     silent.navigate(&gate.url("/tickets")).await;
     let mut patient = Visitor::new();
@@ -329,7 +408,10 @@ async fn an_admitted_waiter_who_never_comes_frees_the_slot() {
     })
     .await;
     let mut holder = Visitor::new();
-    assert!(holder.navigate(&gate.url("/tickets")).await.from_origin());
+    assert!(holder
+        .navigate(&gate.url("/tickets"))
+        .await
+        .reached_origin());
     let mut no_show = Visitor::new();
     no_show.navigate(&gate.url("/tickets")).await;
     let mut next = Visitor::new();
@@ -338,14 +420,17 @@ async fn an_admitted_waiter_who_never_comes_frees_the_slot() {
     // The no-show never polls again; the next one does and gets in once the
     // arrival grace has run out.
     wait_admitted(&mut next, &gate).await;
-    assert!(next.navigate(&gate.url("/tickets")).await.from_origin());
+    assert!(next.navigate(&gate.url("/tickets")).await.reached_origin());
 }
 
 #[tokio::test]
 async fn parallel_first_requests_leave_one_place() {
     let (gate, _origin, _hits) = gated(1, |r| r.abandon_after = Duration::from_millis(500)).await;
     let mut holder = Visitor::new();
-    assert!(holder.navigate(&gate.url("/tickets")).await.from_origin());
+    assert!(holder
+        .navigate(&gate.url("/tickets"))
+        .await
+        .reached_origin());
     let mut browser = Visitor::new();
     let mut tasks = Vec::new();
     for _ in 0..8 {
@@ -387,8 +472,13 @@ async fn refresh_and_a_second_tab_keep_one_place() {
     // Refresh the gated page and the waiting page.
     let refresh = v.navigate(&gate.url("/tickets")).await;
     assert_eq!(refresh.status, StatusCode::FOUND);
-    assert!(refresh.headers.get("set-cookie").is_none(), "refresh must not issue a new ticket");
-    let page = v.navigate(&gate.url("/__queuegate/waiting?route=tickets&return=/tickets")).await;
+    assert!(
+        refresh.headers.get("set-cookie").is_none(),
+        "refresh must not issue a new ticket"
+    );
+    let page = v
+        .navigate(&gate.url("/__queuegate/waiting?route=tickets&return=/tickets"))
+        .await;
     assert_eq!(page.status, StatusCode::OK);
     // A second tab with the same cookie.
     let mut tab = v.clone();
@@ -411,13 +501,16 @@ async fn restart_keeps_the_admitted_and_the_order() {
     let mut admitted: Vec<Visitor> = Vec::new();
     for _ in 0..CAPACITY {
         let mut v = Visitor::new();
-        assert!(v.navigate(&gate.url("/tickets")).await.from_origin());
+        assert!(v.navigate(&gate.url("/tickets")).await.reached_origin());
         admitted.push(v);
     }
     let mut line: Vec<Visitor> = Vec::new();
     for _ in 0..5 {
         let mut v = Visitor::new();
-        assert_eq!(v.navigate(&gate.url("/tickets")).await.status, StatusCode::FOUND);
+        assert_eq!(
+            v.navigate(&gate.url("/tickets")).await.status,
+            StatusCode::FOUND
+        );
         line.push(v);
     }
     gate.stop().await.unwrap();
@@ -425,7 +518,10 @@ async fn restart_keeps_the_admitted_and_the_order() {
     // The restarted process starts with an empty memory store.
     let gate = spawn_gate_with(config, ring("k1")).await;
     for v in admitted.iter_mut() {
-        assert!(v.navigate(&gate.url("/tickets")).await.from_origin(), "admitted visitor lost its pass");
+        assert!(
+            v.navigate(&gate.url("/tickets")).await.reached_origin(),
+            "admitted visitor lost its pass"
+        );
     }
     for (i, v) in line.iter_mut().enumerate() {
         let s = v.status(&gate, "tickets").await;
@@ -434,7 +530,10 @@ async fn restart_keeps_the_admitted_and_the_order() {
     }
     // A newcomer after the restart goes behind the line.
     let mut newcomer = Visitor::new();
-    assert_eq!(newcomer.navigate(&gate.url("/tickets")).await.status, StatusCode::FOUND);
+    assert_eq!(
+        newcomer.navigate(&gate.url("/tickets")).await.status,
+        StatusCode::FOUND
+    );
     assert_eq!(newcomer.status(&gate, "tickets").await["position"], 6);
 
     // The admitted leave; the line moves in order, never past capacity. Each
@@ -455,11 +554,18 @@ async fn restart_keeps_the_admitted_and_the_order() {
             }
         }
         let admitted_now: Vec<usize> = states.iter().filter(|(_, a)| *a).map(|(i, _)| *i).collect();
-        let head: Vec<usize> = states.iter().take(admitted_now.len()).map(|(i, _)| *i).collect();
+        let head: Vec<usize> = states
+            .iter()
+            .take(admitted_now.len())
+            .map(|(i, _)| *i)
+            .collect();
         assert_eq!(admitted_now, head, "admitted out of order");
         assert!(admitted_now.len() <= CAPACITY);
         for i in admitted_now {
-            assert!(line[i].navigate(&gate.url("/tickets")).await.from_origin());
+            assert!(line[i]
+                .navigate(&gate.url("/tickets"))
+                .await
+                .reached_origin());
             order.push(i);
             line[i].leave(&gate, "tickets").await;
         }

@@ -25,7 +25,10 @@ pub fn is_navigation(method: &Method, headers: &HeaderMap) -> bool {
     if headers.contains_key("x-requested-with") {
         return false;
     }
-    let accept = headers.get(ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let accept = headers
+        .get(ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
     if accept.contains("application/json") {
         return false;
     }
@@ -62,7 +65,12 @@ fn status_url(s: &Settings, route: &str) -> String {
 }
 
 /// The answer to a request the gate did not let through.
-pub fn held_back(s: &Settings, route: &RouteRt, req: &Request<Incoming>, decision: Decision) -> Response<Body> {
+pub fn held_back(
+    s: &Settings,
+    route: &RouteRt,
+    req: &Request<Incoming>,
+    decision: Decision,
+) -> Response<Body> {
     let set_cookie = match &decision {
         Decision::Wait { set_cookie, .. } => set_cookie.clone(),
         _ => None,
@@ -125,9 +133,11 @@ pub async fn serve(app: &App, s: &Settings, req: Request<Incoming>, tls: bool) -
         ("/waiting", &Method::GET | &Method::HEAD) => waiting_page(app, s, &req, tls).await,
         ("/status", &Method::GET) => status(app, s, &req, tls).await,
         ("/leave", &Method::POST) => leave(app, s, &req, tls).await,
-        ("/waiting" | "/status" | "/leave", _) => {
-            response::plain(StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "405 method not allowed\n")
-        }
+        ("/waiting" | "/status" | "/leave", _) => response::plain(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method-not-allowed",
+            "405 method not allowed\n",
+        ),
         _ => response::plain(StatusCode::NOT_FOUND, "not-found", "404 not found\n"),
     }
 }
@@ -141,7 +151,12 @@ fn query_param<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
-async fn waiting_page(app: &App, s: &Settings, req: &Request<Incoming>, tls: bool) -> Response<Body> {
+async fn waiting_page(
+    app: &App,
+    s: &Settings,
+    req: &Request<Incoming>,
+    tls: bool,
+) -> Response<Body> {
     let query = WaitingQuery::parse(req.uri().query().unwrap_or(""));
     let Some(index) = s.route_named(&query.route) else {
         // No such route (any more): nothing to wait for.
@@ -163,7 +178,9 @@ async fn waiting_page(app: &App, s: &Settings, req: &Request<Incoming>, tls: boo
         Decision::Unavailable => (PageState::StoreDown, None, None),
     };
     let lang = page::negotiate(
-        req.headers().get(ACCEPT_LANGUAGE).and_then(|v| v.to_str().ok()),
+        req.headers()
+            .get(ACCEPT_LANGUAGE)
+            .and_then(|v| v.to_str().ok()),
         query.lang.map(Lang::code),
     );
     let status_url = format!(
@@ -225,11 +242,13 @@ fn page_query_value(path: &str) -> String {
 /// `GET /status?route=NAME`: always `200` with JSON.
 async fn status(app: &App, s: &Settings, req: &Request<Incoming>, tls: bool) -> Response<Body> {
     let route_name = query_param(req, "route").unwrap_or("");
-    let return_path = return_to::sanitize(
-        &WaitingQuery::parse(req.uri().query().unwrap_or("")).return_path,
-    );
+    let return_path =
+        return_to::sanitize(&WaitingQuery::parse(req.uri().query().unwrap_or("")).return_path);
     let Some(index) = s.route_named(route_name) else {
-        return status_json(json!({"state": "unknown", "route": route_name, "return": return_path}), None);
+        return status_json(
+            json!({"state": "unknown", "route": route_name, "return": return_path}),
+            None,
+        );
     };
     let route = &s.routes[index];
     let creds = gate::credentials(req.headers(), route.cookie_name(tls), &s.ring, route.name());
@@ -246,7 +265,10 @@ async fn status(app: &App, s: &Settings, req: &Request<Incoming>, tls: bool) -> 
             body["state"] = json!("admitted");
             set_cookie = c;
         }
-        Some(Decision::Wait { place, set_cookie: c }) => {
+        Some(Decision::Wait {
+            place,
+            set_cookie: c,
+        }) => {
             fill_place(&mut body, route, &place);
             set_cookie = c;
         }

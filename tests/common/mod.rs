@@ -233,8 +233,11 @@ pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 
 /// A test key ring with one key.
 pub fn ring(id: &str) -> queuegate::admission::KeyRing {
-    queuegate::admission::KeyRing::new(vec![(id.to_owned(), format!("test key {id} ").repeat(4).into_bytes())])
-        .unwrap()
+    queuegate::admission::KeyRing::new(vec![(
+        id.to_owned(),
+        format!("test key {id} ").repeat(4).into_bytes(),
+    )])
+    .unwrap()
 }
 
 /// A gated route with test-friendly timings.
@@ -296,8 +299,12 @@ pub async fn counting_origin() -> (Origin, Arc<AtomicUsize>) {
                 .collect::<Vec<_>>()
                 .join("; ");
             let mut resp = Response::new(full(format!("origin {}", req.uri())));
-            resp.headers_mut()
-                .insert("x-origin-cookies", cookies.parse().unwrap_or(http::HeaderValue::from_static("")));
+            resp.headers_mut().insert(
+                "x-origin-cookies",
+                cookies
+                    .parse()
+                    .unwrap_or(http::HeaderValue::from_static("")),
+            );
             resp
         }
     })
@@ -321,11 +328,12 @@ pub struct Answer {
 
 impl Answer {
     /// Whether the origin answered (not queuegate).
-    pub fn from_origin(&self) -> bool {
+    pub fn reached_origin(&self) -> bool {
         self.headers.get("x-queuegate").is_none() && self.status == http::StatusCode::OK
     }
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
     }
     pub fn location(&self) -> Option<&str> {
         self.headers.get("location").and_then(|v| v.to_str().ok())
@@ -411,14 +419,17 @@ impl Visitor {
 
     /// Polls the status endpoint of `route` on `gate`.
     pub async fn status(&mut self, gate: &Gate, route: &str) -> serde_json::Value {
-        let answer = self.fetch(&gate.url(&format!("/__queuegate/status?route={route}"))).await;
+        let answer = self
+            .fetch(&gate.url(&format!("/__queuegate/status?route={route}")))
+            .await;
         assert_eq!(answer.status, http::StatusCode::OK);
         answer.json()
     }
 
     /// Leaves `route`.
     pub async fn leave(&mut self, gate: &Gate, route: &str) -> Answer {
-        self.post(&gate.url(&format!("/__queuegate/leave?route={route}")), "").await
+        self.post(&gate.url(&format!("/__queuegate/leave?route={route}")), "")
+            .await
     }
 
     pub fn cookie(&self, name: &str) -> Option<&str> {
