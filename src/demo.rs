@@ -111,7 +111,7 @@ pub async fn run(listen: std::net::SocketAddr, capacity: u64) -> anyhow::Result<
     let config = crate::config::Config::from_yaml(&format!(
         "listen: [{{ addr: \"{listen}\" }}]\n\
          upstream: {{ url: \"http://{origin_addr}\" }}\n\
-         keys: [{{ id: demo, env: QUEUEGATE_DEMO_KEY_UNUSED }}]\n\
+         keys: [{{ id: demo, env: QUEUEGATE_DEMO_KEY }}]\n\
          routes:\n\
          \x20 - name: tickets\n\
          \x20   match: {{ path_prefix: /tickets }}\n\
