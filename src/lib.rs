@@ -9,3 +9,4 @@
 
 pub mod clock;
 pub mod config;
+pub mod queue;

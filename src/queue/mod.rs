@@ -24,12 +24,12 @@
 //! - Admissions in one tick window (`floor(now / tick)`), by the admitter and
 //!   by admit-now together, never exceed `max_admit_per_tick`.
 
-pub mod memory;
+pub mod redis_store;
 
 use std::future::Future;
 use std::time::Duration;
 
-pub use memory::MemoryStore;
+pub use redis_store::RedisStore;
 
 /// A visitor's id: 128 random bits, decoded from the cookie. Never part of a key.
 pub type VisitorId = [u8; 16];
@@ -213,13 +213,13 @@ pub trait QueueStore: Send + Sync {
 /// The configured backend, one concrete type for the gate and the admitter.
 #[derive(Clone)]
 pub enum Store {
-    Memory(MemoryStore),
+    Redis(RedisStore),
 }
 
 macro_rules! dispatch {
     ($self:ident, $s:ident => $call:expr) => {
         match $self {
-            Store::Memory($s) => $call,
+            Store::Redis($s) => $call,
         }
     };
 }
