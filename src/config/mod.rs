@@ -104,7 +104,10 @@ pub enum RedisMode {
     /// `redis: { cluster: [redis://a:7000, redis://b:7001] }`.
     Cluster { nodes: Vec<String> },
     /// `redis: { sentinel: { master: mymaster, nodes: [redis://s1:26379] } }`.
-    Sentinel { master: String, nodes: Vec<String> },
+    Sentinel {
+        master: String,
+        nodes: Vec<String>,
+    },
 }
 
 /// Where one key of the key ring comes from. Never the YAML itself.
