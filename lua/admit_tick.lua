@@ -22,7 +22,7 @@ local known_epoch_us = tonumber(ARGV[7])
 
 -- The epoch this instance remembered changed: the store was lost.
 if known_epoch_us and known_epoch_us ~= epoch_us then
-  start_hold(pass_ttl_ms)
+  notice_loss(pass_ttl_ms)
 end
 
 local window = math.floor(now_ms / tick_ms)
@@ -47,7 +47,10 @@ for i = 1, #expired_ids, 1000 do
   redis.call('ZREM', active_key, unpack(expired_ids, i, math.min(i + 999, #expired_ids)))
 end
 
-local abandoned = drop_ghosts(abandon_after_ms, 1000)
+-- Ghosts dropped since the last tick (by arrive) and now.
+local abandoned = (tonumber(redis.call('HGET', stats_key, 'pending_abandoned')) or 0)
+  + drop_ghosts(abandon_after_ms, 1000)
+redis.call('HDEL', stats_key, 'pending_abandoned')
 
 local reply = {1, now_us, epoch_us, 0, no_shows}
 if now_us >= hold_until() then
@@ -55,7 +58,6 @@ if now_us >= hold_until() then
   local want = math.min(capacity - active_count(), room)
   local admitted = 0
   local pops = 0
-  local cutoff_ms = now_ms - abandon_after_ms
   local pending_expiry = int(now_ms + arrival_grace_ms) .. '.5'
   while admitted < want and pops < want + 1000 do
     local head = redis.call('ZPOPMIN', waiting_key)
@@ -64,9 +66,9 @@ if now_us >= hold_until() then
     end
     pops = pops + 1
     local id = head[1]
-    local seen = tonumber(redis.call('ZSCORE', seen_key, id))
+    local ghost = is_ghost(id, abandon_after_ms)
     redis.call('ZREM', seen_key, id)
-    if seen ~= nil and seen <= cutoff_ms then
+    if ghost then
       abandoned = abandoned + 1
     else
       redis.call('ZADD', active_key, pending_expiry, id)

@@ -21,6 +21,17 @@ local session_ttl_ms = tonumber(ARGV[6])
 local abandon_after_ms = tonumber(ARGV[7])
 local max_waiting = tonumber(ARGV[8])
 
+-- Ghosts go first (counted by the next tick), this visitor included.
+local dropped = drop_ghosts(abandon_after_ms, 100)
+if is_ghost(id, abandon_after_ms) then
+  redis.call('ZREM', waiting_key, id)
+  redis.call('ZREM', seen_key, id)
+  dropped = dropped + 1
+end
+if dropped > 0 then
+  redis.call('HINCRBY', stats_key, 'pending_abandoned', dropped)
+end
+
 if is_active(id) then
   redis.call('ZADD', active_key, int(now_ms + session_ttl_ms), id)
   return {1}
@@ -28,13 +39,8 @@ end
 
 local score = tonumber(redis.call('ZSCORE', waiting_key, id))
 if score then
-  if is_ghost(id, abandon_after_ms) then
-    redis.call('ZREM', waiting_key, id)
-    redis.call('ZREM', seen_key, id)
-  else
-    redis.call('ZADD', seen_key, int(now_ms), id)
-    return place(id, score)
-  end
+  redis.call('ZADD', seen_key, int(now_ms), id)
+  return place(id, score)
 end
 
 local waiting = redis.call('ZCARD', waiting_key)

@@ -10,8 +10,8 @@
 -- Invariant: an entry missing from the store is restored at the ticket's
 -- score only when the epoch is newer than the score (the store was wiped; a
 -- hold of pass_ttl starts) or the score is younger than abandon_after (a
--- write lost in a failover); a ghost never keeps its place (the admitter
--- drops and counts ghosts; one that polls first is gone all the same).
+-- write lost in a failover). A waiter still in line keeps its place: ghosts
+-- are dropped by arrive and admit_tick.
 
 local id = ARGV[1]
 local ticket_us = tonumber(ARGV[2])
@@ -21,11 +21,6 @@ local pass_ttl_ms = tonumber(ARGV[5])
 
 local score = tonumber(redis.call('ZSCORE', waiting_key, id))
 if score then
-  if is_ghost(id, abandon_after_ms) then
-    redis.call('ZREM', waiting_key, id)
-    redis.call('ZREM', seen_key, id)
-    return {0}
-  end
   redis.call('ZADD', seen_key, int(now_ms), id)
   return place(id, score)
 end
@@ -40,7 +35,7 @@ if wiped or now_us - ticket_us < abandon_after_ms * 1000 then
   redis.call('ZADD', waiting_key, int(ticket_us), id)
   redis.call('ZADD', seen_key, int(now_ms), id)
   if wiped then
-    start_hold(pass_ttl_ms)
+    notice_loss(pass_ttl_ms)
   end
   return place(id, ticket_us)
 end

@@ -24,7 +24,7 @@ if epoch_us > (issued_s - 1) * 1000000 then
   redis.call('ZADD', active_key, int(now_ms + session_ttl_ms), id)
   redis.call('ZREM', waiting_key, id)
   redis.call('ZREM', seen_key, id)
-  start_hold(pass_ttl_ms)
+  notice_loss(pass_ttl_ms)
   return 1
 end
 

@@ -11,11 +11,15 @@
 --   KEYS[4] qg:{route}:tick     string: the tick window last admitted in
 --                                      (SET PX tick, expires by itself)
 --   KEYS[5] qg:{route}:stats    HASH  epoch (µs), admitted_total,
---                                      rate_n / rate_t / rate_at (decayed admit
---                                      count, decayed elapsed s, µs of update),
---                                      hold_until (µs), window / used (tick
---                                      window and admissions in it),
---                                      last_score (µs, keeps join scores unique)
+--                                      rate_n / rate_t / rate_at / last_admit
+--                                      (decayed admit count, decayed elapsed s,
+--                                      µs of update, µs of last admission),
+--                                      hold_until (µs), loss_noticed (a hold
+--                                      was started in this epoch), window /
+--                                      used (tick window, admissions in it),
+--                                      last_score (µs, keeps join scores
+--                                      unique), pending_abandoned (ghosts
+--                                      dropped since the last tick)
 -- Ids are the raw 16-byte visitor ids: members only, never part of a key.
 --
 -- It defines: now_us / now_ms (Redis TIME), epoch_us (created with HSETNX by
@@ -37,19 +41,26 @@ end
 redis.call('HSETNX', stats_key, 'epoch', int(now_us))
 local epoch_us = tonumber(redis.call('HGET', stats_key, 'epoch'))
 
--- Time constant of the admit rate (seconds): admissions and elapsed time both
--- decay with it, so a young route reports count / elapsed.
+-- The admit rate, the same formula as the memory store: on each admission at
+-- t, with w = exp(-(t - rate_at) / tau),
+--   rate_n = rate_n * w + admitted,  rate_t = rate_t * w + tau * (1 - w)
+-- (rate_t starts at 0 at the epoch, so a young route reports count / age);
+-- rate = rate_n / max(rate_t, 1 s) decayed to now, or 0 when nothing was
+-- admitted for 5 tau.
 local RATE_TAU_S = 60
+local RATE_QUIET_US = 5 * RATE_TAU_S * 1000000
 
 -- The hold: nobody new is admitted before hold_until.
 local function hold_until()
   return tonumber(redis.call('HGET', stats_key, 'hold_until')) or 0
 end
 
-local function start_hold(pass_ttl_ms)
-  local until_us = now_us + pass_ttl_ms * 1000
-  if until_us > hold_until() then
-    redis.call('HSET', stats_key, 'hold_until', int(until_us))
+-- A store loss was noticed: the first notice in this epoch holds admissions
+-- for one pass_ttl; later ones do not extend it, so returning visitors cannot
+-- keep the line stopped.
+local function notice_loss(pass_ttl_ms)
+  if redis.call('HSETNX', stats_key, 'loss_noticed', 1) == 1 then
+    redis.call('HSET', stats_key, 'hold_until', int(now_us + pass_ttl_ms * 1000))
   end
 end
 
@@ -85,19 +96,37 @@ end
 -- Records `count` admissions made now in `window` (which had `used` already).
 local function record_admissions(window, used, count)
   local n, t = admit_rate_state()
+  local at = tonumber(redis.call('HGET', stats_key, 'rate_at')) or epoch_us
+  if now_us > at then
+    at = now_us
+  end
   redis.call('HSET', stats_key,
     'window', int(window), 'used', int(used + count),
     'rate_n', string.format('%.17g', n + count),
     'rate_t', string.format('%.17g', t),
-    'rate_at', int(now_us))
+    'rate_at', int(at),
+    'last_admit', int(now_us))
   redis.call('HINCRBY', stats_key, 'admitted_total', count)
 end
 
--- Drops up to `limit` waiters silent for abandon_after (the oldest polls
--- first); returns how many.
+-- Admissions per second now (see RATE_TAU_S).
+local function admit_rate()
+  local last = tonumber(redis.call('HGET', stats_key, 'last_admit'))
+  if not last or now_us - last > RATE_QUIET_US then
+    return 0
+  end
+  local n, t = admit_rate_state()
+  if t < 1 then
+    t = 1
+  end
+  return n / t
+end
+
+-- Drops up to `limit` waiters whose last poll is before now - abandon_after
+-- (the oldest first); returns how many.
 local function drop_ghosts(abandon_after_ms, limit)
   local ghosts = redis.call('ZRANGEBYSCORE', seen_key, '-inf',
-    int(now_ms - abandon_after_ms), 'LIMIT', 0, limit)
+    '(' .. int(now_ms - abandon_after_ms), 'LIMIT', 0, limit)
   if #ghosts > 0 then
     redis.call('ZREM', waiting_key, unpack(ghosts))
     redis.call('ZREM', seen_key, unpack(ghosts))
@@ -109,7 +138,7 @@ end
 -- so a lost heartbeat never costs a place).
 local function is_ghost(id, abandon_after_ms)
   local seen = tonumber(redis.call('ZSCORE', seen_key, id))
-  return seen ~= nil and seen <= now_ms - abandon_after_ms
+  return seen ~= nil and seen < now_ms - abandon_after_ms
 end
 
 -- The reply for a visitor in line: {2, join score, position, waiting total}.

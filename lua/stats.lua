@@ -5,14 +5,10 @@
 -- Returns: {waiting, active, admitted_total, admit rate per second (string),
 --           epoch µs, hold_until µs (0 if none), now µs}
 -- Invariant: the active count is counted from expiry scores (expiry > now);
--- the admit rate is decayed admissions / decayed elapsed time (tau 60 s), the
--- same on every instance. Writes nothing but the epoch of an unseen route.
+-- the admit rate is decayed admissions / decayed elapsed time (tau 60 s, see
+-- route.lua), the same on every instance and in the memory store. Writes nothing but the epoch of an unseen route.
 
-local n, t = admit_rate_state()
-local rate = 0
-if t > 0 then
-  rate = n / t
-end
+local rate = admit_rate()
 local hold = hold_until()
 if hold <= now_us then
   hold = 0

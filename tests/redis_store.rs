@@ -369,7 +369,14 @@ async fn missing_entries_come_back_only_under_the_epoch_rules() {
     // Older than the epoch: the store lost it; restored, and a hold starts.
     let old = polled_place(s.poll("r", &id(3), stats.epoch_us - 1, &l).await.unwrap());
     assert_eq!(old.score_us, stats.epoch_us - 1);
-    assert!(s.stats("r", &l).await.unwrap().hold_until_us > 0);
+    let hold = s.stats("r", &l).await.unwrap().hold_until_us;
+    assert!(hold > 0);
+    // Later notices in the same epoch do not extend the hold.
+    polled_place(s.poll("r", &id(4), stats.epoch_us - 2, &l).await.unwrap());
+    s.admit_tick("r", &l, Some(stats.epoch_us + 1))
+        .await
+        .unwrap();
+    assert_eq!(s.stats("r", &l).await.unwrap().hold_until_us, hold);
 }
 
 #[tokio::test]
@@ -588,4 +595,24 @@ async fn three_instances_share_one_line() {
     assert_eq!(distinct.len(), in_order.len());
     let stats = stores[0].stats("shared", &l).await.unwrap();
     assert!(stats.active <= l.capacity);
+}
+
+#[tokio::test]
+async fn ghosts_dropped_by_an_arrival_are_counted_by_the_next_tick() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let l = Limits {
+        capacity: 0,
+        abandon_after: Duration::from_millis(300),
+        ..limits()
+    };
+    let a = waiting(s.arrive("r", &id(1), &l, false).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let b = waiting(s.arrive("r", &id(2), &l, false).await.unwrap());
+    assert_eq!((b.position, b.waiting_total), (1, 1));
+    let tick = s.admit_tick("r", &l, None).await.unwrap();
+    assert_eq!(tick.abandoned, 1);
+    // The ghost comes back at the back of the line, not at its old place.
+    let back = waiting(s.arrive("r", &id(1), &l, false).await.unwrap());
+    assert!(back.score_us > a.score_us);
 }
