@@ -1,0 +1,327 @@
+//! Forwarding to the origin: the pooled keep-alive client, header rewriting,
+//! `Upgrade` pass-through, and the 502/504 answers when the origin fails.
+//!
+//! It does not decide whether a request may pass: the gate does, before this.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Request, Response, StatusCode, Uri, Version};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+
+use crate::config;
+use crate::response::{Body, RequestError};
+
+/// Headers that describe one connection, not the message (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [HeaderName; 6] = [
+    header::CONNECTION,
+    HeaderName::from_static("proxy-connection"),
+    HeaderName::from_static("keep-alive"),
+    header::TE,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// The origin and the pooled client that reaches it.
+#[derive(Clone)]
+pub struct Upstream {
+    client: Client<HttpConnector, Incoming>,
+    scheme: Scheme,
+    authority: Authority,
+    host: Option<HeaderValue>,
+    timeout: Duration,
+}
+
+impl Upstream {
+    /// Builds the pooled client from `upstream` (validated config).
+    pub fn new(cfg: &config::Upstream) -> Result<Upstream, String> {
+        let scheme = cfg.url.scheme().cloned().unwrap_or(Scheme::HTTP);
+        if scheme != Scheme::HTTP {
+            return Err(format!("upstream.url: scheme {scheme} is not supported"));
+        }
+        let authority = cfg
+            .url
+            .authority()
+            .cloned()
+            .ok_or_else(|| "upstream.url: a host is required".to_string())?;
+        let host = match &cfg.host {
+            Some(h) => Some(
+                HeaderValue::from_str(h)
+                    .map_err(|_| format!("upstream.host: {h:?} is not a valid Host"))?,
+            ),
+            None => None,
+        };
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(cfg.connect_timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(cfg.pool.idle_timeout)
+            .pool_max_idle_per_host(cfg.pool.max_idle_per_host)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(connector);
+        Ok(Upstream {
+            client,
+            scheme,
+            authority,
+            host,
+            timeout: cfg.timeout,
+        })
+    }
+
+    /// Forwards `req` to the origin and streams the answer back. `tls` says
+    /// whether the client reached us over TLS (for `X-Forwarded-Proto`).
+    pub async fn forward(
+        &self,
+        mut req: Request<Incoming>,
+        remote: SocketAddr,
+        tls: bool,
+    ) -> Result<Response<Body>, RequestError> {
+        let upgrade = upgrade_protocol(&req);
+        let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
+
+        let original_host = original_host(&req);
+        let path = req
+            .uri()
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        parts.path_and_query = Some(path);
+        *req.uri_mut() = Uri::from_parts(parts)
+            .map_err(|_| RequestError::Upstream("request target could not be rewritten".into()))?;
+        *req.version_mut() = Version::HTTP_11;
+
+        let headers = req.headers_mut();
+        strip_hop_by_hop(headers);
+        append_forwarded_for(headers, remote);
+        headers.insert(
+            X_FORWARDED_PROTO.clone(),
+            HeaderValue::from_static(if tls { "https" } else { "http" }),
+        );
+        if let Some(host) = original_host {
+            headers.insert(X_FORWARDED_HOST.clone(), host.clone());
+            match &self.host {
+                Some(configured) => {
+                    headers.insert(header::HOST, configured.clone());
+                }
+                None => {
+                    headers.insert(header::HOST, host);
+                }
+            }
+        }
+        if let Some(protocol) = &upgrade {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            headers.insert(header::UPGRADE, protocol.clone());
+        }
+
+        let resp = match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+            Ok(Ok(resp)) => resp,
+            Ok(Err(err)) => return Err(RequestError::Upstream(error_chain(&err))),
+            Err(_) => return Err(RequestError::UpstreamTimeout),
+        };
+
+        if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+            if let Some(client_upgrade) = client_upgrade {
+                return Ok(switch_protocols(resp, client_upgrade));
+            }
+        }
+        let mut resp = resp.map(Body::Upstream);
+        strip_hop_by_hop(resp.headers_mut());
+        Ok(resp)
+    }
+}
+
+/// Answers the client's `101` and joins both upgraded connections until
+/// either side closes.
+fn switch_protocols(
+    mut resp: Response<Incoming>,
+    client_upgrade: hyper::upgrade::OnUpgrade,
+) -> Response<Body> {
+    let origin_upgrade = hyper::upgrade::on(&mut resp);
+    let protocol = resp.headers().get(header::UPGRADE).cloned();
+    tokio::spawn(async move {
+        let (client, origin) = match tokio::try_join!(client_upgrade, origin_upgrade) {
+            Ok(pair) => pair,
+            Err(err) => {
+                tracing::debug!(error = %err, "upgrade did not complete");
+                return;
+            }
+        };
+        let mut client = TokioIo::new(client);
+        let mut origin = TokioIo::new(origin);
+        if let Err(err) = tokio::io::copy_bidirectional(&mut client, &mut origin).await {
+            tracing::debug!(error = %err, "upgraded connection ended");
+        }
+    });
+    let (mut parts, _) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    parts
+        .headers
+        .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    if let Some(protocol) = protocol {
+        parts.headers.insert(header::UPGRADE, protocol);
+    }
+    Response::from_parts(parts, Body::Empty)
+}
+
+/// Rejects requests whose body length could be read two ways (RFC 9112
+/// §6.3): both `Content-Length` and `Transfer-Encoding`, or more than one
+/// `Content-Length`. Such a request is never forwarded.
+pub fn check_framing(headers: &HeaderMap) -> Result<(), RequestError> {
+    let lengths = headers.get_all(header::CONTENT_LENGTH).iter().count();
+    if lengths > 1 {
+        return Err(RequestError::AmbiguousFraming(
+            "more than one Content-Length",
+        ));
+    }
+    if lengths == 1 && headers.contains_key(header::TRANSFER_ENCODING) {
+        return Err(RequestError::AmbiguousFraming(
+            "both Content-Length and Transfer-Encoding",
+        ));
+    }
+    Ok(())
+}
+
+/// Removes hop-by-hop headers, including every header the `Connection`
+/// header names, except those queuegate sets itself afterwards.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+            .filter(|name| !protected(name))
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+/// Headers a client may not remove by naming them in `Connection`.
+fn protected(name: &HeaderName) -> bool {
+    name == header::HOST
+        || name == X_FORWARDED_FOR
+        || name == X_FORWARDED_PROTO
+        || name == X_FORWARDED_HOST
+        || name == header::CONTENT_LENGTH
+}
+
+/// The protocol an HTTP/1.1 `Upgrade` request asks for, if it is one.
+fn upgrade_protocol<B>(req: &Request<B>) -> Option<HeaderValue> {
+    if req.version() != Version::HTTP_11 {
+        return None;
+    }
+    let protocol = req.headers().get(header::UPGRADE)?;
+    let asks = req
+        .headers()
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    asks.then(|| protocol.clone())
+}
+
+/// The host the client asked for: the `Host` header, or the HTTP/2 authority.
+fn original_host<B>(req: &Request<B>) -> Option<HeaderValue> {
+    if let Some(host) = req.headers().get(header::HOST) {
+        return Some(host.clone());
+    }
+    req.uri()
+        .authority()
+        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+}
+
+/// Appends the client's address to `X-Forwarded-For`, keeping what was there.
+fn append_forwarded_for(headers: &mut HeaderMap, remote: SocketAddr) {
+    let ip = remote.ip().to_canonical();
+    let mut value = String::new();
+    for existing in headers.get_all(&X_FORWARDED_FOR) {
+        if let Ok(s) = existing.to_str() {
+            value.push_str(s);
+            value.push_str(", ");
+        }
+    }
+    value.push_str(&ip.to_string());
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(X_FORWARDED_FOR.clone(), v);
+    }
+}
+
+/// The error and its causes on one line, for logs.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_named_headers_are_removed_but_not_forwarding_ones() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("x-secret, X-Forwarded-For, keep-alive"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-app", HeaderValue::from_static("kept"));
+        strip_hop_by_hop(&mut h);
+        assert!(h.get("x-secret").is_none());
+        assert!(h.get("keep-alive").is_none());
+        assert!(h.get(header::CONNECTION).is_none());
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1");
+        assert_eq!(h["x-app"], "kept");
+    }
+
+    #[test]
+    fn both_lengths_are_ambiguous() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        assert!(check_framing(&h).is_err());
+        let mut h = HeaderMap::new();
+        h.append(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+        h.append(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+        assert!(check_framing(&h).is_err());
+    }
+
+    #[test]
+    fn forwarded_for_is_appended() {
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
+        h.append("x-forwarded-for", HeaderValue::from_static("2.2.2.2"));
+        append_forwarded_for(&mut h, "127.0.0.1:5000".parse().unwrap());
+        assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 127.0.0.1");
+    }
+}

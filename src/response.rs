@@ -1,0 +1,200 @@
+//! The one response body type, and every response queuegate makes itself.
+//!
+//! Responses made here carry an `x-queuegate` header naming why queuegate
+//! answered, so operators can tell the gate's answers from the app's.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use http::{Response, StatusCode};
+use http_body::{Frame, SizeHint};
+use hyper::body::Incoming;
+
+/// Header that marks a response as made by queuegate, with the reason.
+pub const TAG: &str = "x-queuegate";
+
+/// A response body: the origin's, streamed through, or one queuegate made.
+#[derive(Debug)]
+pub enum Body {
+    /// Nothing.
+    Empty,
+    /// A whole body made here.
+    Full(Option<Bytes>),
+    /// The origin's body, streamed as it arrives.
+    Upstream(Incoming),
+}
+
+impl Body {
+    pub fn full(bytes: impl Into<Bytes>) -> Body {
+        Body::Full(Some(bytes.into()))
+    }
+}
+
+impl http_body::Body for Body {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            Body::Empty => Poll::Ready(None),
+            Body::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            Body::Upstream(incoming) => Pin::new(incoming).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Body::Empty => true,
+            Body::Full(bytes) => bytes.is_none(),
+            Body::Upstream(incoming) => incoming.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Body::Empty => SizeHint::with_exact(0),
+            Body::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+            Body::Upstream(incoming) => incoming.size_hint(),
+        }
+    }
+}
+
+/// Why queuegate answered a request itself instead of the origin.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// The request's framing is ambiguous (RFC 9112 §6.3); never forwarded.
+    #[error("ambiguous message framing: {0}")]
+    AmbiguousFraming(&'static str),
+    /// The origin refused the connection, reset it or sent garbage.
+    #[error("origin unreachable: {0}")]
+    Upstream(String),
+    /// The origin did not answer within `upstream.timeout`.
+    #[error("origin timed out")]
+    UpstreamTimeout,
+}
+
+impl RequestError {
+    /// The short reason written into the `x-queuegate` header and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RequestError::AmbiguousFraming(_) => "bad-request",
+            RequestError::Upstream(_) => "upstream-error",
+            RequestError::UpstreamTimeout => "upstream-timeout",
+        }
+    }
+
+    /// The status code answered to the client.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            RequestError::AmbiguousFraming(_) => StatusCode::BAD_REQUEST,
+            RequestError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            RequestError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+}
+
+/// Maps a request-path error to the response the client gets.
+pub fn from_error(err: &RequestError) -> Response<Body> {
+    let text = match err {
+        RequestError::AmbiguousFraming(_) => "400 bad request: ambiguous message framing\n",
+        RequestError::Upstream(_) => "502 bad gateway: the application did not answer\n",
+        RequestError::UpstreamTimeout => "504 gateway timeout: the application took too long\n",
+    };
+    let mut resp = plain(err.status(), err.reason(), text);
+    if matches!(err, RequestError::AmbiguousFraming(_)) {
+        resp.headers_mut()
+            .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
+}
+
+/// A short plain-text response tagged with `reason`.
+pub fn plain(status: StatusCode, reason: &'static str, text: &'static str) -> Response<Body> {
+    made(
+        status,
+        reason,
+        "text/plain; charset=utf-8",
+        Bytes::from_static(text.as_bytes()),
+    )
+}
+
+/// A JSON response tagged with `reason`, never cached.
+pub fn json(status: StatusCode, reason: &'static str, body: String) -> Response<Body> {
+    made(status, reason, "application/json", Bytes::from(body))
+}
+
+/// An HTML response tagged with `reason`, never cached.
+pub fn html(status: StatusCode, reason: &'static str, body: String) -> Response<Body> {
+    made(
+        status,
+        reason,
+        "text/html; charset=utf-8",
+        Bytes::from(body),
+    )
+}
+
+/// A `302` to a same-site `location` (already sanitised by the caller).
+pub fn redirect(reason: &'static str, location: &str) -> Response<Body> {
+    let mut resp = made(
+        StatusCode::FOUND,
+        reason,
+        "text/plain; charset=utf-8",
+        Bytes::new(),
+    );
+    if let Ok(value) = HeaderValue::from_str(location) {
+        resp.headers_mut().insert(http::header::LOCATION, value);
+    }
+    resp
+}
+
+/// Adds `Retry-After: secs`.
+pub fn with_retry_after(mut resp: Response<Body>, secs: u64) -> Response<Body> {
+    resp.headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(secs));
+    resp
+}
+
+fn made(
+    status: StatusCode,
+    reason: &'static str,
+    content_type: &'static str,
+    body: Bytes,
+) -> Response<Body> {
+    let mut resp = Response::new(if body.is_empty() {
+        Body::Empty
+    } else {
+        Body::full(body)
+    });
+    *resp.status_mut() = status;
+    let headers = resp.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(TAG, HeaderValue::from_static(reason));
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_tagged_with_their_reason() {
+        let resp = from_error(&RequestError::UpstreamTimeout);
+        assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(resp.headers()[TAG], "upstream-timeout");
+        let resp = from_error(&RequestError::Upstream("refused".into()));
+        assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(resp.headers()[TAG], "upstream-error");
+    }
+
+    #[test]
+    fn a_bad_location_is_left_out_rather_than_panicking() {
+        let resp = redirect("waiting", "/ok\r\nset-cookie: x=1");
+        assert!(resp.headers().get(http::header::LOCATION).is_none());
+    }
+}

@@ -1,0 +1,245 @@
+//! The integration-test harness: origins on ephemeral ports, queuegate run
+//! in-process on real sockets, and small clients.
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use queuegate::config::*;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub type OriginBody = BoxBody<Bytes, Infallible>;
+
+/// A test origin: its address, how many connections it accepted, and the
+/// task serving it (aborted on drop).
+pub struct Origin {
+    pub addr: SocketAddr,
+    pub connections: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl Origin {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+    pub fn accepted(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Origin {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A whole body for an origin's response.
+pub fn full(bytes: impl Into<Bytes>) -> OriginBody {
+    Full::new(bytes.into()).boxed()
+}
+
+/// Starts an HTTP origin whose every request is answered by `handler`.
+pub async fn spawn_origin<F, Fut>(handler: F) -> Origin
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<OriginBody>> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counter = connections.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            counter.fetch_add(1, Ordering::SeqCst);
+            let handler = handler.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |req| {
+                    let fut = handler(req);
+                    async move { Ok::<_, Infallible>(fut.await) }
+                });
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Origin {
+        addr,
+        connections,
+        task,
+    }
+}
+
+/// A raw-byte origin: `handler` gets each accepted socket as it is.
+pub async fn spawn_raw_origin<F, Fut>(handler: F) -> Origin
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counter = connections.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            counter.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(handler(stream));
+        }
+    });
+    Origin {
+        addr,
+        connections,
+        task,
+    }
+}
+
+/// A config with one plain listener on 127.0.0.1:0 in front of `upstream`,
+/// no routes, and short timeouts fit for tests.
+pub fn proxy_config(upstream: &str) -> Config {
+    Config {
+        listen: vec![Listen {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            tls: None,
+        }],
+        admin: None,
+        limits: ServerLimits {
+            header_timeout: Duration::from_secs(10),
+            max_header_bytes: 16384,
+            max_connections: 10_000,
+            drain_timeout: Duration::from_secs(30),
+        },
+        upstream: Upstream {
+            url: upstream.parse().unwrap(),
+            connect_timeout: Duration::from_secs(2),
+            timeout: Duration::from_secs(60),
+            pool: Pool {
+                max_idle_per_host: 256,
+                idle_timeout: Duration::from_secs(90),
+            },
+            host: None,
+            ca_file: None,
+        },
+        store: StoreConfig {
+            backend: Backend::Memory,
+            redis: RedisConfig {
+                mode: RedisMode::Standalone {
+                    url: "redis://127.0.0.1:6379".into(),
+                },
+                timeout: Duration::from_millis(200),
+            },
+            expected_instances: 1,
+        },
+        keys: vec![],
+        cookie: CookieConfig::default(),
+        reserved_prefix: "/__queuegate".into(),
+        bypass: vec![],
+        routes: vec![],
+    }
+}
+
+/// queuegate running in-process on real sockets.
+pub struct Gate {
+    pub addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Gate {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Starts the drain and waits until queuegate has returned.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        match self.task.take() {
+            Some(task) => task.await.unwrap(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+/// Runs queuegate with `config` on listeners bound here on 127.0.0.1:0.
+pub async fn spawn_gate(config: Config) -> Gate {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let listeners = queuegate::Listeners {
+        public: vec![listener],
+        admin: None,
+    };
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(queuegate::run(config, listeners, async move {
+        let _ = rx.await;
+    }));
+    Gate {
+        addr,
+        shutdown: Some(tx),
+        task: Some(task),
+    }
+}
+
+/// A plain HTTP client with a body type that can stream.
+pub fn client<B>() -> Client<HttpConnector, B>
+where
+    B: http_body::Body + Send + 'static + Unpin,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// Sends `req` with a whole body and reads the whole answer.
+pub async fn send(req: Request<Full<Bytes>>) -> (http::response::Parts, Bytes) {
+    let resp = client::<Full<Bytes>>().request(req).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    (parts, bytes)
+}
+
+/// `GET url` with no extra headers.
+pub async fn get(url: &str) -> (http::response::Parts, Bytes) {
+    send(Request::get(url).body(Full::new(Bytes::new())).unwrap()).await
+}
+
+/// Waits for `cond` to hold, checking every 10 ms, failing after 10 s.
+pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..1000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting until {what}");
+}

@@ -1,0 +1,414 @@
+//! The transparent proxy: what reaches the origin and the client, streaming,
+//! upgrades, pooling, and the gate's own answers when the origin fails.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use futures_util::{SinkExt, StreamExt};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// What the recording origin saw of one request.
+#[derive(Clone, Debug)]
+struct Seen {
+    method: Method,
+    target: String,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+async fn recording_origin() -> (Origin, Arc<Mutex<Vec<Seen>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let origin = spawn_origin(move |req: Request<hyper::body::Incoming>| {
+        let log = log.clone();
+        async move {
+            let (parts, body) = req.into_parts();
+            let body = body.collect().await.unwrap().to_bytes();
+            log.lock().unwrap().push(Seen {
+                method: parts.method,
+                target: parts.uri.to_string(),
+                headers: parts.headers,
+                body: body.clone(),
+            });
+            let mut resp = Response::new(full(body));
+            resp.headers_mut()
+                .insert("connection", "x-origin-private".parse().unwrap());
+            resp.headers_mut()
+                .insert("x-origin-private", "secret".parse().unwrap());
+            resp.headers_mut()
+                .insert("keep-alive", "timeout=5".parse().unwrap());
+            resp.headers_mut().insert("x-app", "kept".parse().unwrap());
+            resp
+        }
+    })
+    .await;
+    (origin, seen)
+}
+
+#[tokio::test]
+async fn every_method_with_a_body_arrives_intact() {
+    let (origin, seen) = recording_origin().await;
+    let gate = spawn_gate(proxy_config(&origin.url())).await;
+    for method in ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "REPORT"] {
+        let body = format!("{method} body \u{1F600}");
+        let req = Request::builder()
+            .method(method)
+            .uri(gate.url("/echo"))
+            .body(Full::new(Bytes::from(body.clone())))
+            .unwrap();
+        let (parts, answer) = send(req).await;
+        assert_eq!(parts.status, StatusCode::OK, "{method}");
+        assert_eq!(answer, body.as_bytes(), "{method}: body echoed back");
+        let last = seen.lock().unwrap().last().cloned().unwrap();
+        assert_eq!(last.method.as_str(), method);
+        assert_eq!(
+            last.body,
+            body.as_bytes(),
+            "{method}: body reached the origin"
+        );
+    }
+}
+
+#[tokio::test]
+async fn target_host_and_forwarded_headers_are_kept() {
+    let (origin, seen) = recording_origin().await;
+    let gate = spawn_gate(proxy_config(&origin.url())).await;
+    let target = "/a%20b/%7Euser/c;p=1?x=%2F&y=%E2%82%AC&y=2&empty=";
+    let req = Request::get(gate.url(target))
+        .header("host", "shop.example:8443")
+        .header("x-forwarded-for", "203.0.113.7")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (parts, _) = send(req).await;
+    assert_eq!(parts.status, StatusCode::OK);
+    let seen = seen.lock().unwrap()[0].clone();
+    assert_eq!(
+        seen.target, target,
+        "request target forwarded byte for byte"
+    );
+    assert_eq!(seen.headers["host"], "shop.example:8443");
+    assert_eq!(seen.headers["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+    assert_eq!(seen.headers["x-forwarded-host"], "shop.example:8443");
+    assert_eq!(seen.headers["x-forwarded-proto"], "http");
+}
+
+#[tokio::test]
+async fn hop_by_hop_headers_reach_neither_side() {
+    let (origin, seen) = recording_origin().await;
+    let gate = spawn_gate(proxy_config(&origin.url())).await;
+    let req = Request::get(gate.url("/"))
+        .header("connection", "x-client-private, X-Forwarded-For")
+        .header("x-client-private", "secret")
+        .header("keep-alive", "timeout=5")
+        .header("te", "trailers")
+        .header("proxy-connection", "keep-alive")
+        .header("x-app", "kept")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (parts, _) = send(req).await;
+    let at_origin = seen.lock().unwrap()[0].headers.clone();
+    for name in ["x-client-private", "keep-alive", "te", "proxy-connection"] {
+        assert!(at_origin.get(name).is_none(), "{name} reached the origin");
+    }
+    assert_eq!(at_origin["x-app"], "kept");
+    assert_eq!(
+        at_origin["x-forwarded-for"], "127.0.0.1",
+        "Connection cannot remove X-Forwarded-For"
+    );
+    for name in ["x-origin-private", "keep-alive"] {
+        assert!(
+            parts.headers.get(name).is_none(),
+            "{name} reached the client"
+        );
+    }
+    assert_eq!(parts.headers["x-app"], "kept");
+}
+
+#[tokio::test]
+async fn a_large_download_is_streamed() {
+    const TOTAL: usize = 100 * 1024 * 1024;
+    const CHUNK: usize = 64 * 1024;
+    let (first_seen_tx, first_seen_rx) = tokio::sync::oneshot::channel::<()>();
+    let first_seen_rx = Arc::new(Mutex::new(Some(first_seen_rx)));
+    let origin = spawn_origin(move |_req| {
+        let gate_rx = first_seen_rx.lock().unwrap().take();
+        async move {
+            let (mut tx, body) =
+                http_body_util::channel::Channel::<Bytes, std::convert::Infallible>::new(4);
+            tokio::spawn(async move {
+                let chunk = Bytes::from(vec![7u8; CHUNK]);
+                tx.send_data(chunk.clone()).await.unwrap();
+                // The rest is sent only once the client has the first bytes:
+                // a proxy that buffered the whole body would never see them.
+                if let Some(rx) = gate_rx {
+                    rx.await.unwrap();
+                }
+                for _ in 1..TOTAL / CHUNK {
+                    if tx.send_data(chunk.clone()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            Response::new(body.boxed())
+        }
+    })
+    .await;
+    let gate = spawn_gate(proxy_config(&origin.url())).await;
+    let resp = client::<Full<Bytes>>()
+        .get(gate.url("/big").parse().unwrap())
+        .await
+        .unwrap();
+    let mut body = resp.into_body();
+    let first = tokio::time::timeout(Duration::from_secs(20), body.frame())
+        .await
+        .expect("first bytes must arrive before the origin sends the rest")
+        .unwrap()
+        .unwrap();
+    let mut received = first.into_data().unwrap().len();
+    first_seen_tx.send(()).unwrap();
+    while let Some(frame) = body.frame().await {
+        received += frame.unwrap().into_data().map(|d| d.len()).unwrap_or(0);
+    }
+    assert_eq!(received, TOTAL);
+}
+
+#[tokio::test]
+async fn a_large_chunked_upload_is_streamed() {
+    const TOTAL: usize = 100 * 1024 * 1024;
+    const CHUNK: usize = 64 * 1024;
+    let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
+    let first_tx = Arc::new(Mutex::new(Some(first_tx)));
+    let origin = spawn_origin(move |req: Request<hyper::body::Incoming>| {
+        let first_tx = first_tx.clone();
+        async move {
+            let mut body = req.into_body();
+            let mut received = 0usize;
+            while let Some(frame) = body.frame().await {
+                let n = frame.unwrap().into_data().map(|d| d.len()).unwrap_or(0);
+                if received == 0 && n > 0 {
+                    if let Some(tx) = first_tx.lock().unwrap().take() {
+                        let _ = tx.send(());
+                    }
+                }
+                received += n;
+            }
+            Response::new(full(received.to_string()))
+        }
+    })
+    .await;
+    let gate = spawn_gate(proxy_config(&origin.url())).await;
+    let (mut tx, body) =
+        http_body_util::channel::Channel::<Bytes, std::convert::Infallible>::new(4);
+    let req = Request::post(gate.url("/upload")).body(body).unwrap();
+    let response = tokio::spawn(client().request(req));
+    let chunk = Bytes::from(vec![9u8; CHUNK]);
+    tx.send_data(chunk.clone()).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), first_rx)
+        .await
+        .expect("the origin must get the first bytes before the rest is sent")
+        .unwrap();
+    for _ in 1..TOTAL / CHUNK {
+        tx.send_data(chunk.clone()).await.unwrap();
+    }
+    drop(tx);
+    let resp = response.await.unwrap().unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, TOTAL.to_string().as_bytes());
+}
+
+#[tokio::test]
+async fn websocket_echo_passes_through() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin_addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut ws = tokio_tungstenite::accept_async(stream).await.unwrap();
+                while let Some(Ok(msg)) = ws.next().await {
+                    if msg.is_text() || msg.is_binary() {
+                        ws.send(msg).await.unwrap();
+                    }
+                }
+            });
+        }
+    });
+    let gate = spawn_gate(proxy_config(&format!("http://{origin_addr}"))).await;
+    let stream = TcpStream::connect(gate.addr).await.unwrap();
+    let (mut ws, resp) =
+        tokio_tungstenite::client_async(format!("ws://{}/socket", gate.addr), stream)
+            .await
+            .unwrap();
+    assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+    for i in 0..5 {
+        let text = format!("hello {i}");
+        ws.send(tokio_tungstenite::tungstenite::Message::text(text.clone()))
+            .await
+            .unwrap();
+        let echoed = ws.next().await.unwrap().unwrap();
+        assert_eq!(echoed.into_text().unwrap().as_str(), text);
+    }
+    ws.close(None).await.unwrap();
+}
+
+#[tokio::test]
+async fn sequential_requests_reuse_pooled_connections() {
+    let origin = spawn_origin(|_req| async { Response::new(full("ok")) }).await;
+    let gate = spawn_gate(proxy_config(&origin.url())).await;
+    let client = client::<Full<Bytes>>();
+    for _ in 0..200 {
+        let resp = client.get(gate.url("/").parse().unwrap()).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        resp.into_body().collect().await.unwrap();
+    }
+    assert!(
+        origin.accepted() <= 4,
+        "200 sequential requests opened {} upstream connections",
+        origin.accepted()
+    );
+}
+
+#[tokio::test]
+async fn origin_down_is_502() {
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = closed.local_addr().unwrap();
+    drop(closed);
+    let gate = spawn_gate(proxy_config(&format!("http://{addr}"))).await;
+    let (parts, body) = get(&gate.url("/")).await;
+    assert_eq!(parts.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(parts.headers["x-queuegate"], "upstream-error");
+    assert!(!body.is_empty());
+}
+
+#[tokio::test]
+async fn origin_slower_than_the_timeout_is_504() {
+    let origin = spawn_origin(|_req| async {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        Response::new(full("late"))
+    })
+    .await;
+    let mut config = proxy_config(&origin.url());
+    config.upstream.timeout = Duration::from_millis(300);
+    let gate = spawn_gate(config).await;
+    let (parts, _) = get(&gate.url("/slow")).await;
+    assert_eq!(parts.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(parts.headers["x-queuegate"], "upstream-timeout");
+}
+
+#[tokio::test]
+async fn origin_closing_mid_body_aborts_that_response_only() {
+    let origin = spawn_raw_origin(|mut stream: TcpStream| async move {
+        let mut buf = vec![0u8; 4096];
+        let n = stream.read(&mut buf).await.unwrap_or(0);
+        let head = String::from_utf8_lossy(&buf[..n]).to_string();
+        if head.starts_with("GET /cut") {
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\nonly ten..")
+                .await;
+            // Close without sending the rest.
+        } else {
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+                .await;
+        }
+    })
+    .await;
+    let gate = spawn_gate(proxy_config(&origin.url())).await;
+    let resp = client::<Full<Bytes>>()
+        .get(gate.url("/cut").parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(
+        resp.into_body().collect().await.is_err(),
+        "a cut body must reach the client as an aborted response"
+    );
+    let (parts, body) = get(&gate.url("/after")).await;
+    assert_eq!(parts.status, StatusCode::OK);
+    assert_eq!(body, "ok");
+}
+
+async fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).to_string()
+}
+
+#[tokio::test]
+async fn ambiguous_framing_is_400_and_never_forwarded() {
+    let (origin, seen) = recording_origin().await;
+    let gate = spawn_gate(proxy_config(&origin.url())).await;
+    let cases: [&[u8]; 2] = [
+        b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\n",
+        b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\nabcde",
+    ];
+    for case in cases {
+        let answer = raw_exchange(gate.addr, case).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "got {answer:?}");
+    }
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "the origin saw an ambiguous request"
+    );
+}
+
+#[tokio::test]
+async fn oversize_headers_get_431() {
+    let (origin, seen) = recording_origin().await;
+    let gate = spawn_gate(proxy_config(&origin.url())).await;
+    let big = "a".repeat(40_000);
+    let request = format!("GET / HTTP/1.1\r\nHost: a\r\nx-big: {big}\r\n\r\n");
+    let answer = raw_exchange(gate.addr, request.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "got {answer:?}");
+    assert!(seen.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn http2_with_prior_knowledge_is_served() {
+    let (origin, seen) = recording_origin().await;
+    let gate = spawn_gate(proxy_config(&origin.url())).await;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let resp = client
+        .request(
+            Request::post(gate.url("/h2?q=1"))
+                .body(Full::new(Bytes::from("over h2")))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "over h2");
+    let seen = seen.lock().unwrap()[0].clone();
+    assert_eq!(seen.target, "/h2?q=1");
+    assert_eq!(seen.headers["host"], gate.addr.to_string());
+}
+
+#[tokio::test]
+async fn drain_lets_an_in_flight_request_finish() {
+    let origin = spawn_origin(|_req| async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        Response::new(full("finished"))
+    })
+    .await;
+    let gate = spawn_gate(proxy_config(&origin.url())).await;
+    let url = gate.url("/slow");
+    let in_flight = tokio::spawn(async move { get(&url).await });
+    eventually("the request reaches the origin", || origin.accepted() == 1).await;
+    gate.stop().await.unwrap();
+    let (parts, body) = in_flight.await.unwrap();
+    assert_eq!(parts.status, StatusCode::OK);
+    assert_eq!(body, "finished");
+}
