@@ -210,3 +210,41 @@ async fn sentinel_failover_keeps_the_line_going() {
     let tick = eventually("tick after failover", || store.admit_tick("r", &l, None)).await;
     assert_eq!(tick.admitted_scores, vec![line[0].score_us]);
 }
+
+/// A planned failover: the old master stays up as a replica and answers
+/// writes with READONLY, which sends the store to Sentinel for the new one.
+/// (A write that reaches the old master in the moment between the promotion
+/// and its demotion is lost: the ticket's young score restores it, as
+/// `missing_entries_come_back_only_under_the_epoch_rules` checks.)
+#[tokio::test]
+async fn sentinel_switchover_moves_writes_to_the_new_master() {
+    let trio = RedisSentinel::start();
+    let store = RedisStore::connect(&trio.config(Duration::from_millis(500))).unwrap();
+    eventually("sentinel ready", || store.ready()).await;
+    let l = limits();
+    assert_eq!(
+        store.arrive("r", &id(1), &l, true).await.unwrap(),
+        Arrival::Admitted
+    );
+    let b = waiting(store.arrive("r", &id(2), &l, true).await.unwrap());
+    let _: i64 = trio.master.query(&["WAIT", "1", "2000"]);
+
+    trio.failover();
+    trio.wait_for_promotion();
+    trio.wait_for_demotion();
+
+    let c = waiting(
+        eventually("arrive after switchover", || {
+            store.arrive("r", &[3; 16], &l, true)
+        })
+        .await,
+    );
+    assert_eq!((c.position, c.waiting_total), (2, 2));
+    assert_eq!(
+        polled(store.poll("r", &id(2), b.score_us, &l).await.unwrap()).position,
+        1
+    );
+    // The write landed on the promoted replica, not the demoted master.
+    let on_new: i64 = trio.replica.query(&["ZCARD", "qg:{r}:waiting"]);
+    assert_eq!(on_new, 2);
+}

@@ -497,7 +497,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_share_one_hash_tag_and_never_hold_an_id() {
+    fn route_keys_share_one_hash_tag() {
         let keys = route_keys("tickets");
         assert_eq!(
             keys,

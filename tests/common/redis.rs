@@ -433,6 +433,26 @@ impl RedisSentinel {
         addr.get(1).and_then(|p| p.parse().ok())
     }
 
+    /// Waits until the old master has been turned into a replica.
+    pub fn wait_for_demotion(&self) {
+        let port = self.master.port();
+        wait_until(&format!("{port} is demoted"), START_DEADLINE, || {
+            self.master
+                .try_query::<String>(&["INFO", "replication"])
+                .is_ok_and(|r| r.contains("role:slave"))
+        });
+    }
+
+    /// Asks Sentinel for a planned failover, retrying while it does not yet
+    /// find the replica fit to promote (its view of a new replica lags).
+    pub fn failover(&self) {
+        wait_until("sentinel accepts a failover", START_DEADLINE, || {
+            self.sentinel
+                .try_query::<()>(&["SENTINEL", "FAILOVER", SENTINEL_MASTER])
+                .is_ok()
+        });
+    }
+
     /// Waits until Sentinel names the replica as master and it acts as one.
     pub fn wait_for_promotion(&self) {
         let port = self.replica.port();
