@@ -493,7 +493,9 @@ async fn poll_after_admission_extends_session<H: Harness>(h: &mut H) {
     let route = h.fresh_route();
     let limits = Limits {
         capacity: 1,
-        session_ttl: Duration::from_secs(1),
+        // Well past the 600 ms step below, so a slow real-time run (Redis on
+        // a busy machine) still polls within the session.
+        session_ttl: Duration::from_secs(2),
         ..limits()
     };
     let b = join(h, &route, 2, &limits).await;
@@ -516,7 +518,7 @@ async fn poll_after_admission_extends_session<H: Harness>(h: &mut H) {
         Poll::Admitted
     );
     // Silent past the session: the slot frees, and it was no no-show.
-    h.advance(Duration::from_millis(1_200)).await;
+    h.advance(Duration::from_millis(2_200)).await;
     assert_eq!(stats(h, &route, &limits).await.active, 0);
     let tick = h
         .store()
