@@ -1,7 +1,7 @@
 //! The store contract: one suite of checks that every `QueueStore` backend
 //! must pass, written against a `Harness` so each backend runs the very same
 //! checks (the memory store on tokio's paused clock, the Redis store on real
-//! time).
+//! time against a real `redis-server`, standalone and Cluster).
 //!
 //! Durations are short (see `limits`) so real-time runs stay quick, and the
 //! checks compare orders and counts, never exact times. Seen and active times
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use queuegate::clock::Clock;
 use queuegate::queue::{
-    Arrival, Limits, MemoryStore, Place, Poll, QueueStore, RouteStats, VisitorId,
+    Arrival, Limits, MemoryStore, Place, Poll, QueueStore, RedisStore, RouteStats, VisitorId,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -67,6 +67,67 @@ impl Harness for Memory {
 
     async fn restart(&mut self) {
         self.store = MemoryStore::new(self.clock);
+    }
+}
+
+#[path = "common/redis.rs"]
+mod redis_harness;
+
+/// The Redis store on real `redis-server` processes, on real time.
+struct Redis {
+    store: RedisStore,
+    /// Every node holding data: one standalone server, or the Cluster's masters.
+    nodes: Vec<redis_harness::RedisServer>,
+    routes: u32,
+}
+
+impl Redis {
+    fn standalone() -> Redis {
+        let server = redis_harness::RedisServer::start();
+        let store = RedisStore::connect(&server.config(Duration::from_secs(2)))
+            .expect("config is well formed");
+        Redis {
+            store,
+            nodes: vec![server],
+            routes: 0,
+        }
+    }
+
+    fn cluster() -> Redis {
+        let cluster = redis_harness::RedisCluster::start();
+        let store = RedisStore::connect(&cluster.config(Duration::from_secs(2)))
+            .expect("config is well formed");
+        Redis {
+            store,
+            nodes: cluster.nodes,
+            routes: 0,
+        }
+    }
+}
+
+impl Harness for Redis {
+    type S = RedisStore;
+
+    fn store(&self) -> &RedisStore {
+        &self.store
+    }
+
+    async fn advance(&self, d: Duration) {
+        tokio::time::sleep(d).await;
+    }
+
+    fn fresh_route(&mut self) -> String {
+        self.routes += 1;
+        format!("route{}", self.routes)
+    }
+
+    /// Empties every node, scripts included, as a restart without
+    /// persistence would; the connections stay up.
+    async fn restart(&mut self) {
+        for node in &self.nodes {
+            let _: () = node.query(&["FLUSHALL"]);
+            let _: () = node.query(&["SCRIPT", "FLUSH"]);
+        }
     }
 }
 
@@ -432,7 +493,9 @@ async fn poll_after_admission_extends_session<H: Harness>(h: &mut H) {
     let route = h.fresh_route();
     let limits = Limits {
         capacity: 1,
-        session_ttl: Duration::from_secs(1),
+        // Well past the 600 ms step below, so a slow real-time run (Redis on
+        // a busy machine) still polls within the session.
+        session_ttl: Duration::from_secs(2),
         ..limits()
     };
     let b = join(h, &route, 2, &limits).await;
@@ -455,7 +518,7 @@ async fn poll_after_admission_extends_session<H: Harness>(h: &mut H) {
         Poll::Admitted
     );
     // Silent past the session: the slot frees, and it was no no-show.
-    h.advance(Duration::from_millis(1_200)).await;
+    h.advance(Duration::from_millis(2_200)).await;
     assert_eq!(stats(h, &route, &limits).await.active, 0);
     let tick = h
         .store()
@@ -852,3 +915,5 @@ macro_rules! contract_suite {
 }
 
 contract_suite!(memory, Memory::new(), #[tokio::test(start_paused = true)]);
+contract_suite!(redis, Redis::standalone(), #[tokio::test]);
+contract_suite!(redis_cluster, Redis::cluster(), #[tokio::test]);

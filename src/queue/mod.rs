@@ -31,11 +31,16 @@
 //!   by admit-now together, never exceed `max_admit_per_tick`.
 
 pub mod memory;
+pub mod redis_store;
 
 use std::future::Future;
 use std::time::Duration;
 
 pub use memory::MemoryStore;
+pub use redis_store::RedisStore;
+
+use crate::clock::Clock;
+use crate::config::{Backend, StoreConfig};
 
 /// A visitor's id: 128 random bits, decoded from the cookie. Never part of a key.
 pub type VisitorId = [u8; 16];
@@ -220,12 +225,26 @@ pub trait QueueStore: Send + Sync {
 #[derive(Clone)]
 pub enum Store {
     Memory(MemoryStore),
+    Redis(RedisStore),
+}
+
+impl Store {
+    /// The backend `cfg` names. The memory store reads `clock`; the Redis
+    /// store connects lazily and never waits for Redis here (see
+    /// `RedisStore::connect`), so this fails only on a malformed Redis address.
+    pub fn from_config(cfg: &StoreConfig, clock: Clock) -> Result<Store, StoreError> {
+        match cfg.backend {
+            Backend::Memory => Ok(Store::Memory(MemoryStore::new(clock))),
+            Backend::Redis => Ok(Store::Redis(RedisStore::connect(&cfg.redis)?)),
+        }
+    }
 }
 
 macro_rules! dispatch {
     ($self:ident, $s:ident => $call:expr) => {
         match $self {
             Store::Memory($s) => $call,
+            Store::Redis($s) => $call,
         }
     };
 }

@@ -1,0 +1,84 @@
+-- admit_tick.lua: one admitter tick of one instance.
+--
+-- KEYS: the route's five keys (see route.lua).
+-- ARGV: [1] capacity  [2] max_admit_per_tick  [3] tick (ms)
+--       [4] arrival_grace (ms)  [5] abandon_after (ms)  [6] pass_ttl (ms)
+--       [7] the epoch this instance saw last (µs), or '' if none
+-- Returns: {ran (1|0), now µs, epoch µs, abandoned, no_shows,
+--           join score of each waiter admitted, in admission order...}
+-- Invariant: at most one run per tick window floor(now_ms / tick), whichever
+-- instance comes first (the tick key holds the window last run); admissions
+-- in a window (this and admit-now together) never exceed max_admit_per_tick;
+-- the active count (expiry > now) never exceeds capacity; ghosts are dropped
+-- before anyone behind them is admitted; nobody is admitted during a hold.
+
+local capacity = tonumber(ARGV[1])
+local max_admit_per_tick = tonumber(ARGV[2])
+local tick_ms = tonumber(ARGV[3])
+local arrival_grace_ms = tonumber(ARGV[4])
+local abandon_after_ms = tonumber(ARGV[5])
+local pass_ttl_ms = tonumber(ARGV[6])
+local known_epoch_us = tonumber(ARGV[7])
+
+-- The epoch this instance remembered changed: the store was lost.
+if known_epoch_us and known_epoch_us ~= epoch_us then
+  notice_loss(pass_ttl_ms)
+end
+
+local window = math.floor(now_ms / tick_ms)
+if redis.call('GET', tick_key) == int(window) then
+  return {0, now_us, epoch_us, 0, 0}
+end
+redis.call('SET', tick_key, int(window), 'PX', tick_ms)
+
+-- Expired slots; an admitted waiter who never showed up has an expiry
+-- ending in .5.
+local no_shows = 0
+local expired = redis.call('ZRANGEBYSCORE', active_key, '-inf', int(now_ms),
+  'WITHSCORES', 'LIMIT', 0, 10000)
+local expired_ids = {}
+for i = 1, #expired, 2 do
+  expired_ids[#expired_ids + 1] = expired[i]
+  if tonumber(expired[i + 1]) % 1 ~= 0 then
+    no_shows = no_shows + 1
+  end
+end
+for i = 1, #expired_ids, 1000 do
+  redis.call('ZREM', active_key, unpack(expired_ids, i, math.min(i + 999, #expired_ids)))
+end
+
+-- Ghosts dropped since the last tick (by arrive) and now.
+local abandoned = (tonumber(redis.call('HGET', stats_key, 'pending_abandoned')) or 0)
+  + drop_ghosts(abandon_after_ms, 1000)
+redis.call('HDEL', stats_key, 'pending_abandoned')
+
+local reply = {1, now_us, epoch_us, 0, no_shows}
+if now_us >= hold_until() then
+  local window_now, used, room = tick_window(tick_ms, max_admit_per_tick)
+  local want = math.min(capacity - active_count(), room)
+  local admitted = 0
+  local pops = 0
+  local pending_expiry = int(now_ms + arrival_grace_ms) .. '.5'
+  while admitted < want and pops < want + 1000 do
+    local head = redis.call('ZPOPMIN', waiting_key)
+    if #head == 0 then
+      break
+    end
+    pops = pops + 1
+    local id = head[1]
+    local ghost = is_ghost(id, abandon_after_ms)
+    redis.call('ZREM', seen_key, id)
+    if ghost then
+      abandoned = abandoned + 1
+    else
+      redis.call('ZADD', active_key, pending_expiry, id)
+      admitted = admitted + 1
+      reply[#reply + 1] = tonumber(head[2])
+    end
+  end
+  if admitted > 0 then
+    record_admissions(window_now, used, admitted)
+  end
+end
+reply[4] = abandoned
+return reply

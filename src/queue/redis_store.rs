@@ -1,0 +1,532 @@
+//! The Redis backend of `QueueStore`: one Lua script per operation (`lua/`),
+//! run by SHA over a standalone, Cluster or Sentinel connection, each call
+//! bounded by the configured timeout.
+//!
+//! Every route lives in five keys under one hash tag (`qg:{route}:…`, see
+//! DESIGN §3), passed through `KEYS` so Cluster routes the call to the slot
+//! that holds them. Visitor ids are raw 16-byte members, never part of a key.
+//! All times come from Redis `TIME` inside the scripts, so instance clocks
+//! never matter.
+//!
+//! It does not decide what to do when Redis is down: errors come back as
+//! `StoreError` and the gate applies the route's `on_store_error`.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClient, ClusterConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::Sentinel;
+use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, ServerErrorKind};
+use tokio::sync::{watch, Notify};
+
+use super::{Arrival, Limits, Place, Poll, QueueStore, RouteStats, StoreError, Tick, VisitorId};
+use crate::config::{RedisConfig, RedisMode};
+
+/// Builds a script from the shared prelude and one operation's file.
+macro_rules! route_script {
+    ($file:literal) => {
+        Script::new(concat!(
+            include_str!("../../lua/route.lua"),
+            "\n",
+            include_str!(concat!("../../lua/", $file))
+        ))
+    };
+}
+
+/// The scripts, each hashed once; `Script` runs EVALSHA and loads the script
+/// again when Redis answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
+struct Scripts {
+    arrive: Script,
+    poll: Script,
+    renew: Script,
+    leave: Script,
+    admit_tick: Script,
+    stats: Script,
+    ready: Script,
+}
+
+impl Scripts {
+    fn new() -> Scripts {
+        Scripts {
+            arrive: route_script!("arrive.lua"),
+            poll: route_script!("poll.lua"),
+            renew: route_script!("renew.lua"),
+            leave: route_script!("leave.lua"),
+            admit_tick: route_script!("admit_tick.lua"),
+            stats: route_script!("stats.lua"),
+            ready: Script::new(include_str!("../../lua/ready.lua")),
+        }
+    }
+}
+
+/// How often the Sentinel follower asks for the master when nothing failed.
+const SENTINEL_RECHECK: Duration = Duration::from_secs(1);
+/// Least time between two Sentinel look-ups, so a burst of failing calls does
+/// not hammer the sentinels.
+const SENTINEL_MIN_GAP: Duration = Duration::from_millis(100);
+/// Bound on one Sentinel look-up (sentinel plus master role check).
+const SENTINEL_LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The connection to Redis, by deployment mode. All variants are cheap to
+/// clone and reconnect by themselves.
+#[derive(Clone)]
+enum Link {
+    /// Multiplexed; reconnects after a Redis restart.
+    Standalone(ConnectionManager),
+    /// Routes each script by its keys' slot; follows MOVED and failovers.
+    Cluster(ClusterConnection),
+    /// The master Sentinel names now, kept current by a background follower.
+    Sentinel {
+        master: watch::Receiver<Option<ConnectionManager>>,
+        /// Wakes the follower to look the master up again.
+        stale: Arc<Notify>,
+    },
+}
+
+/// The Redis store. Clones share the connection.
+#[derive(Clone)]
+pub struct RedisStore {
+    link: Link,
+    timeout: Duration,
+    scripts: Arc<Scripts>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mode = match self.link {
+            Link::Standalone(_) => "standalone",
+            Link::Cluster(_) => "cluster",
+            Link::Sentinel { .. } => "sentinel",
+        };
+        f.debug_struct("RedisStore")
+            .field("mode", &mode)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl RedisStore {
+    /// Sets up the connection without waiting for Redis: the first calls
+    /// connect (each bounded by `cfg.timeout`), and a lost connection is
+    /// re-established on the next call. With Sentinel a background task
+    /// follows the master. Fails only on a malformed address, or when called
+    /// outside a tokio runtime.
+    pub fn connect(cfg: &RedisConfig) -> Result<RedisStore, StoreError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(StoreError::Unavailable(
+                "the Redis store needs a tokio runtime".to_string(),
+            ));
+        }
+        let timeout = cfg.timeout;
+        let link = match &cfg.mode {
+            RedisMode::Standalone { url } => {
+                let client = redis::Client::open(url.as_str()).map_err(unavailable)?;
+                let manager =
+                    ConnectionManager::new_lazy_with_config(client, manager_config(timeout))
+                        .map_err(unavailable)?;
+                Link::Standalone(manager)
+            }
+            RedisMode::Cluster { nodes } => {
+                let client = ClusterClient::builder(nodes.iter().map(String::as_str))
+                    .connection_timeout(connect_timeout(timeout))
+                    .response_timeout(timeout)
+                    .build()
+                    .map_err(unavailable)?;
+                let config = ClusterConfig::new()
+                    .set_connection_timeout(connect_timeout(timeout))
+                    .set_response_timeout(timeout);
+                Link::Cluster(client.get_pending_async_connection_with_config(config))
+            }
+            RedisMode::Sentinel { master, nodes } => {
+                let sentinel = Sentinel::build(nodes.clone()).map_err(unavailable)?;
+                let (tx, rx) = watch::channel(None);
+                let stale = Arc::new(Notify::new());
+                tokio::spawn(follow_master(
+                    sentinel,
+                    master.clone(),
+                    tx,
+                    stale.clone(),
+                    manager_config(timeout),
+                ));
+                Link::Sentinel { master: rx, stale }
+            }
+        };
+        Ok(RedisStore {
+            link,
+            timeout,
+            scripts: Arc::new(Scripts::new()),
+        })
+    }
+
+    /// Runs one prepared script within the timeout.
+    async fn run<T: FromRedisValue>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        let call = async {
+            match &self.link {
+                Link::Standalone(manager) => {
+                    let mut manager = manager.clone();
+                    invocation
+                        .invoke_async(&mut manager)
+                        .await
+                        .map_err(classify)
+                }
+                Link::Cluster(cluster) => {
+                    let mut cluster = cluster.clone();
+                    invocation
+                        .invoke_async(&mut cluster)
+                        .await
+                        .map_err(classify)
+                }
+                Link::Sentinel { master, stale } => {
+                    let mut manager = current_master(master).await?;
+                    let reply = invocation.invoke_async(&mut manager).await;
+                    if let Err(e) = &reply {
+                        if master_may_have_moved(e) {
+                            stale.notify_one();
+                        }
+                    }
+                    reply.map_err(classify)
+                }
+            }
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(reply) => reply,
+            Err(_) => {
+                if let Link::Sentinel { stale, .. } = &self.link {
+                    stale.notify_one();
+                }
+                Err(StoreError::Timeout)
+            }
+        }
+    }
+}
+
+/// The route's five keys, in the order every script expects them.
+fn route_keys(route: &str) -> [String; 5] {
+    ["waiting", "seen", "active", "tick", "stats"].map(|k| format!("qg:{{{route}}}:{k}"))
+}
+
+fn prepare<'a>(script: &'a Script, route: &str) -> ScriptInvocation<'a> {
+    let mut invocation = script.prepare_invoke();
+    for key in route_keys(route) {
+        invocation.key(key);
+    }
+    invocation
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn connect_timeout(call_timeout: Duration) -> Duration {
+    call_timeout.max(Duration::from_millis(100))
+}
+
+/// Reconnects quickly and gives up on an attempt fast, so a call made while
+/// Redis is down fails within its timeout and the next call tries again.
+fn manager_config(call_timeout: Duration) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(connect_timeout(call_timeout)))
+        .set_response_timeout(Some(call_timeout))
+        .set_number_of_retries(1)
+        .set_min_delay(Duration::from_millis(10))
+        .set_max_delay(Duration::from_millis(200))
+}
+
+fn unavailable(e: RedisError) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+fn classify(e: RedisError) -> StoreError {
+    if e.is_timeout() {
+        StoreError::Timeout
+    } else {
+        unavailable(e)
+    }
+}
+
+/// Whether an error suggests Sentinel now names another master: the link
+/// broke, or the node we talk to was demoted (`READONLY`) or lost its master.
+fn master_may_have_moved(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_unrecoverable_error()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+        )
+}
+
+async fn current_master(
+    master: &watch::Receiver<Option<ConnectionManager>>,
+) -> Result<ConnectionManager, StoreError> {
+    let mut master = master.clone();
+    let known = master
+        .wait_for(Option::is_some)
+        .await
+        .map_err(|_| StoreError::Unavailable("sentinel follower stopped".to_string()))?
+        .clone();
+    known.ok_or_else(|| StoreError::Unavailable("no master known yet".to_string()))
+}
+
+/// Keeps `tx` on a connection to the master Sentinel names: looks it up at
+/// start, whenever a call fails in a way that suggests a failover, and every
+/// `SENTINEL_RECHECK`. Ends when every store clone is gone.
+async fn follow_master(
+    mut sentinel: Sentinel,
+    master_name: String,
+    tx: watch::Sender<Option<ConnectionManager>>,
+    stale: Arc<Notify>,
+    config: ConnectionManagerConfig,
+) {
+    let mut current: Option<redis::ConnectionAddr> = None;
+    while !tx.is_closed() {
+        let lookup = tokio::time::timeout(
+            SENTINEL_LOOKUP_TIMEOUT,
+            sentinel.async_master_for(&master_name, None),
+        )
+        .await;
+        match lookup {
+            Ok(Ok(client)) => {
+                let addr = client.get_connection_info().addr().clone();
+                if current.as_ref() != Some(&addr) {
+                    match ConnectionManager::new_lazy_with_config(client, config.clone()) {
+                        Ok(manager) => {
+                            tracing::info!(master = %addr, "redis sentinel: following master");
+                            current = Some(addr);
+                            tx.send_replace(Some(manager));
+                        }
+                        Err(e) => tracing::warn!(error = %e, "redis sentinel: cannot use master"),
+                    }
+                }
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "redis sentinel: master lookup failed"),
+            Err(_) => tracing::warn!("redis sentinel: master lookup timed out"),
+        }
+        tokio::time::sleep(SENTINEL_MIN_GAP).await;
+        tokio::select! {
+            _ = stale.notified() => {}
+            _ = tokio::time::sleep(SENTINEL_RECHECK) => {}
+        }
+    }
+}
+
+/// Reads a script reply that is an integer array, or says what was wrong.
+fn field(reply: &[u64], i: usize, what: &str) -> Result<u64, StoreError> {
+    reply
+        .get(i)
+        .copied()
+        .ok_or_else(|| StoreError::Unavailable(format!("{what}: short reply from Redis")))
+}
+
+fn place(reply: &[u64], what: &str) -> Result<Place, StoreError> {
+    Ok(Place {
+        score_us: field(reply, 1, what)?,
+        position: field(reply, 2, what)?,
+        waiting_total: field(reply, 3, what)?,
+    })
+}
+
+impl QueueStore for RedisStore {
+    fn arrive(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        limits: &Limits,
+        admit_now: bool,
+    ) -> impl Future<Output = Result<Arrival, StoreError>> + Send {
+        let mut invocation = prepare(&self.scripts.arrive, route);
+        invocation
+            .arg(&id[..])
+            .arg(u8::from(admit_now))
+            .arg(limits.capacity)
+            .arg(limits.max_admit_per_tick)
+            .arg(ms(limits.tick).max(1))
+            .arg(ms(limits.session_ttl))
+            .arg(ms(limits.abandon_after))
+            .arg(limits.max_waiting);
+        async move {
+            let reply: Vec<u64> = self.run(&invocation).await?;
+            match field(&reply, 0, "arrive")? {
+                1 => Ok(Arrival::Admitted),
+                2 => Ok(Arrival::Waiting(place(&reply, "arrive")?)),
+                3 => Ok(Arrival::Full {
+                    waiting_total: field(&reply, 1, "arrive")?,
+                }),
+                other => Err(StoreError::Unavailable(format!(
+                    "arrive: unexpected reply kind {other}"
+                ))),
+            }
+        }
+    }
+
+    fn poll(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        ticket_score_us: u64,
+        limits: &Limits,
+    ) -> impl Future<Output = Result<Poll, StoreError>> + Send {
+        let mut invocation = prepare(&self.scripts.poll, route);
+        invocation
+            .arg(&id[..])
+            .arg(ticket_score_us)
+            .arg(ms(limits.session_ttl))
+            .arg(ms(limits.abandon_after))
+            .arg(ms(limits.pass_ttl));
+        async move {
+            let reply: Vec<u64> = self.run(&invocation).await?;
+            match field(&reply, 0, "poll")? {
+                0 => Ok(Poll::Gone),
+                1 => Ok(Poll::Admitted),
+                2 => Ok(Poll::Waiting(place(&reply, "poll")?)),
+                other => Err(StoreError::Unavailable(format!(
+                    "poll: unexpected reply kind {other}"
+                ))),
+            }
+        }
+    }
+
+    fn renew(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        pass_issued_s: u64,
+        limits: &Limits,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let mut invocation = prepare(&self.scripts.renew, route);
+        invocation
+            .arg(&id[..])
+            .arg(pass_issued_s)
+            .arg(ms(limits.session_ttl))
+            .arg(ms(limits.pass_ttl));
+        async move {
+            let active: i64 = self.run(&invocation).await?;
+            Ok(active == 1)
+        }
+    }
+
+    fn leave(
+        &self,
+        route: &str,
+        id: &VisitorId,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let mut invocation = prepare(&self.scripts.leave, route);
+        invocation.arg(&id[..]);
+        async move {
+            let _removed: i64 = self.run(&invocation).await?;
+            Ok(())
+        }
+    }
+
+    fn admit_tick(
+        &self,
+        route: &str,
+        limits: &Limits,
+        known_epoch_us: Option<u64>,
+    ) -> impl Future<Output = Result<Tick, StoreError>> + Send {
+        let mut invocation = prepare(&self.scripts.admit_tick, route);
+        invocation
+            .arg(limits.capacity)
+            .arg(limits.max_admit_per_tick)
+            .arg(ms(limits.tick).max(1))
+            .arg(ms(limits.arrival_grace))
+            .arg(ms(limits.abandon_after))
+            .arg(ms(limits.pass_ttl))
+            .arg(known_epoch_us.map(|e| e.to_string()).unwrap_or_default());
+        async move {
+            let reply: Vec<u64> = self.run(&invocation).await?;
+            Ok(Tick {
+                ran: field(&reply, 0, "admit_tick")? == 1,
+                now_us: field(&reply, 1, "admit_tick")?,
+                epoch_us: field(&reply, 2, "admit_tick")?,
+                abandoned: field(&reply, 3, "admit_tick")?,
+                no_shows: field(&reply, 4, "admit_tick")?,
+                admitted_scores: reply.get(5..).unwrap_or_default().to_vec(),
+            })
+        }
+    }
+
+    fn stats(
+        &self,
+        route: &str,
+        _limits: &Limits,
+    ) -> impl Future<Output = Result<RouteStats, StoreError>> + Send {
+        let invocation = prepare(&self.scripts.stats, route);
+        async move {
+            let (waiting, active, admitted_total, rate, epoch_us, hold_until_us, now_us): (
+                u64,
+                u64,
+                u64,
+                String,
+                u64,
+                u64,
+                u64,
+            ) = self.run(&invocation).await?;
+            let admit_rate = rate.parse::<f64>().map_err(|_| {
+                StoreError::Unavailable(format!("stats: admit rate {rate:?} is not a number"))
+            })?;
+            Ok(RouteStats {
+                waiting,
+                active,
+                admitted_total,
+                admit_rate,
+                epoch_us,
+                hold_until_us,
+                now_us,
+            })
+        }
+    }
+
+    fn ready(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let invocation = self.scripts.ready.prepare_invoke();
+        async move {
+            let _one: i64 = self.run(&invocation).await?;
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_keys_share_one_hash_tag() {
+        let keys = route_keys("tickets");
+        assert_eq!(
+            keys,
+            [
+                "qg:{tickets}:waiting",
+                "qg:{tickets}:seen",
+                "qg:{tickets}:active",
+                "qg:{tickets}:tick",
+                "qg:{tickets}:stats",
+            ]
+        );
+    }
+
+    #[test]
+    fn every_route_script_starts_with_the_prelude_and_documents_itself() {
+        for file in [
+            include_str!("../../lua/arrive.lua"),
+            include_str!("../../lua/poll.lua"),
+            include_str!("../../lua/renew.lua"),
+            include_str!("../../lua/leave.lua"),
+            include_str!("../../lua/admit_tick.lua"),
+            include_str!("../../lua/stats.lua"),
+            include_str!("../../lua/ready.lua"),
+        ] {
+            let head: String = file.lines().take(12).collect::<Vec<_>>().join("\n");
+            assert!(head.starts_with("-- "), "script must open with a comment");
+            for part in ["KEYS", "ARGV", "Returns", "Invariant"] {
+                assert!(head.contains(part), "header lacks {part}: {head}");
+            }
+        }
+    }
+}

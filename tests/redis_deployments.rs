@@ -1,0 +1,250 @@
+//! The Redis store across deployments and failures: a Redis that restarts or
+//! hangs, a three-node Cluster, and a Sentinel failover.
+
+#[path = "common/redis.rs"]
+mod redis_harness;
+
+use std::future::Future;
+use std::time::Duration;
+
+use queuegate::queue::{
+    Arrival, Limits, Place, Poll, QueueStore, RedisStore, StoreError, VisitorId,
+};
+use redis_harness::{RedisCluster, RedisSentinel, RedisServer};
+
+fn limits() -> Limits {
+    Limits {
+        capacity: 1,
+        max_admit_per_tick: 10,
+        tick: Duration::from_secs(600),
+        session_ttl: Duration::from_secs(600),
+        pass_ttl: Duration::from_secs(60),
+        arrival_grace: Duration::from_secs(60),
+        abandon_after: Duration::from_secs(30),
+        max_waiting: 1000,
+    }
+}
+
+fn id(n: u8) -> VisitorId {
+    let mut v = [0xa5; 16];
+    v[0] = n;
+    v
+}
+
+fn waiting(arrival: Arrival) -> Place {
+    match arrival {
+        Arrival::Waiting(place) => place,
+        other => panic!("expected to wait, got {other:?}"),
+    }
+}
+
+fn polled(poll: Poll) -> Place {
+    match poll {
+        Poll::Waiting(place) => place,
+        other => panic!("expected to wait, got {other:?}"),
+    }
+}
+
+/// Retries `op` until it succeeds (the store reconnecting), up to 30 s.
+async fn eventually<T, F, Fut>(what: &str, mut op: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match op().await {
+            Ok(v) => return v,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::debug!(error = %e, "{what}: retrying");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{what} never succeeded: {e}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn connect_does_not_wait_for_redis_and_ready_fails_while_it_is_down() {
+    let port = redis_harness::free_port(false);
+    let cfg = queuegate::config::RedisConfig {
+        mode: queuegate::config::RedisMode::Standalone {
+            url: format!("redis://127.0.0.1:{port}"),
+        },
+        timeout: Duration::from_millis(300),
+    };
+    // Nobody listens yet: connecting still succeeds, calls fail.
+    let store = RedisStore::connect(&cfg).expect("connect is lazy");
+    assert!(store.ready().await.is_err());
+    assert!(store.arrive("r", &id(1), &limits(), true).await.is_err());
+    // Redis comes up: the same store starts answering.
+    let _server = RedisServer::start_with(port, &[]);
+    eventually("ready after start", || store.ready()).await;
+    assert_eq!(
+        store.arrive("r", &id(1), &limits(), true).await.unwrap(),
+        Arrival::Admitted
+    );
+}
+
+#[tokio::test]
+async fn readiness_fails_when_redis_dies_and_recovers_after_restart() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::connect(&server.config(Duration::from_millis(300))).unwrap();
+    store.ready().await.unwrap();
+    server.kill();
+    assert!(store.ready().await.is_err());
+    assert!(store.stats("r", &limits()).await.is_err());
+    server.restart();
+    eventually("ready after restart", || store.ready()).await;
+    // Scripts are gone with the old process: they are loaded again.
+    let stats = store.stats("r", &limits()).await.unwrap();
+    assert_eq!((stats.waiting, stats.active), (0, 0));
+}
+
+#[tokio::test]
+async fn calls_time_out_while_redis_is_stopped() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::connect(&server.config(Duration::from_millis(200))).unwrap();
+    store.ready().await.unwrap();
+    server.pause();
+    let arrive = store.arrive("r", &id(1), &limits(), true).await;
+    assert!(
+        matches!(arrive, Err(StoreError::Timeout)),
+        "expected a timeout, got {arrive:?}"
+    );
+    assert!(matches!(store.ready().await, Err(StoreError::Timeout)));
+    server.resume();
+    eventually("ready after SIGCONT", || store.ready()).await;
+    store.stats("r", &limits()).await.unwrap();
+}
+
+#[tokio::test]
+async fn cluster_runs_each_route_on_its_slot() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::connect(&cluster.config(Duration::from_secs(2))).unwrap();
+    eventually("cluster ready", || store.ready()).await;
+    let l = limits();
+    let routes = ["tickets", "shop", "news", "login", "api"];
+    for route in routes {
+        assert_eq!(
+            store.arrive(route, &id(1), &l, true).await.unwrap(),
+            Arrival::Admitted
+        );
+        let b = waiting(store.arrive(route, &id(2), &l, true).await.unwrap());
+        let c = waiting(store.arrive(route, &id(3), &l, true).await.unwrap());
+        assert_eq!((b.position, c.position), (1, 2));
+        store.leave(route, &id(1)).await.unwrap();
+        let tick = store.admit_tick(route, &l, None).await.unwrap();
+        assert_eq!(tick.admitted_scores, vec![b.score_us]);
+        assert_eq!(
+            store.poll(route, &id(2), b.score_us, &l).await.unwrap(),
+            Poll::Admitted
+        );
+        // All five keys sit on the node that owns the route's slot.
+        let waiting_key = format!("qg:{{{route}}}:waiting");
+        let node = cluster.node_for(&waiting_key);
+        let mut keys: Vec<String> = node.query(&["KEYS", &format!("qg:{{{route}}}:*")]);
+        keys.sort();
+        assert_eq!(keys.len(), 5, "{route}: {keys:?}");
+    }
+    // Routes spread over more than one node.
+    let owners: std::collections::HashSet<u16> = routes
+        .iter()
+        .map(|r| cluster.node_for(&format!("qg:{{{r}}}:waiting")).port())
+        .collect();
+    assert!(owners.len() > 1);
+
+    // Scripts flushed everywhere: the next calls load them again.
+    for node in &cluster.nodes {
+        let _: () = node.query(&["SCRIPT", "FLUSH"]);
+    }
+    for route in routes {
+        let stats = store.stats(route, &l).await.unwrap();
+        assert_eq!((stats.active, stats.waiting), (1, 1));
+    }
+}
+
+#[tokio::test]
+async fn sentinel_failover_keeps_the_line_going() {
+    let mut trio = RedisSentinel::start();
+    let store = RedisStore::connect(&trio.config(Duration::from_millis(500))).unwrap();
+    eventually("sentinel ready", || store.ready()).await;
+    let l = limits();
+    assert_eq!(
+        store.arrive("r", &id(1), &l, true).await.unwrap(),
+        Arrival::Admitted
+    );
+    let stats = store.stats("r", &l).await.unwrap();
+    let issued_s = stats.now_us / 1_000_000;
+    let mut line = Vec::new();
+    for n in 2..=4 {
+        line.push(waiting(store.arrive("r", &id(n), &l, true).await.unwrap()));
+    }
+    // Let the replica catch up, as it usually has by the time a master dies.
+    let _: i64 = trio.master.query(&["WAIT", "1", "2000"]);
+
+    trio.master.kill();
+    trio.wait_for_promotion();
+
+    // Waiters keep their order and scores.
+    let mut positions = Vec::new();
+    for (i, place) in line.iter().enumerate() {
+        let visitor = id(i as u8 + 2);
+        let now = polled(
+            eventually("poll after failover", || {
+                store.poll("r", &visitor, place.score_us, &l)
+            })
+            .await,
+        );
+        assert_eq!(now.score_us, place.score_us);
+        positions.push(now.position);
+    }
+    assert_eq!(positions, vec![1, 2, 3]);
+    // New visitors join behind them.
+    let newcomer = waiting(store.arrive("r", &id(9), &l, true).await.unwrap());
+    assert_eq!(newcomer.position, 4);
+    // The admitted visitor's pass still renews.
+    assert!(store.renew("r", &id(1), issued_s, &l).await.unwrap());
+    // And the admitter admits the head once the slot frees.
+    store.leave("r", &id(1)).await.unwrap();
+    let tick = eventually("tick after failover", || store.admit_tick("r", &l, None)).await;
+    assert_eq!(tick.admitted_scores, vec![line[0].score_us]);
+}
+
+/// A planned failover: the old master stays up as a replica and answers
+/// writes with READONLY, which sends the store to Sentinel for the new one.
+/// (A write that reaches the old master in the moment between the promotion
+/// and its demotion is lost: the ticket's young score restores it, as
+/// `missing_entries_come_back_only_under_the_epoch_rules` checks.)
+#[tokio::test]
+async fn sentinel_switchover_moves_writes_to_the_new_master() {
+    let trio = RedisSentinel::start();
+    let store = RedisStore::connect(&trio.config(Duration::from_millis(500))).unwrap();
+    eventually("sentinel ready", || store.ready()).await;
+    let l = limits();
+    assert_eq!(
+        store.arrive("r", &id(1), &l, true).await.unwrap(),
+        Arrival::Admitted
+    );
+    let b = waiting(store.arrive("r", &id(2), &l, true).await.unwrap());
+    let _: i64 = trio.master.query(&["WAIT", "1", "2000"]);
+
+    trio.failover();
+    trio.wait_for_promotion();
+    trio.wait_for_demotion();
+
+    let c = waiting(
+        eventually("arrive after switchover", || {
+            store.arrive("r", &[3; 16], &l, true)
+        })
+        .await,
+    );
+    assert_eq!((c.position, c.waiting_total), (2, 2));
+    assert_eq!(
+        polled(store.poll("r", &id(2), b.score_us, &l).await.unwrap()).position,
+        1
+    );
+    // The write landed on the promoted replica, not the demoted master.
+    let on_new: i64 = trio.replica.query(&["ZCARD", "qg:{r}:waiting"]);
+    assert_eq!(on_new, 2);
+}

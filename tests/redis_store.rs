@@ -1,0 +1,618 @@
+//! The Redis store against a real standalone `redis-server`: each operation's
+//! semantics, script reload, store loss (FLUSHALL), the key layout, and
+//! several instances sharing one Redis.
+
+#[path = "common/redis.rs"]
+mod redis_harness;
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use queuegate::queue::{Arrival, Limits, Poll, QueueStore, RedisStore, Tick, VisitorId};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use redis_harness::RedisServer;
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+fn limits() -> Limits {
+    Limits {
+        capacity: 2,
+        max_admit_per_tick: 10,
+        // Long windows, so a test's calls share one window.
+        tick: Duration::from_secs(600),
+        session_ttl: Duration::from_secs(600),
+        pass_ttl: Duration::from_secs(60),
+        arrival_grace: Duration::from_secs(60),
+        abandon_after: Duration::from_secs(30),
+        max_waiting: 100,
+    }
+}
+
+/// Ids with bytes that would break a key (braces, colon, NUL, high bytes):
+/// they are members only.
+fn id(n: u8) -> VisitorId {
+    let mut v = *b"{x}:\0\xff\xfe qg:{rt}}";
+    v[1] = n;
+    v
+}
+
+fn store(server: &RedisServer) -> RedisStore {
+    RedisStore::connect(&server.config(TIMEOUT)).expect("config is well formed")
+}
+
+fn waiting(arrival: Arrival) -> queuegate::queue::Place {
+    match arrival {
+        Arrival::Waiting(place) => place,
+        other => panic!("expected to wait, got {other:?}"),
+    }
+}
+
+fn polled_place(poll: Poll) -> queuegate::queue::Place {
+    match poll {
+        Poll::Waiting(place) => place,
+        other => panic!("expected to wait, got {other:?}"),
+    }
+}
+
+/// Runs admit_tick until it runs (a new window), polling in small steps.
+async fn tick_that_runs(store: &RedisStore, route: &str, limits: &Limits) -> Tick {
+    for _ in 0..1000 {
+        let tick = store.admit_tick(route, limits, None).await.expect("tick");
+        if tick.ran {
+            return tick;
+        }
+        tokio::time::sleep(limits.tick / 4).await;
+    }
+    panic!("admit_tick never ran");
+}
+
+#[tokio::test]
+async fn arrive_admits_at_once_while_free_then_queues_in_order() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let l = limits();
+    assert_eq!(
+        s.arrive("r", &id(1), &l, true).await.unwrap(),
+        Arrival::Admitted
+    );
+    assert_eq!(
+        s.arrive("r", &id(2), &l, true).await.unwrap(),
+        Arrival::Admitted
+    );
+    let c = waiting(s.arrive("r", &id(3), &l, true).await.unwrap());
+    let d = waiting(s.arrive("r", &id(4), &l, true).await.unwrap());
+    assert_eq!((c.position, c.waiting_total), (1, 1));
+    assert_eq!((d.position, d.waiting_total), (2, 2));
+    assert!(c.score_us < d.score_us);
+
+    // Same ids again: the active one stays admitted, the waiter keeps its place.
+    assert_eq!(
+        s.arrive("r", &id(1), &l, true).await.unwrap(),
+        Arrival::Admitted
+    );
+    let c_again = waiting(s.arrive("r", &id(3), &l, true).await.unwrap());
+    assert_eq!((c_again.score_us, c_again.position), (c.score_us, 1));
+
+    let stats = s.stats("r", &l).await.unwrap();
+    assert_eq!(
+        (stats.waiting, stats.active, stats.admitted_total),
+        (2, 2, 2)
+    );
+    assert!(stats.admit_rate > 0.0);
+    assert!(stats.epoch_us <= c.score_us && c.score_us <= stats.now_us);
+    assert_eq!(stats.hold_until_us, 0);
+}
+
+#[tokio::test]
+async fn arrive_without_admit_now_joins_even_when_free() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let p = waiting(s.arrive("r", &id(1), &limits(), false).await.unwrap());
+    assert_eq!((p.position, p.waiting_total), (1, 1));
+}
+
+#[tokio::test]
+async fn admit_now_shares_the_tick_budget_and_stops_when_someone_waits() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let l = Limits {
+        capacity: 10,
+        max_admit_per_tick: 1,
+        ..limits()
+    };
+    assert_eq!(
+        s.arrive("r", &id(1), &l, true).await.unwrap(),
+        Arrival::Admitted
+    );
+    // Budget of this window spent: queue, although capacity is free.
+    assert_eq!(
+        waiting(s.arrive("r", &id(2), &l, true).await.unwrap()).position,
+        1
+    );
+    // The admitter's tick in the same window has no budget left either.
+    let tick = s.admit_tick("r", &l, None).await.unwrap();
+    assert!(tick.ran);
+    assert!(tick.admitted_scores.is_empty());
+    // A bigger budget: still nobody admitted at once while someone waits.
+    let roomy = Limits {
+        max_admit_per_tick: 100,
+        ..l.clone()
+    };
+    assert_eq!(
+        waiting(s.arrive("r", &id(3), &roomy, true).await.unwrap()).position,
+        2
+    );
+}
+
+#[tokio::test]
+async fn a_full_line_queues_nobody() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let l = Limits {
+        capacity: 0,
+        max_waiting: 2,
+        ..limits()
+    };
+    waiting(s.arrive("r", &id(1), &l, true).await.unwrap());
+    waiting(s.arrive("r", &id(2), &l, true).await.unwrap());
+    assert_eq!(
+        s.arrive("r", &id(3), &l, true).await.unwrap(),
+        Arrival::Full { waiting_total: 2 }
+    );
+    assert_eq!(s.stats("r", &l).await.unwrap().waiting, 2);
+}
+
+#[tokio::test]
+async fn admit_tick_admits_from_the_head_up_to_capacity_once_per_window() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let l = Limits {
+        capacity: 3,
+        ..limits()
+    };
+    let mut scores = Vec::new();
+    for n in 1..=5 {
+        scores.push(waiting(s.arrive("r", &id(n), &l, false).await.unwrap()).score_us);
+    }
+    let tick = s.admit_tick("r", &l, None).await.unwrap();
+    assert!(tick.ran);
+    assert_eq!(tick.admitted_scores, scores[..3]);
+    assert_eq!((tick.abandoned, tick.no_shows), (0, 0));
+    // Same window: another call (any instance) does not run.
+    let again = s.admit_tick("r", &l, Some(tick.epoch_us)).await.unwrap();
+    assert!(!again.ran);
+    assert!(again.admitted_scores.is_empty());
+
+    assert_eq!(
+        s.poll("r", &id(1), scores[0], &l).await.unwrap(),
+        Poll::Admitted
+    );
+    let fourth = polled_place(s.poll("r", &id(4), scores[3], &l).await.unwrap());
+    assert_eq!(
+        (fourth.position, fourth.waiting_total, fourth.score_us),
+        (1, 2, scores[3])
+    );
+    let stats = s.stats("r", &l).await.unwrap();
+    assert_eq!(
+        (stats.active, stats.waiting, stats.admitted_total),
+        (3, 2, 3)
+    );
+}
+
+#[tokio::test]
+async fn admit_tick_admits_at_most_max_admit_per_tick() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let l = Limits {
+        capacity: 100,
+        max_admit_per_tick: 2,
+        tick: Duration::from_millis(100),
+        ..limits()
+    };
+    let mut scores = Vec::new();
+    for n in 1..=5 {
+        scores.push(waiting(s.arrive("r", &id(n), &l, false).await.unwrap()).score_us);
+    }
+    let first = tick_that_runs(&s, "r", &l).await;
+    assert_eq!(first.admitted_scores, scores[..2]);
+    let second = tick_that_runs(&s, "r", &l).await;
+    assert_eq!(second.admitted_scores, scores[2..4]);
+}
+
+#[tokio::test]
+async fn leave_frees_the_slot_and_the_place() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let l = Limits {
+        capacity: 1,
+        ..limits()
+    };
+    assert_eq!(
+        s.arrive("r", &id(1), &l, true).await.unwrap(),
+        Arrival::Admitted
+    );
+    let b = waiting(s.arrive("r", &id(2), &l, true).await.unwrap());
+    let c = waiting(s.arrive("r", &id(3), &l, true).await.unwrap());
+    s.leave("r", &id(2)).await.unwrap();
+    let c_now = polled_place(s.poll("r", &id(3), c.score_us, &l).await.unwrap());
+    assert_eq!((c_now.position, c_now.waiting_total), (1, 1));
+    s.leave("r", &id(1)).await.unwrap();
+    s.leave("r", &id(99)).await.unwrap();
+    let stats = s.stats("r", &l).await.unwrap();
+    assert_eq!((stats.active, stats.waiting), (0, 1));
+    // The pass of a visitor who left is not renewed (the pass was issued
+    // after the epoch, beyond the one-second allowance).
+    let issued_s = stats.epoch_us / 1_000_000 + 2;
+    assert!(!s.renew("r", &id(1), issued_s, &l).await.unwrap());
+    // b's ticket is young: a poll puts it back at its old score (a write
+    // lost in a failover looks the same), ahead of c.
+    let b_back = polled_place(s.poll("r", &id(2), b.score_us, &l).await.unwrap());
+    assert_eq!((b_back.position, b_back.score_us), (1, b.score_us));
+}
+
+#[tokio::test]
+async fn renew_extends_live_sessions_only() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let l = limits();
+    assert_eq!(
+        s.arrive("r", &id(1), &l, true).await.unwrap(),
+        Arrival::Admitted
+    );
+    let epoch_s = s.stats("r", &l).await.unwrap().epoch_us / 1_000_000;
+    assert!(s.renew("r", &id(1), epoch_s + 2, &l).await.unwrap());
+    // Unknown id, pass issued after the epoch: gone, not restored.
+    assert!(!s.renew("r", &id(2), epoch_s + 2, &l).await.unwrap());
+    let stats = s.stats("r", &l).await.unwrap();
+    assert_eq!((stats.active, stats.hold_until_us), (1, 0));
+}
+
+#[tokio::test]
+async fn sessions_expire_after_session_ttl() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let l = Limits {
+        session_ttl: Duration::from_millis(300),
+        ..limits()
+    };
+    assert_eq!(
+        s.arrive("r", &id(1), &l, true).await.unwrap(),
+        Arrival::Admitted
+    );
+    let issued_s = s.stats("r", &l).await.unwrap().epoch_us / 1_000_000 + 2;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while s.stats("r", &l).await.unwrap().active > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "session never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!s.renew("r", &id(1), issued_s, &l).await.unwrap());
+}
+
+#[tokio::test]
+async fn silent_waiters_are_dropped_before_anyone_behind_is_admitted() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let l = Limits {
+        capacity: 0,
+        abandon_after: Duration::from_millis(800),
+        ..limits()
+    };
+    let a = waiting(s.arrive("r", &id(1), &l, false).await.unwrap());
+    let b = waiting(s.arrive("r", &id(2), &l, false).await.unwrap());
+    // b keeps polling, a goes silent until it is a ghost.
+    let silent_since = tokio::time::Instant::now();
+    while silent_since.elapsed() < Duration::from_millis(1_200) {
+        polled_place(s.poll("r", &id(2), b.score_us, &l).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let open = Limits {
+        capacity: 1,
+        ..l.clone()
+    };
+    let tick = s.admit_tick("r", &open, None).await.unwrap();
+    assert!(tick.ran);
+    assert_eq!(tick.admitted_scores, vec![b.score_us]);
+    assert_eq!(tick.abandoned, 1);
+    assert_eq!(
+        s.poll("r", &id(1), a.score_us, &l).await.unwrap(),
+        Poll::Gone
+    );
+}
+
+#[tokio::test]
+async fn admitted_waiters_who_never_come_are_no_shows() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let l = Limits {
+        capacity: 1,
+        arrival_grace: Duration::from_millis(200),
+        tick: Duration::from_millis(100),
+        ..limits()
+    };
+    waiting(s.arrive("r", &id(1), &l, false).await.unwrap());
+    let first = tick_that_runs(&s, "r", &l).await;
+    assert_eq!(first.admitted_scores.len(), 1);
+    let mut no_shows = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while no_shows == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no no-show counted");
+        no_shows += tick_that_runs(&s, "r", &l).await.no_shows;
+    }
+    assert_eq!(no_shows, 1);
+    assert_eq!(s.stats("r", &l).await.unwrap().active, 0);
+}
+
+#[tokio::test]
+async fn missing_entries_come_back_only_under_the_epoch_rules() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let l = Limits {
+        abandon_after: Duration::from_millis(200),
+        capacity: 0,
+        ..limits()
+    };
+    let stats = s.stats("r", &l).await.unwrap();
+    // Younger than abandon_after: restored, no hold (not a store loss).
+    let young = polled_place(s.poll("r", &id(1), stats.now_us, &l).await.unwrap());
+    assert_eq!(young.score_us, stats.now_us);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Newer than the epoch but older than abandon_after: dropped on purpose.
+    assert_eq!(
+        s.poll("r", &id(2), stats.epoch_us + 1, &l).await.unwrap(),
+        Poll::Gone
+    );
+    assert_eq!(s.stats("r", &l).await.unwrap().hold_until_us, 0);
+    // Older than the epoch: the store lost it; restored, and a hold starts.
+    let old = polled_place(s.poll("r", &id(3), stats.epoch_us - 1, &l).await.unwrap());
+    assert_eq!(old.score_us, stats.epoch_us - 1);
+    let hold = s.stats("r", &l).await.unwrap().hold_until_us;
+    assert!(hold > 0);
+    // Later notices in the same epoch do not extend the hold.
+    polled_place(s.poll("r", &id(4), stats.epoch_us - 2, &l).await.unwrap());
+    s.admit_tick("r", &l, Some(stats.epoch_us + 1))
+        .await
+        .unwrap();
+    assert_eq!(s.stats("r", &l).await.unwrap().hold_until_us, hold);
+}
+
+#[tokio::test]
+async fn script_flush_reloads_scripts_on_the_next_call() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let l = limits();
+    s.ready().await.unwrap();
+    assert_eq!(
+        s.arrive("r", &id(1), &l, true).await.unwrap(),
+        Arrival::Admitted
+    );
+    let _: () = server.query(&["SCRIPT", "FLUSH"]);
+    assert_eq!(
+        s.arrive("r", &id(2), &l, true).await.unwrap(),
+        Arrival::Admitted
+    );
+    let _: () = server.query(&["SCRIPT", "FLUSH"]);
+    s.ready().await.unwrap();
+}
+
+#[tokio::test]
+async fn after_flushall_waiters_and_passes_come_back_and_a_hold_blocks_newcomers() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let l = Limits {
+        capacity: 5,
+        ..limits()
+    };
+    assert_eq!(
+        s.arrive("r", &id(1), &l, true).await.unwrap(),
+        Arrival::Admitted
+    );
+    let issued_s = s.stats("r", &l).await.unwrap().now_us / 1_000_000;
+    let full = Limits {
+        capacity: 1,
+        ..l.clone()
+    };
+    let scores: Vec<u64> = {
+        let mut v = Vec::new();
+        for n in 2..=4 {
+            v.push(waiting(s.arrive("r", &id(n), &full, true).await.unwrap()).score_us);
+        }
+        v
+    };
+    let first = s.admit_tick("r", &full, None).await.unwrap();
+    assert!(first.admitted_scores.is_empty());
+    let old_epoch = first.epoch_us;
+
+    let _: () = server.query(&["FLUSHALL"]);
+
+    // Polls in a scrambled order: each comes back at its own score.
+    let d = polled_place(s.poll("r", &id(4), scores[2], &l).await.unwrap());
+    let b = polled_place(s.poll("r", &id(2), scores[0], &l).await.unwrap());
+    let c = polled_place(s.poll("r", &id(3), scores[1], &l).await.unwrap());
+    assert_eq!(
+        (b.score_us, c.score_us, d.score_us),
+        (scores[0], scores[1], scores[2])
+    );
+    let c_again = polled_place(s.poll("r", &id(3), scores[1], &l).await.unwrap());
+    assert_eq!((c_again.position, c_again.waiting_total), (2, 3));
+
+    // The pass comes back as active on renewal.
+    assert!(s.renew("r", &id(1), issued_s, &l).await.unwrap());
+
+    let stats = s.stats("r", &l).await.unwrap();
+    assert!(stats.epoch_us > old_epoch);
+    assert!(stats.hold_until_us > stats.now_us);
+    assert_eq!((stats.active, stats.waiting), (1, 3));
+
+    // During the hold nobody new is admitted, at once or by the admitter.
+    let e = waiting(s.arrive("r", &id(5), &l, true).await.unwrap());
+    assert_eq!(e.position, 4);
+    let tick = s.admit_tick("r", &l, Some(old_epoch)).await.unwrap();
+    assert!(tick.ran);
+    assert!(tick.admitted_scores.is_empty());
+    assert_eq!(tick.epoch_us, stats.epoch_us);
+}
+
+#[tokio::test]
+async fn an_instance_that_sees_the_epoch_change_starts_a_hold() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let l = limits();
+    let fresh = s.admit_tick("r", &l, None).await.unwrap();
+    assert_eq!(s.stats("r", &l).await.unwrap().hold_until_us, 0);
+    let _: () = server.query(&["FLUSHALL"]);
+    let after = s.admit_tick("r", &l, Some(fresh.epoch_us)).await.unwrap();
+    assert_ne!(after.epoch_us, fresh.epoch_us);
+    assert!(s.stats("r", &l).await.unwrap().hold_until_us > 0);
+    // Free capacity, nobody waiting: still no admission during the hold.
+    assert_eq!(
+        waiting(s.arrive("r", &id(1), &l, true).await.unwrap()).position,
+        1
+    );
+}
+
+#[tokio::test]
+async fn only_the_five_route_keys_exist_and_no_id_is_in_a_key() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let l = limits();
+    for n in 1..=6 {
+        s.arrive("tickets", &id(n), &l, true).await.unwrap();
+    }
+    s.poll("tickets", &id(4), 0, &l).await.unwrap();
+    s.admit_tick("tickets", &l, None).await.unwrap();
+    s.renew("tickets", &id(1), 0, &l).await.unwrap();
+    s.leave("tickets", &id(2)).await.unwrap();
+    s.stats("tickets", &l).await.unwrap();
+    let mut keys: Vec<String> = server.query(&["KEYS", "*"]);
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "qg:{tickets}:active",
+            "qg:{tickets}:seen",
+            "qg:{tickets}:stats",
+            "qg:{tickets}:tick",
+            "qg:{tickets}:waiting",
+        ]
+    );
+    // Members are the raw 16 bytes.
+    let members: Vec<Vec<u8>> = server.query(&["ZRANGE", "qg:{tickets}:waiting", "0", "-1"]);
+    assert!(!members.is_empty());
+    assert!(members.iter().all(|m| m.len() == 16));
+}
+
+/// Three instances on one Redis, each ticking and taking arrivals in a random
+/// order: per tick window exactly one instance runs, admissions stay within
+/// the budget, capacity is never exceeded, and the line is served FIFO.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_share_one_line() {
+    let server = RedisServer::start();
+    let stores: Vec<RedisStore> = (0..3).map(|_| store(&server)).collect();
+    let l = Limits {
+        capacity: 12,
+        max_admit_per_tick: 3,
+        tick: Duration::from_millis(50),
+        ..limits()
+    };
+    let tick_us = 50_000;
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut next_id: u32 = 0;
+    let mut admitted_ids: Vec<VisitorId> = Vec::new();
+    let mut ran_windows: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut admitted_by_window: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut admitted_scores: Vec<(u64, u64)> = Vec::new();
+
+    let mut handles = Vec::new();
+    for (i, st) in stores.iter().enumerate() {
+        let st = st.clone();
+        let l = l.clone();
+        handles.push(tokio::spawn(async move {
+            let mut ticks = Vec::new();
+            for _ in 0..60 {
+                ticks.push(st.admit_tick("shared", &l, None).await.expect("tick"));
+                tokio::time::sleep(Duration::from_millis(10 + 7 * i as u64)).await;
+            }
+            ticks
+        }));
+    }
+    // Meanwhile arrivals (some admitted at once), leaves and capacity checks.
+    for _ in 0..300 {
+        let st = &stores[rng.random_range(0..3)];
+        match rng.random_range(0..10) {
+            0..=6 => {
+                next_id += 1;
+                let mut v = [0u8; 16];
+                v[..4].copy_from_slice(&next_id.to_be_bytes());
+                if st.arrive("shared", &v, &l, true).await.unwrap() == Arrival::Admitted {
+                    admitted_ids.push(v);
+                }
+            }
+            7 if !admitted_ids.is_empty() => {
+                let gone = admitted_ids.swap_remove(rng.random_range(0..admitted_ids.len()));
+                st.leave("shared", &gone).await.unwrap();
+            }
+            _ => {}
+        }
+        let stats = st.stats("shared", &l).await.unwrap();
+        assert!(
+            stats.active <= l.capacity,
+            "active {} > capacity",
+            stats.active
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    for h in handles {
+        for t in h.await.unwrap() {
+            let window = t.now_us / tick_us;
+            if t.ran {
+                *ran_windows.entry(window).or_default() += 1;
+                *admitted_by_window.entry(window).or_default() += t.admitted_scores.len() as u64;
+                admitted_scores.extend(t.admitted_scores.iter().map(|s| (window, *s)));
+            }
+        }
+    }
+    assert!(!ran_windows.is_empty());
+    assert!(
+        ran_windows.values().all(|&n| n == 1),
+        "some window ran more than once: {ran_windows:?}"
+    );
+    assert!(admitted_by_window
+        .values()
+        .all(|&n| n <= l.max_admit_per_tick));
+    // FIFO across instances: in window order, join scores only grow.
+    admitted_scores.sort_by_key(|(w, _)| *w);
+    let in_order: Vec<u64> = admitted_scores.iter().map(|(_, s)| *s).collect();
+    assert!(
+        in_order.windows(2).all(|p| p[0] < p[1]),
+        "not FIFO: {in_order:?}"
+    );
+    assert!(!in_order.is_empty(), "nobody was admitted from the line");
+    let distinct: HashSet<u64> = in_order.iter().copied().collect();
+    assert_eq!(distinct.len(), in_order.len());
+    let stats = stores[0].stats("shared", &l).await.unwrap();
+    assert!(stats.active <= l.capacity);
+}
+
+#[tokio::test]
+async fn ghosts_dropped_by_an_arrival_are_counted_by_the_next_tick() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let l = Limits {
+        capacity: 0,
+        abandon_after: Duration::from_millis(300),
+        ..limits()
+    };
+    let a = waiting(s.arrive("r", &id(1), &l, false).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let b = waiting(s.arrive("r", &id(2), &l, false).await.unwrap());
+    assert_eq!((b.position, b.waiting_total), (1, 1));
+    let tick = s.admit_tick("r", &l, None).await.unwrap();
+    assert_eq!(tick.abandoned, 1);
+    // The ghost comes back at the back of the line, not at its old place.
+    let back = waiting(s.arrive("r", &id(1), &l, false).await.unwrap());
+    assert!(back.score_us > a.score_us);
+}
