@@ -40,7 +40,7 @@ use std::sync::Arc;
 
 use admission::KeyRing;
 use clock::Clock;
-use queue::{MemoryStore, Store};
+use queue::Store;
 pub use server::Listeners;
 
 /// Runs queuegate on already-bound listeners until `shutdown` resolves, then
@@ -63,7 +63,7 @@ pub async fn run_with(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let clock = Clock::system();
-    let store = Store::Memory(MemoryStore::new(clock));
+    let store = Store::from_config(&config.store, clock)?;
     let app = Arc::new(app::App::new(&config, ring, store, clock)?);
     for listener in &listeners.public {
         tracing::info!(addr = %listener.local_addr()?, "listening");
