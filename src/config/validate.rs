@@ -92,7 +92,11 @@ pub(crate) fn validate(raw: RawConfig, problems: &mut Problems) -> Option<Config
     let listen = listen(raw.listen, &root.key("listen"), problems);
     let admin = admin(raw.admin.and_then(|admin| admin.addr).map(|a| a.0));
     if let (Some(listen), Some(admin)) = (&listen, &admin) {
-        if let Some(i) = listen.iter().position(|l| l.addr == admin.addr) {
+        // Port 0 asks the system for a free port: never a clash.
+        if let Some(i) = listen
+            .iter()
+            .position(|l| l.addr == admin.addr && admin.addr.port() != 0)
+        {
             problems.report(
                 root.key("admin").key("addr"),
                 format!("{} is also listen[{i}].addr", admin.addr),
@@ -168,7 +172,7 @@ fn listen(
                     .map(|(cert, key)| Some(TlsFiles { cert, key }))
             }
         };
-        if let Some(addr) = addr {
+        if let Some(addr) = addr.filter(|a| a.port() != 0) {
             if let Some(j) = listeners
                 .iter()
                 .position(|other| other.as_ref().is_some_and(|other| other.addr == addr))
