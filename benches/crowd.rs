@@ -18,7 +18,8 @@
 //! Flags: `--visitors` (1000), `--rate` visitors/s (200), `--instances` (1),
 //! `--store memory|redis` (memory for one instance, redis for more),
 //! `--capacity` (50), `--max-admit-per-tick` (capacity), `--tick-ms` (50),
-//! `--session-ttl-ms` (2000), `--abandon-after-ms` (1500), `--leave` /
+//! `--session-ttl-ms` (2000), `--abandon-after-ms` (1500), `--arrival-grace-ms`
+//! (2000), `--leave` /
 //! `--vanish` / `--ghost` weights (0.85 / 0.10 / 0.05), `--browses` (3),
 //! `--think-ms` (100), `--deadline-s` (600), `--seed` (1); `--targets
 //! URL,URL` with `--route` and `--path` to drive instances already running
@@ -84,7 +85,7 @@ async fn crowd(flags: &Flags) -> bool {
         // The shortest pass the config allows; session_ttl must be at least as long.
         spec.pass_ttl = Duration::from_secs(2);
         spec.abandon_after = Duration::from_millis(flags.parse("abandon-after-ms", 1_500));
-        spec.arrival_grace = spec.abandon_after.max(Duration::from_secs(2));
+        spec.arrival_grace = Duration::from_millis(flags.parse("arrival-grace-ms", 2_000));
         spec.max_connections = 20_000;
         spec.instances_expected = count as u64;
         spec.store = match store.as_str() {
