@@ -100,3 +100,43 @@ const TICKETS: &str = "<p>You are in. Pick a seat:</p><ul>\
 const SEAT: &str = "<p>The seat is yours. <a href=\"/tickets\">Back to tickets</a></p>";
 
 const ABOUT: &str = "<p>A tiny site that stands in for a real application.</p>";
+
+/// `queuegate demo`: the demo origin on an ephemeral port, queuegate in front
+/// of it on `listen` with the memory store and `/tickets` gated at
+/// `capacity`, until SIGTERM or Ctrl-C.
+pub async fn run(listen: std::net::SocketAddr, capacity: u64) -> anyhow::Result<()> {
+    let origin = TcpListener::bind("127.0.0.1:0").await?;
+    let origin_addr = origin.local_addr()?;
+    tokio::spawn(serve(origin));
+    let config = crate::config::Config::from_yaml(&format!(
+        "listen: [{{ addr: \"{listen}\" }}]\n\
+         upstream: {{ url: \"http://{origin_addr}\" }}\n\
+         keys: [{{ id: demo, env: QUEUEGATE_DEMO_KEY_UNUSED }}]\n\
+         routes:\n\
+         \x20 - name: tickets\n\
+         \x20   match: {{ path_prefix: /tickets }}\n\
+         \x20   capacity: {capacity}\n\
+         \x20   session_ttl: 2m\n\
+         \x20   pass_ttl: 20s\n\
+         \x20   arrival_grace: 20s\n\
+         \x20   abandon_after: 20s\n"
+    ))
+    .map_err(|e| anyhow::anyhow!("demo config: {e}"))?;
+    let ring = crate::admission::KeyRing::new(vec![(
+        "demo".to_owned(),
+        crate::admission::new_visitor_id()
+            .iter()
+            .chain(crate::admission::new_visitor_id().iter())
+            .copied()
+            .collect(),
+    )])?;
+    let listeners = crate::Listeners::bind(&config).await?;
+    println!();
+    println!("  queuegate demo is running.");
+    println!("  Open http://{listen}/ and then http://{listen}/tickets");
+    println!("  /tickets admits {capacity} visitors at a time: open it in a few private windows");
+    println!("  to see the waiting room; close one (or use its Leave button) to let the next in.");
+    println!("  Ctrl-C stops it.");
+    println!();
+    crate::run_with(config, ring, listeners, crate::shutdown::signal()).await
+}

@@ -1,1 +1,77 @@
-fn main() {}
+//! The `queuegate` binary: parses the command line, sets up logging, loads the
+//! config and hands over to the library.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use queuegate::cli::{Cli, Command, LogFormat, EXIT_BAD_CONFIG};
+use queuegate::config::Config;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match cli.command {
+        Command::Keygen => {
+            println!("{}", queuegate::admission::keygen());
+            ExitCode::SUCCESS
+        }
+        Command::Check { config } => match queuegate::check(&config) {
+            Ok(warnings) => {
+                for w in warnings {
+                    eprintln!("warning: {w}");
+                }
+                println!("{}: ok", config.display());
+                ExitCode::SUCCESS
+            }
+            Err(errors) => {
+                eprintln!("{}: invalid configuration", config.display());
+                eprintln!("{errors}");
+                ExitCode::from(EXIT_BAD_CONFIG as u8)
+            }
+        },
+        Command::Run { config } => {
+            let config = match Config::load(&config) {
+                Ok(c) => c,
+                Err(errors) => {
+                    eprintln!("{}: invalid configuration", config.display());
+                    eprintln!("{errors}");
+                    return ExitCode::from(EXIT_BAD_CONFIG as u8);
+                }
+            };
+            serve(async move {
+                let listeners = queuegate::Listeners::bind(&config).await?;
+                queuegate::run(config, listeners, queuegate::shutdown::signal()).await
+            })
+        }
+        Command::Demo { listen, capacity } => serve(queuegate::demo::run(listen, capacity)),
+    }
+}
+
+fn serve(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("error: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(fut) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!("{err:#}");
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("QUEUEGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}

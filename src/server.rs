@@ -18,6 +18,7 @@ use tokio::task::JoinSet;
 
 use crate::app::App;
 use crate::config::{Config, ServerLimits};
+use crate::framing::Watched;
 
 /// hyper refuses a read buffer smaller than this.
 const MIN_BUF_SIZE: usize = 8192;
@@ -70,6 +71,7 @@ pub async fn serve(
             listener,
             app.clone(),
             builder.clone(),
+            h1_buf_size(limits),
             graceful.clone(),
             connections.clone(),
             stop_rx.clone(),
@@ -98,13 +100,18 @@ pub async fn serve(
     }
 }
 
+/// hyper's HTTP/1 read-buffer cap: a request head must end within it.
+fn h1_buf_size(limits: &ServerLimits) -> usize {
+    limits.max_header_bytes.max(MIN_BUF_SIZE)
+}
+
 fn connection_builder(limits: &ServerLimits) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
-        .max_buf_size(limits.max_header_bytes.max(MIN_BUF_SIZE));
+        .max_buf_size(h1_buf_size(limits));
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -116,6 +123,7 @@ async fn accept_loop(
     listener: TcpListener,
     app: Arc<App>,
     builder: Arc<auto::Builder<TokioExecutor>>,
+    h1_buf_size: usize,
     graceful: Arc<GracefulShutdown>,
     connections: Arc<Semaphore>,
     mut stop: watch::Receiver<bool>,
@@ -143,8 +151,15 @@ async fn accept_loop(
             _ = stop.changed() => return,
         };
         let _ = stream.set_nodelay(true);
+        // hyper resolves ambiguous framing before the service sees the
+        // headers; the watch reports it per request from the raw bytes.
+        let stream = Watched::new(stream, h1_buf_size);
+        let framing = stream.watch();
         let app = app.clone();
-        let service = service_fn(move |req: Request<Incoming>| {
+        let service = service_fn(move |mut req: Request<Incoming>| {
+            if let Some(head) = framing.next_request() {
+                req.extensions_mut().insert(head);
+            }
             let app = app.clone();
             async move { Ok::<_, Infallible>(app.handle(req, remote, false).await) }
         });

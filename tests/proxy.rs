@@ -347,9 +347,12 @@ async fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
 async fn ambiguous_framing_is_400_and_never_forwarded() {
     let (origin, seen) = recording_origin().await;
     let gate = spawn_gate(proxy_config(&origin.url())).await;
-    let cases: [&[u8]; 2] = [
+    let cases: [&[u8]; 5] = [
         b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\n",
+        b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\ncontent-length: 4\r\n\r\n4\r\nabcd\r\n0\r\n\r\n",
+        b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: x\r\n\r\n4\r\nabcd\r\n0\r\n\r\n",
         b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\nabcde",
+        b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nContent-Length: 4\r\n\r\nabcd",
     ];
     for case in cases {
         let answer = raw_exchange(gate.addr, case).await;
@@ -359,6 +362,30 @@ async fn ambiguous_framing_is_400_and_never_forwarded() {
         seen.lock().unwrap().is_empty(),
         "the origin saw an ambiguous request"
     );
+
+    // Pipelined on one connection: the clean request is served, the
+    // ambiguous one behind it is refused and the connection closed.
+    let pipelined = b"POST /clean HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nok\
+        POST /y HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\n\
+        GET /after HTTP/1.1\r\nHost: a\r\n\r\n";
+    let answer = raw_exchange(gate.addr, pipelined).await;
+    let heads: Vec<usize> = answer
+        .match_indices("HTTP/1.1 ")
+        .map(|(at, _)| at)
+        .collect();
+    assert_eq!(
+        heads.len(),
+        2,
+        "two answers, none after the refusal: {answer:?}"
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "got {answer:?}");
+    assert!(
+        answer[heads[1]..].starts_with("HTTP/1.1 400"),
+        "got {answer:?}"
+    );
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 1, "only the clean request reaches the origin");
+    assert_eq!(seen[0].target, "/clean");
 }
 
 #[tokio::test]

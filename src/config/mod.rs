@@ -2,10 +2,55 @@
 //! mirror it (`raw`), then validated into the typed `Config` below. Every
 //! problem is reported at once, each with its field path (and line where the
 //! YAML parser gives one).
+//!
+//! - `raw`: serde structs mirroring the YAML, unknown fields rejected.
+//! - `document`: YAML text → raw structs, every unreadable field recorded.
+//! - `validate`: raw → `Config`, defaults filled in, every rule checked.
+//! - `locate`: the line of a field path in the text.
+//! - `error`: `ConfigError` / `ConfigErrors`, one problem per line.
+
+mod document;
+mod error;
+mod locate;
+mod raw;
+mod validate;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+pub use error::{ConfigError, ConfigErrors};
+
+impl Config {
+    /// Parses and validates a YAML config. A syntax error is reported alone,
+    /// with its line; otherwise every problem in the file is reported.
+    pub fn from_yaml(text: &str) -> Result<Config, ConfigErrors> {
+        let mut problems = validate::Problems::default();
+        let raw = document::read(text, &mut problems)?;
+        let config = raw.and_then(|raw| validate::validate(raw, &mut problems));
+        match config {
+            Some(config) if problems.is_empty() => Ok(config),
+            Some(_) | None => {
+                let errors = problems.into_errors(text);
+                if errors.errors.is_empty() {
+                    // Every path that rejects a config records why; this
+                    // only guards against one that forgot to.
+                    return Err(ConfigErrors::whole_file(None, "invalid config".to_owned()));
+                }
+                Err(errors)
+            }
+        }
+    }
+
+    /// Reads `path` and parses it with [`Config::from_yaml`]. A file that
+    /// cannot be read is a `ConfigErrors` too.
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        let text = std::fs::read_to_string(path).map_err(|err| {
+            ConfigErrors::whole_file(None, format!("cannot read {}: {err}", path.display()))
+        })?;
+        Config::from_yaml(&text)
+    }
+}
 
 /// The validated, typed configuration.
 #[derive(Clone, Debug, PartialEq)]
@@ -129,6 +174,7 @@ pub struct CookieConfig {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum BypassRule {
+    /// Kept as written (it starts with `/`): `/static/` and `/static` differ.
     PathPrefix(String),
     Path(String),
     Method(http::Method),
@@ -167,7 +213,9 @@ pub struct Route {
 pub struct RouteMatch {
     /// Exact host (port ignored), lower-cased.
     pub host: Option<String>,
-    /// Normalised path prefix, matched on a segment boundary.
+    /// Normalised path prefix, matched on a segment boundary: unreserved
+    /// percent-escapes decoded, dot segments resolved, repeated slashes
+    /// collapsed, no trailing slash except for `/` itself.
     pub path_prefix: Option<String>,
     pub case_insensitive: bool,
 }

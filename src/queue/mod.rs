@@ -17,10 +17,16 @@
 //!   `session_ttl` past the last store contact (arrival, renewal).
 //! - Each route has an epoch: the time its keys were created. Entries missing
 //!   from a store whose epoch is newer than the visitor's ticket or pass were
-//!   lost with the store, not given up, and are restored; restoring such an
-//!   entry (or an instance noticing the epoch it remembered change) starts a
-//!   hold of one `pass_ttl` during which nobody new is admitted, so returning
-//!   admitted visitors are counted first.
+//!   lost with the store, not given up, and are restored; the first notice of
+//!   the loss (restoring such an entry, or an instance seeing the epoch it
+//!   remembered change) starts a hold of one `pass_ttl` during which nobody
+//!   new is admitted, so returning admitted visitors are counted first. Later
+//!   notices in the same epoch do not extend the hold: otherwise one visitor
+//!   leaving and coming back with an old ticket could stop the line for good.
+//! - Every operation creates the route's state (and so its epoch) when missing.
+//! - Expired sessions may be purged by any operation; the admitted waiters
+//!   among them that never showed up are reported as `no_shows` by the next
+//!   tick that runs, and ghosts dropped outside a tick as `abandoned`.
 //! - Admissions in one tick window (`floor(now / tick)`), by the admitter and
 //!   by admit-now together, never exceed `max_admit_per_tick`.
 

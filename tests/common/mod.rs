@@ -243,3 +243,198 @@ pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
     panic!("timed out waiting until {what}");
 }
+
+/// A test key ring with one key.
+pub fn ring(id: &str) -> queuegate::admission::KeyRing {
+    queuegate::admission::KeyRing::new(vec![(id.to_owned(), format!("test key {id} ").repeat(4).into_bytes())])
+        .unwrap()
+}
+
+/// A gated route with test-friendly timings.
+pub fn route(name: &str, prefix: &str, capacity: u64) -> Route {
+    Route {
+        name: name.into(),
+        matcher: RouteMatch {
+            host: None,
+            path_prefix: Some(prefix.into()),
+            case_insensitive: false,
+        },
+        capacity,
+        max_admit_per_tick: 20,
+        tick: Duration::from_millis(20),
+        session_ttl: Duration::from_secs(600),
+        pass_ttl: Duration::from_secs(60),
+        arrival_grace: Duration::from_secs(60),
+        abandon_after: Duration::from_secs(30),
+        max_waiting: 200_000,
+        waiting_status: http::StatusCode::SERVICE_UNAVAILABLE,
+        mode: Mode::Gate,
+        on_store_error: OnStoreError::Local,
+        page: PageConfig::default(),
+    }
+}
+
+/// Runs queuegate with `config` and key ring `ring`.
+pub async fn spawn_gate_with(config: Config, ring: queuegate::admission::KeyRing) -> Gate {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let listeners = queuegate::Listeners {
+        public: vec![listener],
+        admin: None,
+    };
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(queuegate::run_with(config, ring, listeners, async move {
+        let _ = rx.await;
+    }));
+    Gate {
+        addr,
+        shutdown: Some(tx),
+        task: Some(task),
+    }
+}
+
+/// An origin that answers 200 with the path, counting requests.
+pub async fn counting_origin() -> (Origin, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    let origin = spawn_origin(move |req: Request<Incoming>| {
+        let counter = counter.clone();
+        async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let cookies = req
+                .headers()
+                .get_all("cookie")
+                .iter()
+                .map(|v| v.to_str().unwrap_or("").to_owned())
+                .collect::<Vec<_>>()
+                .join("; ");
+            let mut resp = Response::new(full(format!("origin {}", req.uri())));
+            resp.headers_mut()
+                .insert("x-origin-cookies", cookies.parse().unwrap_or(http::HeaderValue::from_static("")));
+            resp
+        }
+    })
+    .await;
+    (origin, hits)
+}
+
+/// One browser (or app): a cookie jar, no redirects followed.
+#[derive(Clone, Default)]
+pub struct Visitor {
+    pub jar: std::collections::BTreeMap<String, String>,
+}
+
+/// What a visitor got back.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: http::StatusCode,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+impl Answer {
+    /// Whether the origin answered (not queuegate).
+    pub fn from_origin(&self) -> bool {
+        self.headers.get("x-queuegate").is_none() && self.status == http::StatusCode::OK
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+    }
+    pub fn location(&self) -> Option<&str> {
+        self.headers.get("location").and_then(|v| v.to_str().ok())
+    }
+}
+
+impl Visitor {
+    pub fn new() -> Visitor {
+        Visitor::default()
+    }
+
+    fn cookie_header(&self) -> Option<String> {
+        if self.jar.is_empty() {
+            return None;
+        }
+        Some(
+            self.jar
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join("; "),
+        )
+    }
+
+    /// Sends a request built by `build` with the jar's cookies; keeps cookies set.
+    pub async fn request(&mut self, mut req: Request<Full<Bytes>>) -> Answer {
+        if let Some(c) = self.cookie_header() {
+            req.headers_mut().insert("cookie", c.parse().unwrap());
+        }
+        let resp = client::<Full<Bytes>>().request(req).await.unwrap();
+        let (parts, body) = resp.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        self.store_cookies(&parts.headers);
+        Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
+    }
+
+    pub fn store_cookies(&mut self, headers: &http::HeaderMap) {
+        for set in headers.get_all("set-cookie") {
+            let text = set.to_str().unwrap();
+            let first = text.split(';').next().unwrap();
+            let (name, value) = first.split_once('=').unwrap();
+            let removed = text.contains("Max-Age=0");
+            if removed || value.is_empty() {
+                self.jar.remove(name);
+            } else {
+                self.jar.insert(name.to_owned(), value.to_owned());
+            }
+        }
+    }
+
+    /// A browser navigation to `url`.
+    pub async fn navigate(&mut self, url: &str) -> Answer {
+        let req = Request::get(url)
+            .header("accept", "text/html,application/xhtml+xml,*/*;q=0.8")
+            .header("sec-fetch-mode", "navigate")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        self.request(req).await
+    }
+
+    /// An XHR/fetch call to `url`.
+    pub async fn fetch(&mut self, url: &str) -> Answer {
+        let req = Request::get(url)
+            .header("accept", "application/json")
+            .header("sec-fetch-mode", "cors")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        self.request(req).await
+    }
+
+    /// A POST with a body.
+    pub async fn post(&mut self, url: &str, body: &str) -> Answer {
+        let req = Request::post(url)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_owned())))
+            .unwrap();
+        self.request(req).await
+    }
+
+    /// Polls the status endpoint of `route` on `gate`.
+    pub async fn status(&mut self, gate: &Gate, route: &str) -> serde_json::Value {
+        let answer = self.fetch(&gate.url(&format!("/__queuegate/status?route={route}"))).await;
+        assert_eq!(answer.status, http::StatusCode::OK);
+        answer.json()
+    }
+
+    /// Leaves `route`.
+    pub async fn leave(&mut self, gate: &Gate, route: &str) -> Answer {
+        self.post(&gate.url(&format!("/__queuegate/leave?route={route}")), "").await
+    }
+
+    pub fn cookie(&self, name: &str) -> Option<&str> {
+        self.jar.get(name).map(String::as_str)
+    }
+}

@@ -1,0 +1,254 @@
+(function () {
+  "use strict";
+  var byId = function (id) { return document.getElementById(id); };
+  var initial, strings;
+  try {
+    initial = JSON.parse(byId("qg-state").textContent);
+    strings = JSON.parse(byId("qg-strings").textContent);
+  } catch (e) {
+    return; // The server-rendered page and its meta refresh still work.
+  }
+  var view = initial;
+  var lang = strings[view.lang] ? view.lang : "en";
+  var failures = 0;
+  var timer = null;
+  var nextAt = 0;
+  var lastAnnounce = "";
+  var lastAnnounceAt = 0;
+  var noticeKey = "";
+  var store = (function () {
+    try { var s = window.sessionStorage; s.setItem("qg-probe", "1"); s.removeItem("qg-probe"); return s; }
+    catch (e) { return null; }
+  })();
+  var startKey = "qg-start:" + view.route;
+  var unknownKey = "qg-unknown:" + view.route;
+
+  function el(name) { return document.querySelector('[data-qg="' + name + '"]'); }
+  function t(key, params) {
+    var s = (strings[lang] && strings[lang][key]) || (strings.en && strings.en[key]) || "";
+    if (params) {
+      s = s.replace(/\{(\w+)\}/g, function (m, k) { return params[k] != null ? String(params[k]) : m; });
+    }
+    return s;
+  }
+  function setText(name, text) { var e = el(name); if (e && e.textContent !== text) { e.textContent = text; } }
+  function num(n) {
+    if (typeof n !== "number" || !isFinite(n)) { return "–"; }
+    try { return n.toLocaleString(lang === "ko" ? "ko-KR" : "en-US"); } catch (e) { return String(n); }
+  }
+  function eta(seconds) {
+    if (typeof seconds !== "number" || !isFinite(seconds) || seconds < 0) { return t("eta_calculating"); }
+    if (seconds < 60) { return t("eta_under_minute"); }
+    var m = Math.floor((seconds + 30) / 60);
+    if (m <= 1) { return t("eta_minute"); }
+    if (m < 10) { return t("eta_minutes", { n: m }); }
+    var m5 = Math.floor((m + 2) / 5) * 5;
+    if (m5 < 60) { return t("eta_minutes", { n: m5 }); }
+    var h = Math.floor((seconds + 1800) / 3600);
+    return h <= 1 ? t("eta_hour") : t("eta_hours", { n: h });
+  }
+  // Only a path on this site is followed, whatever an answer says.
+  function safePath(p) {
+    return typeof p === "string" && p.charAt(0) === "/" && p.charAt(1) !== "/" &&
+      p.indexOf("\\") < 0 && !/[\u0000-\u0020\u007f]/.test(p) ? p : null;
+  }
+  var returnPath = safePath(view["return"]) || "/";
+
+  function startPosition(position) {
+    var start = typeof view.start_position === "number" ? view.start_position : 0;
+    if (store) { start = Math.max(start, parseInt(store.getItem(startKey), 10) || 0); }
+    if (typeof position === "number") { start = Math.max(start, position); }
+    if (store && start > 0) { store.setItem(startKey, String(start)); }
+    view.start_position = start;
+    return start;
+  }
+  function rememberInUrl(params) {
+    try {
+      var u = new URL(location.href);
+      Object.keys(params).forEach(function (k) { u.searchParams.set(k, params[k]); });
+      if (u.href !== location.href) { history.replaceState(history.state, "", u.href); }
+    } catch (e) { /* old browser: the server-rendered links still carry the language */ }
+  }
+
+  function render() {
+    var state = view.state;
+    document.body.setAttribute("data-state", state);
+    document.documentElement.lang = lang;
+    Array.prototype.forEach.call(document.querySelectorAll("[data-i18n]"), function (e) {
+      var s = t(e.getAttribute("data-i18n"));
+      if (s && e.textContent !== s) { e.textContent = s; }
+    });
+    var heading = t("heading_" + state);
+    setText("headline", heading);
+    setText("lead", t("lead_" + state));
+    if (!view.has_title) { setText("title", t("default_title")); }
+    document.title = heading + " · " + (el("title") ? el("title").textContent : "");
+    var other = lang === "ko" ? "en" : "ko";
+    var sw = el("lang-switch");
+    if (sw) {
+      sw.textContent = strings[other].lang_name;
+      sw.setAttribute("lang", other);
+      sw.setAttribute("hreflang", other);
+      sw.setAttribute("aria-label", t("lang_switch_label"));
+    }
+    if (state === "waiting") {
+      var start = startPosition(view.position);
+      setText("position", num(view.position));
+      setText("ahead", num(view.ahead));
+      setText("total", num(view.waiting_total));
+      setText("eta", eta(view.eta_seconds));
+      var bar = el("progress");
+      if (bar && typeof view.position === "number" && start > 0) {
+        var pct = Math.max(0, Math.min(100, Math.floor((start - view.position) * 100 / start)));
+        bar.value = pct;
+        bar.textContent = pct + "%";
+      }
+    }
+    var cont = el("continue");
+    if (cont) { cont.setAttribute("href", returnPath); }
+    notice(noticeKey);
+  }
+  function showUpdated(date) {
+    var e = el("updated");
+    if (!e) { return; }
+    e.setAttribute("datetime", date.toISOString());
+    try {
+      e.textContent = date.toLocaleTimeString(lang === "ko" ? "ko-KR" : "en-US",
+        { hour: "numeric", minute: "2-digit", second: "2-digit" });
+    } catch (err) { e.textContent = date.toTimeString().slice(0, 8); }
+  }
+  function notice(key) {
+    noticeKey = key;
+    var e = el("notice");
+    if (!e) { return; }
+    var text = key ? t(key) : "";
+    if (e.textContent !== text) { e.textContent = text; }
+    e.hidden = !text;
+  }
+  function announce(force) {
+    if (view.state !== "waiting") { return; }
+    var text = t("announce_waiting", { position: num(view.position), eta: eta(view.eta_seconds) });
+    var now = Date.now();
+    if (text === lastAnnounce || (!force && now - lastAnnounceAt < 30000)) { return; }
+    lastAnnounce = text;
+    lastAnnounceAt = now;
+    setText("live", text);
+  }
+
+  function schedule(ms, fn) {
+    clearTimeout(timer);
+    nextAt = Date.now() + ms;
+    timer = setTimeout(fn || poll, ms);
+  }
+  function jitter(ms) { return Math.round(ms * (0.8 + Math.random() * 0.4)); }
+  function backoff() {
+    failures += 1;
+    return jitter(Math.min(30000, 1000 * Math.pow(2, Math.min(failures - 1, 5))));
+  }
+  function onFailure() {
+    notice("reconnecting");
+    schedule(backoff());
+  }
+  function go(path) {
+    view.state = "admitted";
+    render();
+    setText("live", t("heading_admitted"));
+    location.replace(path);
+  }
+  function onUnknown() {
+    // The server no longer knows this ticket: reload so it can put the
+    // visitor back in line. A browser that drops cookies would loop here,
+    // so repeated answers slow down and say why.
+    var count = 0;
+    if (store) {
+      count = (parseInt(store.getItem(unknownKey), 10) || 0) + 1;
+      store.setItem(unknownKey, String(count));
+    }
+    if (count >= 3) {
+      notice("cookies_note");
+      failures = count - 1;
+      schedule(backoff(), function () { location.reload(); });
+      return;
+    }
+    view.state = "unknown";
+    render();
+    location.reload();
+  }
+  function onStatus(s) {
+    if (!s || typeof s !== "object") { onFailure(); return; }
+    if (s.state === "admitted") {
+      failures = 0;
+      go(safePath(s["return"]) || returnPath);
+      return;
+    }
+    if (s.state === "unknown") { failures = 0; onUnknown(); return; }
+    if (s.state !== "waiting") { onFailure(); return; }
+    failures = 0;
+    if (store) { store.removeItem(unknownKey); }
+    notice("");
+    view.state = "waiting";
+    ["position", "ahead", "waiting_total", "eta_seconds", "poll_after_ms"].forEach(function (k) {
+      view[k] = typeof s[k] === "number" ? s[k] : null;
+    });
+    render();
+    showUpdated(new Date());
+    announce(false);
+    if (view.start_position > 0) { rememberInUrl({ start: view.start_position }); }
+    var wait = typeof s.poll_after_ms === "number" && s.poll_after_ms > 0 ? s.poll_after_ms : 5000;
+    schedule(Math.max(500, Math.min(60000, wait)));
+  }
+  function poll() {
+    clearTimeout(timer);
+    nextAt = 0;
+    var ctrl = typeof AbortController === "function" ? new AbortController() : null;
+    var guard = setTimeout(function () { if (ctrl) { ctrl.abort(); } }, 15000);
+    fetch(view.status_url, {
+      credentials: "same-origin", cache: "no-store",
+      headers: { "Accept": "application/json" }, signal: ctrl ? ctrl.signal : undefined
+    }).then(function (r) {
+      if (r.status !== 200) { throw new Error("status " + r.status); }
+      return r.json();
+    }).then(function (s) {
+      clearTimeout(guard);
+      onStatus(s);
+    }, function () {
+      clearTimeout(guard);
+      onFailure();
+    });
+  }
+
+  var sw = el("lang-switch");
+  if (sw) {
+    sw.addEventListener("click", function (ev) {
+      ev.preventDefault();
+      lang = lang === "ko" ? "en" : "ko";
+      render();
+      var shown = el("updated");
+      if (shown && shown.getAttribute("datetime")) {
+        var d = new Date(shown.getAttribute("datetime"));
+        if (!isNaN(d.getTime())) { showUpdated(d); }
+      }
+      rememberInUrl({ lang: lang });
+      announce(true);
+    });
+  }
+
+  render();
+  if (view.state === "waiting") {
+    if (typeof fetch !== "function") {
+      schedule(jitter(Math.max(2000, view.poll_after_ms || 5000)), function () { location.reload(); });
+      return;
+    }
+    showUpdated(new Date((view.updated_unix_s || 0) * 1000 || Date.now()));
+    if (view.start_position > 0) { rememberInUrl({ start: view.start_position }); }
+    schedule(Math.max(500, Math.min(60000, view.poll_after_ms || 5000)));
+    // Come back quickly from a sleeping laptop or a lost connection.
+    var soon = function () { if (nextAt && nextAt - Date.now() > 1500) { schedule(300); } };
+    document.addEventListener("visibilitychange", function () { if (!document.hidden) { soon(); } });
+    window.addEventListener("online", soon);
+  } else if (view.retry_after_s > 0) {
+    var retry = el("retry");
+    var target = retry ? retry.getAttribute("href") : returnPath;
+    schedule(jitter(view.retry_after_s * 1000), function () { location.replace(target); });
+  }
+})();

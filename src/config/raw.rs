@@ -1,0 +1,371 @@
+//! Serde structs that mirror the YAML file of DESIGN §5 field for field.
+//!
+//! Unknown fields are rejected everywhere. Every field is optional here, so
+//! a missing field is reported by validation (with the others) rather than
+//! stopping deserialization; defaults are filled in there too. Values whose
+//! syntax is checked while reading (durations, addresses) have their own
+//! types so a bad one is reported at its own field.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawConfig {
+    pub listen: Option<Vec<RawListen>>,
+    pub admin: Option<RawAdmin>,
+    pub limits: Option<RawLimits>,
+    pub upstream: Option<RawUpstream>,
+    pub store: Option<RawStore>,
+    pub keys: Option<Vec<RawKey>>,
+    pub cookie: Option<RawCookie>,
+    pub reserved_prefix: Option<String>,
+    pub bypass: Option<Vec<RawBypass>>,
+    pub routes: Option<Vec<RawRoute>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawListen {
+    pub addr: Option<Addr>,
+    pub tls: Option<RawTls>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTls {
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAdmin {
+    pub addr: Option<Addr>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLimits {
+    pub header_timeout: Option<DurationText>,
+    pub max_header_bytes: Option<u64>,
+    pub max_connections: Option<u64>,
+    pub drain_timeout: Option<DurationText>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawUpstream {
+    pub url: Option<String>,
+    pub connect_timeout: Option<DurationText>,
+    pub timeout: Option<DurationText>,
+    pub pool: Option<RawPool>,
+    pub host: Option<String>,
+    pub ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPool {
+    pub max_idle_per_host: Option<u64>,
+    pub idle_timeout: Option<DurationText>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawStore {
+    pub backend: Option<RawBackend>,
+    pub redis: Option<RawRedis>,
+    pub expected_instances: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawBackend {
+    Memory,
+    Redis,
+}
+
+/// Exactly one of `url`, `cluster`, `sentinel` (checked by validation).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRedis {
+    pub url: Option<String>,
+    pub cluster: Option<Vec<String>>,
+    pub sentinel: Option<RawSentinel>,
+    pub timeout: Option<DurationText>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSentinel {
+    pub master: Option<String>,
+    pub nodes: Option<Vec<String>>,
+}
+
+/// Exactly one of `env`, `file` (checked by validation).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawKey {
+    pub id: Option<String>,
+    pub env: Option<String>,
+    pub file: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCookie {
+    pub domain: Option<String>,
+}
+
+/// Exactly one of `path_prefix`, `path`, `method` (checked by validation).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawBypass {
+    pub path_prefix: Option<String>,
+    pub path: Option<String>,
+    pub method: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRoute {
+    pub name: Option<String>,
+    #[serde(rename = "match")]
+    pub matcher: Option<RawMatch>,
+    pub capacity: Option<u64>,
+    pub max_admit_per_tick: Option<u64>,
+    pub tick: Option<DurationText>,
+    pub session_ttl: Option<DurationText>,
+    pub pass_ttl: Option<DurationText>,
+    pub arrival_grace: Option<DurationText>,
+    pub abandon_after: Option<DurationText>,
+    pub max_waiting: Option<u64>,
+    pub waiting_status: Option<u16>,
+    pub mode: Option<RawMode>,
+    pub on_store_error: Option<RawOnStoreError>,
+    pub page: Option<RawPage>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawMatch {
+    pub host: Option<String>,
+    pub path_prefix: Option<String>,
+    pub case_insensitive: Option<bool>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawMode {
+    Gate,
+    QueueAll,
+    Passthrough,
+    Closed,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawOnStoreError {
+    Open,
+    Closed,
+    Local,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPage {
+    pub title: Option<String>,
+    pub message: Option<String>,
+    pub template: Option<PathBuf>,
+}
+
+/// A duration written with its unit: `250us`, `100ms`, `10s`, `5m`, `1h`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DurationText(pub Duration);
+
+impl DurationText {
+    pub(crate) fn parse(text: &str) -> Result<Duration, String> {
+        let trimmed = text.trim();
+        let split = trimmed
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(trimmed.len());
+        let (number, unit) = trimmed.split_at(split);
+        let invalid = |why: &str| format!("invalid duration {text:?}: {why}");
+        if number.is_empty() {
+            return Err(invalid(
+                "expected a whole number followed by a unit (us, ms, s, m, h), e.g. 10s",
+            ));
+        }
+        let value: u64 = number
+            .parse()
+            .map_err(|_| invalid("the number is too large"))?;
+        let duration = match unit {
+            "us" | "µs" => Some(Duration::from_micros(value)),
+            "ms" => Some(Duration::from_millis(value)),
+            "s" => Some(Duration::from_secs(value)),
+            "m" => value.checked_mul(60).map(Duration::from_secs),
+            "h" => value.checked_mul(3600).map(Duration::from_secs),
+            "" => return Err("durations need a unit, e.g. 10s".to_owned()),
+            _ => {
+                return Err(invalid(
+                    "expected a whole number followed by a unit (us, ms, s, m, h), e.g. 10s",
+                ))
+            }
+        };
+        duration.ok_or_else(|| invalid("the number is too large"))
+    }
+}
+
+impl<'de> Deserialize<'de> for DurationText {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct DurationVisitor;
+
+        impl Visitor<'_> for DurationVisitor {
+            type Value = DurationText;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a duration such as 100ms, 10s, 5m")
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<DurationText, E> {
+                DurationText::parse(text)
+                    .map(DurationText)
+                    .map_err(E::custom)
+            }
+
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<DurationText, E> {
+                Err(E::custom("durations need a unit, e.g. 10s"))
+            }
+
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<DurationText, E> {
+                Err(E::custom("durations need a unit, e.g. 10s"))
+            }
+
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<DurationText, E> {
+                Err(E::custom(
+                    "durations need a unit and a whole number, e.g. 1500ms",
+                ))
+            }
+        }
+
+        deserializer.deserialize_any(DurationVisitor)
+    }
+}
+
+/// A socket address written `ip:port` (`[v6]:port` for IPv6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Addr(pub SocketAddr);
+
+impl Addr {
+    pub(crate) fn parse(text: &str) -> Result<SocketAddr, String> {
+        if let Ok(addr) = text.trim().parse::<SocketAddr>() {
+            return Ok(addr);
+        }
+        let looks_like_host_port = text
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if looks_like_host_port {
+            Err(format!(
+                "invalid address {text:?}: host names are not resolved here, \
+                 write an IP address and port such as 127.0.0.1:8080"
+            ))
+        } else {
+            Err(format!(
+                "invalid address {text:?}: expected ip:port such as 0.0.0.0:8080 or [::]:8080"
+            ))
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Addr {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct AddrVisitor;
+
+        impl Visitor<'_> for AddrVisitor {
+            type Value = Addr;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an address such as 0.0.0.0:8080")
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Addr, E> {
+                Addr::parse(text).map(Addr).map_err(E::custom)
+            }
+
+            fn visit_u64<E: de::Error>(self, port: u64) -> Result<Addr, E> {
+                Err(E::custom(format!(
+                    "invalid address {port}: expected ip:port such as 0.0.0.0:{port}"
+                )))
+            }
+        }
+
+        deserializer.deserialize_any(AddrVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_each_unit() {
+        assert_eq!(DurationText::parse("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(DurationText::parse("100ms"), Ok(Duration::from_millis(100)));
+        assert_eq!(DurationText::parse("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(DurationText::parse("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(DurationText::parse("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(DurationText::parse("0s"), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn durations_without_unit_are_rejected_with_a_hint() {
+        let err = DurationText::parse("10").unwrap_err();
+        assert_eq!(err, "durations need a unit, e.g. 10s");
+        let err = serde_yaml::from_str::<DurationText>("10").unwrap_err();
+        assert!(err.to_string().contains("durations need a unit"), "{err}");
+    }
+
+    #[test]
+    fn nonsense_durations_name_the_text() {
+        for text in [
+            "10 parsecs",
+            "ms",
+            "1.5s",
+            "-3s",
+            "10d",
+            "99999999999999999999s",
+        ] {
+            let err = DurationText::parse(text).unwrap_err();
+            assert!(
+                err.starts_with(&format!("invalid duration {text:?}")),
+                "{err}"
+            );
+        }
+        let err = DurationText::parse("18446744073709551615h").unwrap_err();
+        assert!(err.contains("too large"), "{err}");
+    }
+
+    #[test]
+    fn addresses_are_ip_and_port() {
+        assert_eq!(
+            Addr::parse("127.0.0.1:9901"),
+            Ok("127.0.0.1:9901".parse().unwrap())
+        );
+        assert_eq!(Addr::parse("[::1]:80"), Ok("[::1]:80".parse().unwrap()));
+        assert!(Addr::parse("localhost:80")
+            .unwrap_err()
+            .contains("host names are not resolved"));
+        assert!(Addr::parse("8080")
+            .unwrap_err()
+            .contains("expected ip:port"));
+        assert!(Addr::parse("1.2.3.4:99999")
+            .unwrap_err()
+            .contains("expected ip:port"));
+    }
+}

@@ -1,0 +1,1307 @@
+//! Raw → typed: fills in the documented defaults and checks every value and
+//! every rule between values, recording all problems rather than the first.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::error::{ConfigError, ConfigErrors, FieldPath};
+use super::locate;
+use super::raw::{
+    DurationText, RawBackend, RawBypass, RawConfig, RawKey, RawLimits, RawListen, RawMatch,
+    RawMode, RawOnStoreError, RawRedis, RawRoute, RawStore, RawUpstream,
+};
+use super::{
+    Admin, Backend, BypassRule, Config, CookieConfig, KeyFrom, KeySource, Listen, Mode,
+    OnStoreError, PageConfig, Pool, RedisConfig, RedisMode, Route, RouteMatch, ServerLimits,
+    StoreConfig, TlsFiles, Upstream,
+};
+
+pub(crate) const DEFAULT_ADMIN_ADDR: SocketAddr =
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 9901);
+pub(crate) const DEFAULT_RESERVED_PREFIX: &str = "/__queuegate";
+pub(crate) const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+const MAX_HEADER_BYTES: u64 = 16384;
+const MAX_HEADER_BYTES_RANGE: std::ops::RangeInclusive<u64> = 1024..=1_048_576;
+const MAX_CONNECTIONS: u64 = 10_000;
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
+const POOL_MAX_IDLE_PER_HOST: u64 = 256;
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+const REDIS_TIMEOUT: Duration = Duration::from_millis(200);
+const MAX_ADMIT_PER_TICK: u64 = 20;
+const TICK: Duration = Duration::from_millis(100);
+const MIN_TICK: Duration = Duration::from_millis(10);
+const SESSION_TTL: Duration = Duration::from_secs(600);
+const PASS_TTL: Duration = Duration::from_secs(60);
+const MIN_PASS_TTL: Duration = Duration::from_secs(2);
+const ARRIVAL_GRACE: Duration = Duration::from_secs(60);
+const ABANDON_AFTER: Duration = Duration::from_secs(30);
+const MAX_WAITING: u64 = 200_000;
+const WAITING_STATUS: u16 = 503;
+
+/// Problems found so far, each at its field path.
+#[derive(Debug, Default)]
+pub(crate) struct Problems {
+    found: Vec<(FieldPath, String)>,
+    /// Fields whose value could not be read: anything later said about them
+    /// (missing, out of range) is a consequence, not news.
+    skipped: Vec<FieldPath>,
+}
+
+impl Problems {
+    pub(crate) fn report(&mut self, path: FieldPath, message: impl Into<String>) {
+        if self.skipped.iter().any(|skipped| path.starts_with(skipped)) {
+            return;
+        }
+        self.found.push((path, message.into()));
+    }
+
+    pub(crate) fn skip(&mut self, path: FieldPath) {
+        self.skipped.push(path);
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.found.is_empty()
+    }
+
+    /// Every problem with its line in `text`, in file order (problems with
+    /// no line last).
+    pub(crate) fn into_errors(self, text: &str) -> ConfigErrors {
+        let mut errors: Vec<ConfigError> = self
+            .found
+            .into_iter()
+            .map(|(path, message)| ConfigError {
+                line: locate::nearest_line(text, &path),
+                path: path.to_string(),
+                message,
+            })
+            .collect();
+        errors.sort_by_key(|error| error.line.unwrap_or(usize::MAX));
+        ConfigErrors { errors }
+    }
+}
+
+/// Builds the typed config, or records why it cannot (then `None`).
+pub(crate) fn validate(raw: RawConfig, problems: &mut Problems) -> Option<Config> {
+    let root = FieldPath::root();
+    let listen = listen(raw.listen, &root.key("listen"), problems);
+    let admin = admin(raw.admin.and_then(|admin| admin.addr).map(|a| a.0));
+    if let (Some(listen), Some(admin)) = (&listen, &admin) {
+        if let Some(i) = listen.iter().position(|l| l.addr == admin.addr) {
+            problems.report(
+                root.key("admin").key("addr"),
+                format!("{} is also listen[{i}].addr", admin.addr),
+            );
+        }
+    }
+    let limits = limits(
+        raw.limits.unwrap_or_default(),
+        &root.key("limits"),
+        problems,
+    );
+    let upstream = upstream(raw.upstream, &root.key("upstream"), problems);
+    let store = store(raw.store.unwrap_or_default(), &root.key("store"), problems);
+    let keys = keys(raw.keys, &root.key("keys"), problems);
+    let cookie = cookie(
+        raw.cookie.and_then(|cookie| cookie.domain),
+        &root.key("cookie").key("domain"),
+        problems,
+    );
+    let reserved_prefix =
+        reserved_prefix(raw.reserved_prefix, &root.key("reserved_prefix"), problems);
+    let bypass = bypass(
+        raw.bypass.unwrap_or_default(),
+        &root.key("bypass"),
+        problems,
+    );
+    let routes = routes(
+        raw.routes.unwrap_or_default(),
+        reserved_prefix.as_deref(),
+        &root.key("routes"),
+        problems,
+    );
+
+    if !problems.is_empty() {
+        return None;
+    }
+    Some(Config {
+        listen: listen?,
+        admin,
+        limits,
+        upstream: upstream?,
+        store: store?,
+        keys: keys?,
+        cookie: cookie?,
+        reserved_prefix: reserved_prefix?,
+        bypass: bypass?,
+        routes: routes?,
+    })
+}
+
+fn listen(
+    raw: Option<Vec<RawListen>>,
+    at: &FieldPath,
+    problems: &mut Problems,
+) -> Option<Vec<Listen>> {
+    let Some(raw) = raw.filter(|raw| !raw.is_empty()) else {
+        problems.report(
+            at.clone(),
+            "at least one listener is required, e.g. `- addr: 0.0.0.0:8080`",
+        );
+        return None;
+    };
+    let mut listeners: Vec<Option<Listen>> = Vec::new();
+    for (i, item) in raw.into_iter().enumerate() {
+        let at = at.index(i);
+        let addr = required(item.addr.map(|a| a.0), &at.key("addr"), problems);
+        let tls = match item.tls {
+            None => Some(None),
+            Some(tls) => {
+                let cert = required_path(tls.cert, &at.key("tls").key("cert"), problems);
+                let key = required_path(tls.key, &at.key("tls").key("key"), problems);
+                cert.zip(key)
+                    .map(|(cert, key)| Some(TlsFiles { cert, key }))
+            }
+        };
+        if let Some(addr) = addr {
+            if let Some(j) = listeners
+                .iter()
+                .position(|other| other.as_ref().is_some_and(|other| other.addr == addr))
+            {
+                problems.report(at.key("addr"), format!("{addr} is also listen[{j}].addr"));
+            }
+        }
+        listeners.push(addr.zip(tls).map(|(addr, tls)| Listen { addr, tls }));
+    }
+    listeners.into_iter().collect()
+}
+
+fn admin(addr: Option<SocketAddr>) -> Option<Admin> {
+    Some(Admin {
+        addr: addr.unwrap_or(DEFAULT_ADMIN_ADDR),
+    })
+}
+
+fn limits(raw: RawLimits, at: &FieldPath, problems: &mut Problems) -> ServerLimits {
+    let header_timeout = duration(raw.header_timeout, HEADER_TIMEOUT);
+    if header_timeout.is_zero() {
+        problems.report(at.key("header_timeout"), "must be more than 0s");
+    }
+    let max_header_bytes = raw.max_header_bytes.unwrap_or(MAX_HEADER_BYTES);
+    if !MAX_HEADER_BYTES_RANGE.contains(&max_header_bytes) {
+        problems.report(
+            at.key("max_header_bytes"),
+            format!(
+                "{max_header_bytes} is out of range: must be between {} and {}",
+                MAX_HEADER_BYTES_RANGE.start(),
+                MAX_HEADER_BYTES_RANGE.end()
+            ),
+        );
+    }
+    let max_connections = raw.max_connections.unwrap_or(MAX_CONNECTIONS);
+    if max_connections == 0 {
+        problems.report(at.key("max_connections"), "must be at least 1");
+    }
+    ServerLimits {
+        header_timeout,
+        max_header_bytes: to_usize(max_header_bytes),
+        max_connections: to_usize(max_connections),
+        drain_timeout: duration(raw.drain_timeout, DRAIN_TIMEOUT),
+    }
+}
+
+fn upstream(raw: Option<RawUpstream>, at: &FieldPath, problems: &mut Problems) -> Option<Upstream> {
+    let Some(raw) = raw else {
+        problems.report(
+            at.clone(),
+            "the upstream section is required, e.g. `upstream: { url: http://127.0.0.1:3000 }`",
+        );
+        return None;
+    };
+    let url = required(raw.url, &at.key("url"), problems)
+        .and_then(|url| upstream_url(&url, &at.key("url"), problems));
+    let connect_timeout = positive(
+        raw.connect_timeout,
+        CONNECT_TIMEOUT,
+        &at.key("connect_timeout"),
+        problems,
+    );
+    let timeout = positive(raw.timeout, UPSTREAM_TIMEOUT, &at.key("timeout"), problems);
+    let pool = raw.pool.unwrap_or_default();
+    let pool = Pool {
+        max_idle_per_host: to_usize(pool.max_idle_per_host.unwrap_or(POOL_MAX_IDLE_PER_HOST)),
+        idle_timeout: duration(pool.idle_timeout, POOL_IDLE_TIMEOUT),
+    };
+    let host = match raw.host {
+        None => Some(None),
+        Some(host) => match host.parse::<http::uri::Authority>() {
+            Ok(authority) if !authority.as_str().contains('@') && !authority.host().is_empty() => {
+                Some(Some(host))
+            }
+            _ => {
+                problems.report(
+                    at.key("host"),
+                    format!("invalid host {host:?}: expected a host name, optionally with :port"),
+                );
+                None
+            }
+        },
+    };
+    if let (Some(url), Some(_)) = (&url, &raw.ca_file) {
+        if url.scheme_str() != Some("https") {
+            problems.report(at.key("ca_file"), "only used with an https:// upstream url");
+        }
+    }
+    let ca_file = match raw.ca_file {
+        Some(path) if path.as_os_str().is_empty() => {
+            problems.report(at.key("ca_file"), "must not be empty");
+            None
+        }
+        other => Some(other),
+    };
+    Some(Upstream {
+        url: url?,
+        connect_timeout,
+        timeout,
+        pool,
+        host: host?,
+        ca_file: ca_file?,
+    })
+}
+
+fn upstream_url(text: &str, at: &FieldPath, problems: &mut Problems) -> Option<http::Uri> {
+    let mut fail = |why: &str| {
+        problems.report(at.clone(), format!("invalid upstream url {text:?}: {why}"));
+        None
+    };
+    let uri: http::Uri = match text.parse() {
+        Ok(uri) => uri,
+        Err(err) => return fail(&err.to_string()),
+    };
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        Some(_) => return fail("the scheme must be http or https"),
+        None => return fail("expected http://host:port or https://host:port"),
+    }
+    match uri.authority() {
+        Some(authority) if authority.as_str().contains('@') => {
+            return fail("credentials in the url are not supported")
+        }
+        Some(authority) if !authority.host().is_empty() => {}
+        _ => return fail("the url needs a host"),
+    }
+    if !matches!(uri.path(), "" | "/") {
+        return fail("a path is not supported: requests are forwarded with their own path");
+    }
+    if uri.query().is_some() {
+        return fail("a query is not supported");
+    }
+    Some(uri)
+}
+
+fn store(raw: RawStore, at: &FieldPath, problems: &mut Problems) -> Option<StoreConfig> {
+    let backend = match raw.backend {
+        None | Some(RawBackend::Memory) => Backend::Memory,
+        Some(RawBackend::Redis) => Backend::Redis,
+    };
+    let redis = redis(raw.redis.unwrap_or_default(), &at.key("redis"), problems);
+    let expected_instances = raw.expected_instances.unwrap_or(1);
+    if expected_instances == 0 {
+        problems.report(at.key("expected_instances"), "must be at least 1");
+    }
+    Some(StoreConfig {
+        backend,
+        redis: redis?,
+        expected_instances,
+    })
+}
+
+fn redis(raw: RawRedis, at: &FieldPath, problems: &mut Problems) -> Option<RedisConfig> {
+    let timeout = positive(raw.timeout, REDIS_TIMEOUT, &at.key("timeout"), problems);
+    let given: Vec<&str> = [
+        raw.url.as_ref().map(|_| "url"),
+        raw.cluster.as_ref().map(|_| "cluster"),
+        raw.sentinel.as_ref().map(|_| "sentinel"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if given.len() > 1 {
+        problems.report(
+            at.clone(),
+            format!(
+                "give exactly one of url, cluster, sentinel (found {})",
+                given.join(" and ")
+            ),
+        );
+        return None;
+    }
+    let mode = if let Some(nodes) = raw.cluster {
+        let at = at.key("cluster");
+        if nodes.is_empty() {
+            problems.report(
+                at.clone(),
+                "list at least one node, e.g. [redis://10.0.0.1:7000]",
+            );
+        }
+        let valid = redis_urls(&nodes, &at, problems);
+        valid.then_some(RedisMode::Cluster { nodes })
+    } else if let Some(sentinel) = raw.sentinel {
+        let at = at.key("sentinel");
+        let master = required(sentinel.master, &at.key("master"), problems);
+        if master.as_deref().is_some_and(str::is_empty) {
+            problems.report(at.key("master"), "must not be empty");
+        }
+        let nodes = required(sentinel.nodes, &at.key("nodes"), problems);
+        if nodes.as_ref().is_some_and(Vec::is_empty) {
+            problems.report(
+                at.key("nodes"),
+                "list at least one sentinel, e.g. [redis://10.0.0.1:26379]",
+            );
+        }
+        let valid = nodes
+            .as_ref()
+            .is_some_and(|nodes| redis_urls(nodes, &at.key("nodes"), problems));
+        match (master, nodes) {
+            (Some(master), Some(nodes)) if valid => Some(RedisMode::Sentinel { master, nodes }),
+            _ => None,
+        }
+    } else {
+        let url = raw.url.unwrap_or_else(|| DEFAULT_REDIS_URL.to_owned());
+        redis_url(&url, &at.key("url"), problems).then_some(RedisMode::Standalone { url })
+    };
+    Some(RedisConfig {
+        mode: mode?,
+        timeout,
+    })
+}
+
+fn redis_urls(urls: &[String], at: &FieldPath, problems: &mut Problems) -> bool {
+    let mut valid = true;
+    for (i, url) in urls.iter().enumerate() {
+        valid &= redis_url(url, &at.index(i), problems);
+    }
+    valid
+}
+
+fn redis_url(url: &str, at: &FieldPath, problems: &mut Problems) -> bool {
+    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        problems.report(
+            at.clone(),
+            format!("invalid redis url {url:?}: expected redis://host:port or rediss://host:port"),
+        );
+        return false;
+    }
+    match redis::IntoConnectionInfo::into_connection_info(url) {
+        Ok(_) => true,
+        Err(err) => {
+            problems.report(at.clone(), format!("invalid redis url {url:?}: {err}"));
+            false
+        }
+    }
+}
+
+fn keys(
+    raw: Option<Vec<RawKey>>,
+    at: &FieldPath,
+    problems: &mut Problems,
+) -> Option<Vec<KeySource>> {
+    let Some(raw) = raw.filter(|raw| !raw.is_empty()) else {
+        problems.report(
+            at.clone(),
+            "at least one key is required, e.g. `- { id: k1, env: QUEUEGATE_KEY_K1 }`",
+        );
+        return None;
+    };
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let mut keys = Vec::new();
+    for (i, key) in raw.into_iter().enumerate() {
+        let at = at.index(i);
+        let id = required(key.id, &at.key("id"), problems).filter(|id| {
+            if is_name(id, 16) {
+                true
+            } else {
+                problems.report(
+                    at.key("id"),
+                    format!("invalid key id {id:?}: use 1 to 16 of A-Z a-z 0-9 _ -"),
+                );
+                false
+            }
+        });
+        if let Some(id) = &id {
+            if let Some(j) = seen.insert(id.clone(), i) {
+                problems.report(at.key("id"), format!("key id {id:?} is also keys[{j}].id"));
+            }
+        }
+        let from = match (key.env, key.file) {
+            (Some(env), None) => {
+                if env.is_empty() || env.contains(['=', '\0']) {
+                    problems.report(
+                        at.key("env"),
+                        format!("invalid environment variable name {env:?}"),
+                    );
+                    None
+                } else {
+                    Some(KeyFrom::Env(env))
+                }
+            }
+            (None, Some(file)) => {
+                if file.as_os_str().is_empty() {
+                    problems.report(at.key("file"), "must not be empty");
+                    None
+                } else {
+                    Some(KeyFrom::File(file))
+                }
+            }
+            (Some(_), Some(_)) => {
+                problems.report(at.clone(), "give exactly one of env, file (found both)");
+                None
+            }
+            (None, None) => {
+                problems.report(
+                    at.clone(),
+                    "give exactly one of env, file: keys never live in this file",
+                );
+                None
+            }
+        };
+        keys.push(id.zip(from).map(|(id, from)| KeySource { id, from }));
+    }
+    keys.into_iter().collect()
+}
+
+fn cookie(domain: Option<String>, at: &FieldPath, problems: &mut Problems) -> Option<CookieConfig> {
+    let Some(domain) = domain else {
+        return Some(CookieConfig::default());
+    };
+    let bare = domain.strip_prefix('.').unwrap_or(&domain);
+    let valid = !bare.is_empty()
+        && bare.len() <= 253
+        && bare.split('.').all(|label| {
+            !label.is_empty() && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        });
+    if !valid {
+        problems.report(
+            at.clone(),
+            format!("invalid cookie domain {domain:?}: expected a domain such as example.com"),
+        );
+        return None;
+    }
+    Some(CookieConfig {
+        domain: Some(bare.to_ascii_lowercase()),
+    })
+}
+
+fn reserved_prefix(raw: Option<String>, at: &FieldPath, problems: &mut Problems) -> Option<String> {
+    let Some(prefix) = raw else {
+        return Some(DEFAULT_RESERVED_PREFIX.to_owned());
+    };
+    let segments_ok = prefix.strip_prefix('/').is_some_and(|rest| {
+        rest.split('/').all(|segment| {
+            !segment.is_empty()
+                && segment != "."
+                && segment != ".."
+                && segment
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '~'))
+        })
+    });
+    if !segments_ok {
+        problems.report(
+            at.clone(),
+            format!(
+                "invalid reserved_prefix {prefix:?}: must start with `/`, have no trailing `/`, \
+                 and use only A-Z a-z 0-9 - . _ ~ between slashes, e.g. /__queuegate"
+            ),
+        );
+        return None;
+    }
+    Some(prefix)
+}
+
+fn bypass(raw: Vec<RawBypass>, at: &FieldPath, problems: &mut Problems) -> Option<Vec<BypassRule>> {
+    let mut rules = Vec::new();
+    for (i, rule) in raw.into_iter().enumerate() {
+        let at = at.index(i);
+        let rule = match (rule.path_prefix, rule.path, rule.method) {
+            (Some(prefix), None, None) => {
+                request_path(&prefix, &at.key("path_prefix"), problems).map(BypassRule::PathPrefix)
+            }
+            (None, Some(path), None) => {
+                request_path(&path, &at.key("path"), problems).map(BypassRule::Path)
+            }
+            (None, None, Some(method)) => bypass_method(&method, &at.key("method"), problems),
+            _ => {
+                problems.report(at.clone(), "give exactly one of path_prefix, path, method");
+                None
+            }
+        };
+        rules.push(rule);
+    }
+    rules.into_iter().collect()
+}
+
+fn bypass_method(method: &str, at: &FieldPath, problems: &mut Problems) -> Option<BypassRule> {
+    match http::Method::from_bytes(method.as_bytes()) {
+        Ok(parsed) if !method.chars().any(|c| c.is_ascii_lowercase()) => {
+            Some(BypassRule::Method(parsed))
+        }
+        Ok(_) => {
+            problems.report(
+                at.clone(),
+                format!(
+                    "methods are case-sensitive: write {:?}",
+                    method.to_ascii_uppercase()
+                ),
+            );
+            None
+        }
+        Err(_) => {
+            problems.report(at.clone(), format!("invalid HTTP method {method:?}"));
+            None
+        }
+    }
+}
+
+/// A path as written in a request: starts with `/`, no query or fragment.
+fn request_path(path: &str, at: &FieldPath, problems: &mut Problems) -> Option<String> {
+    if !path.starts_with('/') {
+        problems.report(
+            at.clone(),
+            format!("invalid path {path:?}: must start with `/`"),
+        );
+        return None;
+    }
+    if path
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || c == '?' || c == '#')
+    {
+        problems.report(
+            at.clone(),
+            format!("invalid path {path:?}: no spaces, `?` or `#` (paths are matched without the query)"),
+        );
+        return None;
+    }
+    Some(path.to_owned())
+}
+
+fn routes(
+    raw: Vec<RawRoute>,
+    reserved_prefix: Option<&str>,
+    at: &FieldPath,
+    problems: &mut Problems,
+) -> Option<Vec<Route>> {
+    let mut routes: Vec<Option<Route>> = Vec::new();
+    let mut names: HashMap<String, usize> = HashMap::new();
+    for (i, raw) in raw.into_iter().enumerate() {
+        let at = at.index(i);
+        let route = route(raw, &at, problems);
+        if let Some(route) = &route {
+            if let Some(j) = names.insert(route.name.clone(), i) {
+                problems.report(
+                    at.key("name"),
+                    format!("route name {:?} is also routes[{j}].name", route.name),
+                );
+            }
+            if let Some(j) = routes.iter().position(|earlier| {
+                earlier
+                    .as_ref()
+                    .is_some_and(|e| covers(&e.matcher, &route.matcher))
+            }) {
+                problems.report(
+                    at.key("match"),
+                    format!("never used: routes[{j}] matches every request this route matches, and comes first"),
+                );
+            }
+            if let (Some(reserved), Some(prefix)) = (reserved_prefix, &route.matcher.path_prefix) {
+                if prefix == reserved || prefix.starts_with(&format!("{reserved}/")) {
+                    problems.report(
+                        at.key("match").key("path_prefix"),
+                        format!("{prefix} is inside reserved_prefix {reserved}, which queuegate serves itself"),
+                    );
+                }
+            }
+        }
+        routes.push(route);
+    }
+    routes.into_iter().collect()
+}
+
+/// Whether every request `later` matches is matched by `earlier` already.
+fn covers(earlier: &RouteMatch, later: &RouteMatch) -> bool {
+    let host_covered = match (&earlier.host, &later.host) {
+        (None, _) => true,
+        (Some(a), Some(b)) => a == b,
+        (Some(_), None) => false,
+    };
+    let path_covered = match (&earlier.path_prefix, &later.path_prefix) {
+        (None, _) => true,
+        // `/` matches every path.
+        (Some(a), None) => a == "/",
+        (Some(a), Some(_)) if a == "/" => true,
+        // The later route also takes case variants the earlier one lets by.
+        (Some(_), Some(_)) if later.case_insensitive && !earlier.case_insensitive => false,
+        (Some(a), Some(b)) => {
+            let (a, b) = if earlier.case_insensitive {
+                (a.to_ascii_lowercase(), b.to_ascii_lowercase())
+            } else {
+                (a.clone(), b.clone())
+            };
+            b == a || b.starts_with(&format!("{a}/"))
+        }
+    };
+    host_covered && path_covered
+}
+
+fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route> {
+    let name = required(raw.name, &at.key("name"), problems).filter(|name| {
+        if is_name(name, 32) {
+            true
+        } else {
+            problems.report(
+                at.key("name"),
+                format!("invalid route name {name:?}: use 1 to 32 of A-Z a-z 0-9 _ -"),
+            );
+            false
+        }
+    });
+    let matcher = match raw.matcher {
+        Some(raw) => route_match(raw, &at.key("match"), problems),
+        None => {
+            problems.report(
+                at.key("match"),
+                "required: give host and/or path_prefix, e.g. `match: { path_prefix: /tickets }`",
+            );
+            None
+        }
+    };
+    let capacity = required(raw.capacity, &at.key("capacity"), problems);
+    if capacity == Some(0) {
+        problems.report(at.key("capacity"), "must be at least 1");
+    }
+    let max_admit_per_tick = raw.max_admit_per_tick.unwrap_or(MAX_ADMIT_PER_TICK);
+    if max_admit_per_tick == 0 {
+        problems.report(at.key("max_admit_per_tick"), "must be at least 1");
+    }
+    let tick = at_least(raw.tick, TICK, MIN_TICK, "10ms", &at.key("tick"), problems);
+    let pass_ttl = at_least(
+        raw.pass_ttl,
+        PASS_TTL,
+        MIN_PASS_TTL,
+        "2s",
+        &at.key("pass_ttl"),
+        problems,
+    );
+    let session_ttl = duration(raw.session_ttl, SESSION_TTL);
+    if session_ttl < pass_ttl {
+        problems.report(
+            at.key("session_ttl"),
+            format!(
+                "{} is shorter than pass_ttl {}: a session must outlive the pass that stands for it",
+                show(session_ttl),
+                show(pass_ttl)
+            ),
+        );
+    }
+    let arrival_grace = positive(
+        raw.arrival_grace,
+        ARRIVAL_GRACE,
+        &at.key("arrival_grace"),
+        problems,
+    );
+    let abandon_after = positive(
+        raw.abandon_after,
+        ABANDON_AFTER,
+        &at.key("abandon_after"),
+        problems,
+    );
+    let waiting_status = raw.waiting_status.unwrap_or(WAITING_STATUS);
+    let waiting_status = match http::StatusCode::from_u16(waiting_status) {
+        Ok(status) if (400..=599).contains(&waiting_status) => Some(status),
+        _ => {
+            problems.report(
+                at.key("waiting_status"),
+                format!(
+                    "{waiting_status} is not an HTTP error status: use 400 to 599, e.g. 503 or 429"
+                ),
+            );
+            None
+        }
+    };
+    let mode = match raw.mode.unwrap_or(RawMode::Gate) {
+        RawMode::Gate => Mode::Gate,
+        RawMode::QueueAll => Mode::QueueAll,
+        RawMode::Passthrough => Mode::Passthrough,
+        RawMode::Closed => Mode::Closed,
+    };
+    let on_store_error = match raw.on_store_error.unwrap_or(RawOnStoreError::Local) {
+        RawOnStoreError::Open => OnStoreError::Open,
+        RawOnStoreError::Closed => OnStoreError::Closed,
+        RawOnStoreError::Local => OnStoreError::Local,
+    };
+    let page = raw.page.unwrap_or_default();
+    if page
+        .template
+        .as_ref()
+        .is_some_and(|t| t.as_os_str().is_empty())
+    {
+        problems.report(at.key("page").key("template"), "must not be empty");
+    }
+    Some(Route {
+        name: name?,
+        matcher: matcher?,
+        capacity: capacity.filter(|&c| c > 0)?,
+        max_admit_per_tick,
+        tick,
+        session_ttl,
+        pass_ttl,
+        arrival_grace,
+        abandon_after,
+        max_waiting: raw.max_waiting.unwrap_or(MAX_WAITING),
+        waiting_status: waiting_status?,
+        mode,
+        on_store_error,
+        page: PageConfig {
+            title: page.title,
+            message: page.message,
+            template: page.template,
+        },
+    })
+}
+
+fn route_match(raw: RawMatch, at: &FieldPath, problems: &mut Problems) -> Option<RouteMatch> {
+    if raw.host.is_none() && raw.path_prefix.is_none() {
+        problems.report(at.clone(), "give host and/or path_prefix");
+        return None;
+    }
+    let host = match raw.host {
+        None => Some(None),
+        Some(host) => route_host(&host, &at.key("host"), problems).map(Some),
+    };
+    let path_prefix = match raw.path_prefix {
+        None => Some(None),
+        Some(prefix) => match normalise_prefix(&prefix) {
+            Ok(prefix) => Some(Some(prefix)),
+            Err(why) => {
+                problems.report(
+                    at.key("path_prefix"),
+                    format!("invalid path_prefix {prefix:?}: {why}"),
+                );
+                None
+            }
+        },
+    };
+    Some(RouteMatch {
+        host: host?,
+        path_prefix: path_prefix?,
+        case_insensitive: raw.case_insensitive.unwrap_or(false),
+    })
+}
+
+fn route_host(host: &str, at: &FieldPath, problems: &mut Problems) -> Option<String> {
+    if host.contains(':') && !host.starts_with('[') {
+        problems.report(
+            at.clone(),
+            format!(
+                "invalid host {host:?}: hosts are matched without the port, write the name alone"
+            ),
+        );
+        return None;
+    }
+    let valid = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '[' | ']' | ':'));
+    if !valid {
+        problems.report(
+            at.clone(),
+            format!("invalid host {host:?}: expected a name such as shop.example.com"),
+        );
+        return None;
+    }
+    Some(host.to_ascii_lowercase())
+}
+
+/// The path prefix as the gate compares it: percent-encoded unreserved
+/// characters decoded, other escapes upper-cased, dot segments resolved,
+/// repeated slashes collapsed, no trailing slash except for `/` itself.
+pub(crate) fn normalise_prefix(prefix: &str) -> Result<String, String> {
+    if !prefix.starts_with('/') {
+        return Err("must start with `/`".to_owned());
+    }
+    if prefix
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || c == '?' || c == '#')
+    {
+        return Err("no spaces, `?` or `#` (paths are matched without the query)".to_owned());
+    }
+    let decoded = decode_unreserved(prefix)?;
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in decoded.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            other => segments.push(other),
+        }
+    }
+    Ok(format!("/{}", segments.join("/")))
+}
+
+fn decode_unreserved(path: &str) -> Result<String, String> {
+    let bytes = path.as_bytes();
+    let mut out = String::with_capacity(path.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'%' {
+            let len = path[i..].chars().next().map_or(1, char::len_utf8);
+            out.push_str(&path[i..i + len]);
+            i += len;
+            continue;
+        }
+        let hex = path
+            .get(i + 1..i + 3)
+            .filter(|hex| hex.bytes().all(|b| b.is_ascii_hexdigit()))
+            .ok_or_else(|| "`%` must be followed by two hex digits".to_owned())?;
+        let byte = u8::from_str_radix(hex, 16).map_err(|err| err.to_string())?;
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(byte));
+        } else {
+            out.push('%');
+            out.push_str(&hex.to_ascii_uppercase());
+        }
+        i += 3;
+    }
+    Ok(out)
+}
+
+/// `[A-Za-z0-9_-]{1,max}`.
+fn is_name(name: &str, max: usize) -> bool {
+    (1..=max).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn required<T>(value: Option<T>, at: &FieldPath, problems: &mut Problems) -> Option<T> {
+    if value.is_none() {
+        problems.report(at.clone(), "required");
+    }
+    value
+}
+
+fn required_path(
+    value: Option<PathBuf>,
+    at: &FieldPath,
+    problems: &mut Problems,
+) -> Option<PathBuf> {
+    match required(value, at, problems) {
+        Some(path) if path.as_os_str().is_empty() => {
+            problems.report(at.clone(), "must not be empty");
+            None
+        }
+        other => other,
+    }
+}
+
+fn duration(value: Option<DurationText>, default: Duration) -> Duration {
+    value.map_or(default, |d| d.0)
+}
+
+fn positive(
+    value: Option<DurationText>,
+    default: Duration,
+    at: &FieldPath,
+    problems: &mut Problems,
+) -> Duration {
+    let value = duration(value, default);
+    if value.is_zero() {
+        problems.report(at.clone(), "must be more than 0s");
+    }
+    value
+}
+
+fn at_least(
+    value: Option<DurationText>,
+    default: Duration,
+    min: Duration,
+    min_text: &str,
+    at: &FieldPath,
+    problems: &mut Problems,
+) -> Duration {
+    let value = duration(value, default);
+    if value < min {
+        problems.report(
+            at.clone(),
+            format!("{} is too short: must be at least {min_text}", show(value)),
+        );
+    }
+    value
+}
+
+/// A duration as an operator would write it.
+fn show(duration: Duration) -> String {
+    let micros = duration.as_micros();
+    if micros % 3_600_000_000 == 0 && micros > 0 {
+        format!("{}h", micros / 3_600_000_000)
+    } else if micros % 60_000_000 == 0 && micros > 0 {
+        format!("{}m", micros / 60_000_000)
+    } else if micros % 1_000_000 == 0 {
+        format!("{}s", micros / 1_000_000)
+    } else if micros % 1000 == 0 {
+        format!("{}ms", micros / 1000)
+    } else {
+        format!("{micros}us")
+    }
+}
+
+/// Counts in this file are checked against small ranges; on a platform
+/// whose `usize` cannot hold one, saturate rather than wrap.
+fn to_usize(value: u64) -> usize {
+    usize::try_from(value).unwrap_or(usize::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "\
+listen: [{ addr: 127.0.0.1:8080 }]
+upstream: { url: http://127.0.0.1:3000 }
+keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]
+";
+
+    fn parse(extra: &str) -> Result<Config, ConfigErrors> {
+        Config::from_yaml(&format!("{BASE}{extra}"))
+    }
+
+    /// The paths of the problems `extra` causes, in file order.
+    fn problem_paths(extra: &str) -> Vec<String> {
+        match parse(extra) {
+            Ok(config) => panic!("expected problems, got {config:?}"),
+            Err(errors) => errors.errors.into_iter().map(|e| e.path).collect(),
+        }
+    }
+
+    fn message_at(extra: &str, path: &str) -> String {
+        let errors = parse(extra).expect_err("expected problems");
+        match errors.at(path) {
+            Some(error) => error.message.clone(),
+            None => panic!("no problem at {path}: {errors}"),
+        }
+    }
+
+    #[test]
+    fn path_prefixes_are_normalised() {
+        assert_eq!(normalise_prefix("/tickets/").as_deref(), Ok("/tickets"));
+        assert_eq!(normalise_prefix("/").as_deref(), Ok("/"));
+        assert_eq!(normalise_prefix("//").as_deref(), Ok("/"));
+        assert_eq!(normalise_prefix("//a///b/").as_deref(), Ok("/a/b"));
+        assert_eq!(normalise_prefix("/a/./b/../c").as_deref(), Ok("/a/c"));
+        assert_eq!(normalise_prefix("/../a").as_deref(), Ok("/a"));
+        assert_eq!(normalise_prefix("/%7euser/%41").as_deref(), Ok("/~user/A"));
+        assert_eq!(normalise_prefix("/a%2fb").as_deref(), Ok("/a%2Fb"));
+        assert_eq!(normalise_prefix("/caf\u{e9}").as_deref(), Ok("/caf\u{e9}"));
+        assert!(normalise_prefix("tickets").is_err());
+        assert!(normalise_prefix("/a?b=1").is_err());
+        assert!(normalise_prefix("/a%4").is_err());
+        assert!(normalise_prefix("/a%zz").is_err());
+    }
+
+    #[test]
+    fn route_match_needs_host_or_path_prefix() {
+        let paths = problem_paths("routes: [{ name: a, match: {}, capacity: 1 }]\n");
+        assert_eq!(paths, ["routes[0].match"]);
+        let paths = problem_paths("routes: [{ name: a, capacity: 1 }]\n");
+        assert_eq!(paths, ["routes[0].match"]);
+    }
+
+    #[test]
+    fn route_hosts_are_lower_cased_and_have_no_port() {
+        let config =
+            parse("routes: [{ name: a, match: { host: Shop.Example.COM }, capacity: 1 }]\n")
+                .unwrap();
+        assert_eq!(
+            config.routes[0].matcher.host.as_deref(),
+            Some("shop.example.com")
+        );
+        let message = message_at(
+            "routes: [{ name: a, match: { host: 'a.com:8080' }, capacity: 1 }]\n",
+            "routes[0].match.host",
+        );
+        assert!(message.contains("without the port"), "{message}");
+    }
+
+    #[test]
+    fn a_route_hidden_by_an_earlier_one_is_rejected() {
+        let hidden = "routes:\n  - { name: a, match: { path_prefix: /shop }, capacity: 1 }\n  - { name: b, match: { path_prefix: /shop/sale/ }, capacity: 1 }\n";
+        assert_eq!(problem_paths(hidden), ["routes[1].match"]);
+        let catch_all_first = "routes:\n  - { name: a, match: { path_prefix: / }, capacity: 1 }\n  - { name: b, match: { host: x.com }, capacity: 1 }\n";
+        assert_eq!(problem_paths(catch_all_first), ["routes[1].match"]);
+        let any_case_first = "routes:\n  - { name: a, match: { path_prefix: /Shop, case_insensitive: true }, capacity: 1 }\n  - { name: b, match: { path_prefix: /shop/x }, capacity: 1 }\n";
+        assert_eq!(problem_paths(any_case_first), ["routes[1].match"]);
+    }
+
+    #[test]
+    fn routes_that_overlap_only_partly_are_accepted() {
+        let config = parse(
+            "routes:\n  - { name: a, match: { path_prefix: /shop/sale }, capacity: 1 }\n  - { name: b, match: { path_prefix: /shop }, capacity: 1 }\n  - { name: c, match: { host: x.com, path_prefix: /s }, capacity: 1 }\n  - { name: d, match: { path_prefix: /s }, capacity: 1 }\n  - { name: e, match: { path_prefix: /S, case_insensitive: true }, capacity: 1 }\n",
+        )
+        .unwrap();
+        assert_eq!(config.routes.len(), 5);
+    }
+
+    #[test]
+    fn route_names_are_unique_and_cookie_safe() {
+        let paths = problem_paths(
+            "routes:\n  - { name: a, match: { path_prefix: /a }, capacity: 1 }\n  - { name: a, match: { path_prefix: /b }, capacity: 1 }\n  - { name: 'c.d', match: { path_prefix: /c }, capacity: 1 }\n  - { name: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa, match: { path_prefix: /d }, capacity: 1 }\n",
+        );
+        assert_eq!(
+            paths,
+            ["routes[1].name", "routes[2].name", "routes[3].name"]
+        );
+    }
+
+    #[test]
+    fn a_route_inside_the_reserved_prefix_is_rejected() {
+        let paths = problem_paths(
+            "routes: [{ name: a, match: { path_prefix: /__queuegate/x }, capacity: 1 }]\n",
+        );
+        assert_eq!(paths, ["routes[0].match.path_prefix"]);
+        parse("routes: [{ name: a, match: { path_prefix: /__queuegatex }, capacity: 1 }]\n")
+            .unwrap();
+    }
+
+    #[test]
+    fn route_numbers_and_durations_are_bounded() {
+        let paths = problem_paths(
+            "routes: [{ name: a, match: { path_prefix: /a }, capacity: 0, max_admit_per_tick: 0, tick: 9ms, pass_ttl: 1999ms, arrival_grace: 0s, abandon_after: 0ms, waiting_status: 600 }]\n",
+        );
+        assert_eq!(
+            paths,
+            [
+                "routes[0].capacity",
+                "routes[0].max_admit_per_tick",
+                "routes[0].tick",
+                "routes[0].pass_ttl",
+                "routes[0].arrival_grace",
+                "routes[0].abandon_after",
+                "routes[0].waiting_status",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_session_must_outlive_its_pass() {
+        let message = message_at(
+            "routes: [{ name: a, match: { path_prefix: /a }, capacity: 1, session_ttl: 30s, pass_ttl: 1m }]\n",
+            "routes[0].session_ttl",
+        );
+        assert!(
+            message.starts_with("30s is shorter than pass_ttl 1m"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn waiting_status_takes_any_error_status() {
+        let config = parse(
+            "routes: [{ name: a, match: { path_prefix: /a }, capacity: 1, waiting_status: 428 }]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            config.routes[0].waiting_status,
+            http::StatusCode::PRECONDITION_REQUIRED
+        );
+        let paths = problem_paths(
+            "routes: [{ name: a, match: { path_prefix: /a }, capacity: 1, waiting_status: 302 }]\n",
+        );
+        assert_eq!(paths, ["routes[0].waiting_status"]);
+    }
+
+    #[test]
+    fn upstream_url_is_an_origin_only() {
+        for (url, why) in [
+            ("ftp://x.com", "scheme"),
+            ("127.0.0.1:3000", "http://host:port"),
+            ("http://x.com/app", "path"),
+            ("http://x.com/?a=1", "query"),
+            ("http://user:pw@x.com", "credentials"),
+            ("http:///", "invalid upstream url"),
+        ] {
+            let text = format!(
+                "listen: [{{ addr: 127.0.0.1:8080 }}]\nupstream: {{ url: '{url}' }}\nkeys: [{{ id: k1, env: K }}]\n"
+            );
+            let errors = Config::from_yaml(&text).expect_err(url);
+            let message = &errors.at("upstream.url").expect(url).message;
+            assert!(message.contains(why), "{url}: {message}");
+        }
+        let text = "listen: [{ addr: 127.0.0.1:8080 }]\nupstream: { url: 'https://[::1]:8443/' }\nkeys: [{ id: k1, env: K }]\n";
+        let config = Config::from_yaml(text).unwrap();
+        assert_eq!(config.upstream.url.scheme_str(), Some("https"));
+    }
+
+    #[test]
+    fn upstream_url_is_required_and_ca_file_needs_https() {
+        let text = "listen: [{ addr: 127.0.0.1:8080 }]\nupstream: { timeout: 5s }\nkeys: [{ id: k1, env: K }]\n";
+        let errors = Config::from_yaml(text).unwrap_err();
+        assert_eq!(errors.errors.len(), 1);
+        assert_eq!(errors.errors[0].path, "upstream.url");
+        assert_eq!(errors.errors[0].line, Some(2), "{errors}");
+        let text = "listen: [{ addr: 127.0.0.1:8080 }]\nupstream: { url: http://a:1, ca_file: /ca.pem }\nkeys: [{ id: k1, env: K }]\n";
+        assert!(Config::from_yaml(text)
+            .unwrap_err()
+            .at("upstream.ca_file")
+            .is_some());
+    }
+
+    #[test]
+    fn limits_are_bounded() {
+        let paths = problem_paths(
+            "limits: { header_timeout: 0s, max_header_bytes: 1023, max_connections: 0 }\n",
+        );
+        assert_eq!(
+            paths,
+            [
+                "limits.header_timeout",
+                "limits.max_header_bytes",
+                "limits.max_connections"
+            ]
+        );
+        let config = parse("limits: { max_header_bytes: 1048576, drain_timeout: 0s }\n").unwrap();
+        assert_eq!(config.limits.max_header_bytes, 1_048_576);
+        assert_eq!(config.limits.drain_timeout, Duration::ZERO);
+    }
+
+    #[test]
+    fn keys_need_exactly_one_source_and_unique_ids() {
+        let text = "listen: [{ addr: 127.0.0.1:8080 }]\nupstream: { url: http://a:1 }\nkeys:\n  - { id: k1 }\n  - { id: k2, env: A, file: /b }\n  - { id: k2, file: /c }\n  - { env: D }\n";
+        let errors = Config::from_yaml(text).unwrap_err();
+        let paths: Vec<&str> = errors.errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, ["keys[0]", "keys[1]", "keys[2].id", "keys[3].id"]);
+    }
+
+    #[test]
+    fn at_least_one_key_and_one_listener_are_required() {
+        let errors =
+            Config::from_yaml("listen: []\nupstream: { url: http://a:1 }\nkeys: []\n").unwrap_err();
+        let paths: Vec<&str> = errors.errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, ["listen", "keys"]);
+    }
+
+    #[test]
+    fn admin_defaults_to_loopback_and_must_not_share_a_listener() {
+        assert_eq!(
+            parse("").unwrap().admin,
+            Some(Admin {
+                addr: DEFAULT_ADMIN_ADDR
+            })
+        );
+        assert_eq!(
+            parse("admin: {}\n").unwrap().admin,
+            Some(Admin {
+                addr: DEFAULT_ADMIN_ADDR
+            })
+        );
+        assert_eq!(
+            problem_paths("admin: { addr: 127.0.0.1:8080 }\n"),
+            ["admin.addr"]
+        );
+    }
+
+    #[test]
+    fn redis_takes_exactly_one_topology() {
+        let paths = problem_paths(
+            "store: { redis: { url: redis://a:1, sentinel: { master: m, nodes: [redis://b:2] } } }\n",
+        );
+        assert_eq!(paths, ["store.redis"]);
+        let paths = problem_paths("store: { redis: { sentinel: { nodes: [] } } }\n");
+        assert_eq!(
+            paths,
+            ["store.redis.sentinel.master", "store.redis.sentinel.nodes"]
+        );
+        let paths = problem_paths("store: { redis: { cluster: [redis://a:1, 'http://b:2'] } }\n");
+        assert_eq!(paths, ["store.redis.cluster[1]"]);
+        let config = parse("store: { backend: redis, redis: { timeout: 50ms } }\n").unwrap();
+        assert_eq!(
+            config.store.redis,
+            RedisConfig {
+                mode: RedisMode::Standalone {
+                    url: DEFAULT_REDIS_URL.to_owned()
+                },
+                timeout: Duration::from_millis(50),
+            }
+        );
+    }
+
+    #[test]
+    fn bypass_rules_take_exactly_one_condition() {
+        let config =
+            parse("bypass: [{ path_prefix: /static/ }, { path: /healthz }, { method: OPTIONS }]\n")
+                .unwrap();
+        assert_eq!(
+            config.bypass,
+            [
+                BypassRule::PathPrefix("/static/".to_owned()),
+                BypassRule::Path("/healthz".to_owned()),
+                BypassRule::Method(http::Method::OPTIONS),
+            ]
+        );
+        let paths = problem_paths(
+            "bypass: [{}, { path: healthz }, { method: 'GE T' }, { path_prefix: /a, path: /b }]\n",
+        );
+        assert_eq!(
+            paths,
+            [
+                "bypass[0]",
+                "bypass[1].path",
+                "bypass[2].method",
+                "bypass[3]"
+            ]
+        );
+    }
+
+    #[test]
+    fn reserved_prefix_is_a_clean_path() {
+        assert_eq!(
+            parse("reserved_prefix: /_q/wait\n")
+                .unwrap()
+                .reserved_prefix,
+            "/_q/wait"
+        );
+        for bad in ["_q", "/_q/", "/", "//q", "/q/../r", "/q r"] {
+            let text = format!("reserved_prefix: '{bad}'\n");
+            assert_eq!(problem_paths(&text), ["reserved_prefix"], "{bad}");
+        }
+    }
+
+    #[test]
+    fn cookie_domain_is_checked_and_lower_cased() {
+        let config = parse("cookie: { domain: .Example.com }\n").unwrap();
+        assert_eq!(config.cookie.domain.as_deref(), Some("example.com"));
+        assert_eq!(
+            problem_paths("cookie: { domain: 'a;b' }\n"),
+            ["cookie.domain"]
+        );
+        assert_eq!(
+            parse("cookie: {}\n").unwrap().cookie,
+            CookieConfig::default()
+        );
+    }
+
+    #[test]
+    fn durations_read_back_as_written() {
+        assert_eq!(show(Duration::from_secs(600)), "10m");
+        assert_eq!(show(Duration::from_secs(7200)), "2h");
+        assert_eq!(show(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(show(Duration::from_micros(250)), "250us");
+        assert_eq!(show(Duration::ZERO), "0s");
+    }
+}

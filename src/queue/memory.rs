@@ -1,0 +1,743 @@
+//! The in-process store: each route's line, active set and numbers kept in
+//! memory, with the same semantics as the Redis store (DESIGN §3). It serves
+//! one instance; several instances need the Redis store to share a line.
+//!
+//! Per route, mirroring the Redis keys:
+//!
+//! - the line (`waiting`): id → join score (µs), ordered by (score, id) in an
+//!   order-statistics tree so a waiter's place is found in O(log n);
+//! - `seen`: id → last poll (ms), with an index by time so ghosts are dropped
+//!   from the oldest without scanning the line;
+//! - `active`: id → expiry (ms), with an index by expiry; expired sessions are
+//!   purged at the start of every operation, so the active count is the number
+//!   of unexpired expiries, never a counter;
+//! - the route's numbers (`stats`): epoch, admissions, admit rate, hold, the
+//!   tick window and its admissions.
+//!
+//! Each route sits behind its own `std::sync::Mutex`; the map of routes is
+//! locked only to find or create a route. No lock is held across an `.await`
+//! (the operations do not await at all: they are `async` for the trait).
+//!
+//! # Admit rate
+//!
+//! Admissions per second, exponentially weighted with τ = 60 s:
+//!
+//! ```text
+//! on each update at t, with dt = t - t_last and w = exp(-dt / τ):
+//!     count   = count * w + admitted_now
+//!     elapsed = elapsed * w + τ * (1 - w)        (elapsed starts at 0 at the epoch)
+//! rate(t) = count(t) / max(elapsed(t), 1 s), or 0 if nothing was admitted in the last 5 τ
+//! ```
+//!
+//! `elapsed` is the decayed length of the time observed, so a young route
+//! reports admissions / age and an old one the average of roughly the last
+//! minute or two. The Redis store computes the same in Lua.
+
+mod ranked_set;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use super::{Arrival, Limits, Place, Poll, QueueStore, RouteStats, StoreError, Tick, VisitorId};
+use crate::clock::Clock;
+use ranked_set::RankedSet;
+
+/// Time constant of the admit rate's exponential decay, seconds.
+const RATE_TAU_S: f64 = 60.0;
+/// After this long without an admission the admit rate reads zero (5 τ), µs.
+const RATE_QUIET_US: u64 = 300_000_000;
+
+/// The in-process store. Clones share the same routes.
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    clock: Clock,
+    routes: RwLock<HashMap<String, Arc<Mutex<Route>>>>,
+}
+
+impl MemoryStore {
+    /// An empty store reading time from `clock`. Each route's epoch is the
+    /// time of the first operation on it.
+    pub fn new(clock: Clock) -> MemoryStore {
+        MemoryStore {
+            inner: Arc::new(Shared {
+                clock,
+                routes: RwLock::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// Runs `f` on the route's state (created on first use) under its lock,
+    /// with the store time read inside the lock so operations on one route
+    /// see time move forward in the order they run.
+    fn with_route<T>(&self, name: &str, f: impl FnOnce(&mut Route, Now) -> T) -> T {
+        let route = self.route(name);
+        // A panic inside `f` would poison the lock; every operation leaves the
+        // route consistent between statements that can fail, so recovering the
+        // guard is safe and keeps the route serving.
+        let mut state = route.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Now::read(&self.inner.clock);
+        f(&mut state, now)
+    }
+
+    fn route(&self, name: &str) -> Arc<Mutex<Route>> {
+        let routes = &self.inner.routes;
+        if let Some(route) = routes
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+        {
+            return Arc::clone(route);
+        }
+        let mut routes = routes.write().unwrap_or_else(PoisonError::into_inner);
+        let epoch_us = self.inner.clock.now_us();
+        Arc::clone(
+            routes
+                .entry(name.to_owned())
+                .or_insert_with(|| Arc::new(Mutex::new(Route::new(epoch_us)))),
+        )
+    }
+}
+
+/// Store time, read once per operation.
+#[derive(Clone, Copy)]
+struct Now {
+    us: u64,
+    ms: u64,
+}
+
+impl Now {
+    fn read(clock: &Clock) -> Now {
+        let us = clock.now_us();
+        Now { us, ms: us / 1_000 }
+    }
+}
+
+fn as_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn as_us(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// One route's state.
+struct Route {
+    epoch_us: u64,
+    line: Line,
+    sessions: Sessions,
+    /// The last join score handed out, so scores strictly increase.
+    last_score_us: u64,
+    /// Nobody new is admitted before this (µs); 0 when no hold was started.
+    hold_until_us: u64,
+    /// Whether a loss of this epoch's predecessor was already noticed: only
+    /// the first notice starts a hold.
+    loss_noticed: bool,
+    /// The tick window the admitter last ran in.
+    ticked_window: Option<u64>,
+    /// The tick window `window_admitted` counts for.
+    window: u64,
+    /// Admissions in `window`, by the admitter and admit-now together.
+    window_admitted: u64,
+    admitted_total: u64,
+    rate: AdmitRate,
+    /// Ghosts dropped and no-shows purged outside a tick, reported by the next
+    /// tick that runs.
+    pending_abandoned: u64,
+    pending_no_shows: u64,
+}
+
+impl Route {
+    fn new(epoch_us: u64) -> Route {
+        Route {
+            epoch_us,
+            line: Line::default(),
+            sessions: Sessions::default(),
+            last_score_us: 0,
+            hold_until_us: 0,
+            loss_noticed: false,
+            ticked_window: None,
+            window: 0,
+            window_admitted: 0,
+            admitted_total: 0,
+            rate: AdmitRate::new(epoch_us),
+            pending_abandoned: 0,
+            pending_no_shows: 0,
+        }
+    }
+
+    /// Purges expired sessions (remembering no-shows for the next tick).
+    fn purge_sessions(&mut self, now: Now) {
+        self.pending_no_shows += self.sessions.purge(now.ms);
+    }
+
+    /// Drops waiters silent for `abandon_after` (remembered for the next tick).
+    fn drop_ghosts(&mut self, now: Now, limits: &Limits) {
+        let silent_since = now.ms.saturating_sub(as_ms(limits.abandon_after));
+        self.pending_abandoned += self.line.drop_silent_before(silent_since);
+    }
+
+    fn held(&self, now: Now) -> bool {
+        now.us < self.hold_until_us
+    }
+
+    /// A loss was noticed: the first notice per epoch holds admissions for one
+    /// `pass_ttl`; later ones do not extend it, so returning visitors cannot
+    /// keep the line stopped.
+    fn notice_loss(&mut self, now: Now, limits: &Limits) {
+        if !self.loss_noticed {
+            self.loss_noticed = true;
+            self.hold_until_us = now.us.saturating_add(as_us(limits.pass_ttl));
+        }
+    }
+
+    /// Admissions still allowed in the current tick window.
+    fn budget_left(&mut self, now: Now, limits: &Limits) -> u64 {
+        let window = now.ms / as_ms(limits.tick).max(1);
+        if window != self.window {
+            self.window = window;
+            self.window_admitted = 0;
+        }
+        limits
+            .max_admit_per_tick
+            .saturating_sub(self.window_admitted)
+    }
+
+    /// Counts `n` admissions; `budget_left` must have been called at `now`.
+    fn count_admitted(&mut self, now: Now, n: u64) {
+        self.window_admitted += n;
+        self.admitted_total += n;
+        self.rate.record(now.us, n);
+    }
+
+    fn arrive(&mut self, now: Now, id: &VisitorId, limits: &Limits, admit_now: bool) -> Arrival {
+        self.purge_sessions(now);
+        self.drop_ghosts(now, limits);
+        let session_end = now.ms.saturating_add(as_ms(limits.session_ttl));
+        if self.sessions.is_active(id, now.ms) {
+            self.sessions.extend(id, session_end);
+            return Arrival::Admitted;
+        }
+        if let Some(place) = self.line.heartbeat(id, now.ms) {
+            return Arrival::Waiting(place);
+        }
+        if admit_now
+            && !self.held(now)
+            && self.line.is_empty()
+            && self.sessions.len() < limits.capacity
+            && self.budget_left(now, limits) > 0
+        {
+            self.sessions.start(*id, session_end, false);
+            self.count_admitted(now, 1);
+            return Arrival::Admitted;
+        }
+        if self.line.len() >= limits.max_waiting {
+            return Arrival::Full {
+                waiting_total: self.line.len(),
+            };
+        }
+        let score_us = now.us.max(self.last_score_us.saturating_add(1));
+        self.last_score_us = score_us;
+        Arrival::Waiting(self.line.join(*id, score_us, now.ms))
+    }
+
+    fn poll(&mut self, now: Now, id: &VisitorId, ticket_score_us: u64, limits: &Limits) -> Poll {
+        self.purge_sessions(now);
+        if let Some(place) = self.line.heartbeat(id, now.ms) {
+            return Poll::Waiting(place);
+        }
+        if self.sessions.is_active(id, now.ms) {
+            let session_end = now.ms.saturating_add(as_ms(limits.session_ttl));
+            self.sessions.extend(id, session_end);
+            return Poll::Admitted;
+        }
+        let store_lost = self.epoch_us > ticket_score_us;
+        let write_lost = now.us.saturating_sub(ticket_score_us) < as_us(limits.abandon_after);
+        if !(store_lost || write_lost) {
+            return Poll::Gone;
+        }
+        if store_lost {
+            self.notice_loss(now, limits);
+        }
+        Poll::Waiting(self.line.join(*id, ticket_score_us, now.ms))
+    }
+
+    fn renew(&mut self, now: Now, id: &VisitorId, pass_issued_s: u64, limits: &Limits) -> bool {
+        self.purge_sessions(now);
+        let session_end = now.ms.saturating_add(as_ms(limits.session_ttl));
+        if self.sessions.is_active(id, now.ms) {
+            self.sessions.extend(id, session_end);
+            return true;
+        }
+        // The pass's time has one-second resolution: allow a second's slack.
+        let issued_us = pass_issued_s.saturating_sub(1).saturating_mul(1_000_000);
+        if self.epoch_us <= issued_us {
+            return false;
+        }
+        self.line.remove(id);
+        self.sessions.start(*id, session_end, false);
+        self.notice_loss(now, limits);
+        true
+    }
+
+    fn leave(&mut self, now: Now, id: &VisitorId) {
+        self.purge_sessions(now);
+        self.line.remove(id);
+        self.sessions.remove(id);
+    }
+
+    fn admit_tick(&mut self, now: Now, limits: &Limits, known_epoch_us: Option<u64>) -> Tick {
+        if known_epoch_us.is_some_and(|known| known != self.epoch_us) {
+            self.notice_loss(now, limits);
+        }
+        let mut tick = Tick {
+            ran: false,
+            admitted_scores: Vec::new(),
+            abandoned: 0,
+            no_shows: 0,
+            now_us: now.us,
+            epoch_us: self.epoch_us,
+        };
+        let window = now.ms / as_ms(limits.tick).max(1);
+        if self.ticked_window == Some(window) {
+            return tick;
+        }
+        self.ticked_window = Some(window);
+        tick.ran = true;
+        self.purge_sessions(now);
+        self.drop_ghosts(now, limits);
+        tick.abandoned = std::mem::take(&mut self.pending_abandoned);
+        tick.no_shows = std::mem::take(&mut self.pending_no_shows);
+        if self.held(now) {
+            return tick;
+        }
+        let free = limits.capacity.saturating_sub(self.sessions.len());
+        let admit = free.min(self.budget_left(now, limits));
+        let arrival_end = now.ms.saturating_add(as_ms(limits.arrival_grace));
+        while (tick.admitted_scores.len() as u64) < admit {
+            let Some((score_us, id)) = self.line.pop_head() else {
+                break;
+            };
+            self.sessions.start(id, arrival_end, true);
+            tick.admitted_scores.push(score_us);
+        }
+        self.count_admitted(now, tick.admitted_scores.len() as u64);
+        tick
+    }
+
+    fn stats(&mut self, now: Now) -> RouteStats {
+        self.purge_sessions(now);
+        RouteStats {
+            waiting: self.line.len(),
+            active: self.sessions.len(),
+            admitted_total: self.admitted_total,
+            admit_rate: self.rate.per_second(now.us),
+            epoch_us: self.epoch_us,
+            hold_until_us: if self.held(now) {
+                self.hold_until_us
+            } else {
+                0
+            },
+            now_us: now.us,
+        }
+    }
+}
+
+/// The line: join scores in order, and last polls.
+#[derive(Default)]
+struct Line {
+    order: RankedSet<(u64, VisitorId)>,
+    scores: HashMap<VisitorId, u64>,
+    seen: HashMap<VisitorId, u64>,
+    /// (last poll ms, id), oldest first.
+    seen_order: BTreeSet<(u64, VisitorId)>,
+}
+
+impl Line {
+    fn len(&self) -> u64 {
+        self.order.len() as u64
+    }
+
+    fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// The place of a waiter whose join score is `score_us`.
+    fn place_at(&self, id: VisitorId, score_us: u64) -> Place {
+        Place {
+            score_us,
+            position: self.order.count_below(&(score_us, id)) as u64 + 1,
+            waiting_total: self.len(),
+        }
+    }
+
+    /// Puts `id` in line at `score_us` (moving it there if already in line).
+    fn join(&mut self, id: VisitorId, score_us: u64, now_ms: u64) -> Place {
+        self.remove(&id);
+        self.order.insert((score_us, id));
+        self.scores.insert(id, score_us);
+        self.see(id, now_ms);
+        self.place_at(id, score_us)
+    }
+
+    /// Records a poll and answers the place; `None` if `id` is not in line.
+    fn heartbeat(&mut self, id: &VisitorId, now_ms: u64) -> Option<Place> {
+        let score_us = *self.scores.get(id)?;
+        self.see(*id, now_ms);
+        Some(self.place_at(*id, score_us))
+    }
+
+    fn see(&mut self, id: VisitorId, now_ms: u64) {
+        if let Some(before) = self.seen.insert(id, now_ms) {
+            self.seen_order.remove(&(before, id));
+        }
+        self.seen_order.insert((now_ms, id));
+    }
+
+    fn remove(&mut self, id: &VisitorId) {
+        if let Some(score_us) = self.scores.remove(id) {
+            self.order.remove(&(score_us, *id));
+            self.forget_seen(id);
+        }
+    }
+
+    fn pop_head(&mut self) -> Option<(u64, VisitorId)> {
+        let (score_us, id) = self.order.pop_first()?;
+        self.scores.remove(&id);
+        self.forget_seen(&id);
+        Some((score_us, id))
+    }
+
+    fn forget_seen(&mut self, id: &VisitorId) {
+        if let Some(seen) = self.seen.remove(id) {
+            self.seen_order.remove(&(seen, *id));
+        }
+    }
+
+    /// Drops waiters whose last poll is before `cutoff_ms`; returns how many.
+    fn drop_silent_before(&mut self, cutoff_ms: u64) -> u64 {
+        let mut dropped = 0;
+        while let Some(&(seen, id)) = self.seen_order.first() {
+            if seen >= cutoff_ms {
+                break;
+            }
+            self.remove(&id);
+            dropped += 1;
+        }
+        dropped
+    }
+}
+
+/// Admitted sessions and admitted waiters still arriving.
+#[derive(Default)]
+struct Sessions {
+    by_id: HashMap<VisitorId, Session>,
+    /// (expiry ms, id), soonest first.
+    expiries: BTreeSet<(u64, VisitorId)>,
+}
+
+struct Session {
+    expiry_ms: u64,
+    /// Admitted from the line and not yet shown up: expiring makes it a no-show.
+    arriving: bool,
+}
+
+impl Sessions {
+    /// Active sessions; exact once `purge` ran at the current time.
+    fn len(&self) -> u64 {
+        self.by_id.len() as u64
+    }
+
+    fn is_active(&self, id: &VisitorId, now_ms: u64) -> bool {
+        self.by_id.get(id).is_some_and(|s| s.expiry_ms > now_ms)
+    }
+
+    /// Removes sessions whose expiry is not after `now_ms`; returns how many of
+    /// them were admitted waiters that never showed up.
+    fn purge(&mut self, now_ms: u64) -> u64 {
+        let mut no_shows = 0;
+        while let Some(&(expiry_ms, id)) = self.expiries.first() {
+            if expiry_ms > now_ms {
+                break;
+            }
+            self.expiries.pop_first();
+            if self.by_id.remove(&id).is_some_and(|s| s.arriving) {
+                no_shows += 1;
+            }
+        }
+        no_shows
+    }
+
+    fn start(&mut self, id: VisitorId, expiry_ms: u64, arriving: bool) {
+        self.remove(&id);
+        self.by_id.insert(
+            id,
+            Session {
+                expiry_ms,
+                arriving,
+            },
+        );
+        self.expiries.insert((expiry_ms, id));
+    }
+
+    /// The visitor showed up or renewed: the session lives until `expiry_ms`.
+    fn extend(&mut self, id: &VisitorId, expiry_ms: u64) {
+        self.start(*id, expiry_ms, false);
+    }
+
+    fn remove(&mut self, id: &VisitorId) {
+        if let Some(session) = self.by_id.remove(id) {
+            self.expiries.remove(&(session.expiry_ms, *id));
+        }
+    }
+}
+
+/// Admissions per second, exponentially weighted (see the module docs).
+struct AdmitRate {
+    count: f64,
+    elapsed_s: f64,
+    at_us: u64,
+    last_admit_us: Option<u64>,
+}
+
+impl AdmitRate {
+    fn new(epoch_us: u64) -> AdmitRate {
+        AdmitRate {
+            count: 0.0,
+            elapsed_s: 0.0,
+            at_us: epoch_us,
+            last_admit_us: None,
+        }
+    }
+
+    /// (count, elapsed) decayed to `now_us`.
+    fn decayed(&self, now_us: u64) -> (f64, f64) {
+        let dt_s = now_us.saturating_sub(self.at_us) as f64 / 1e6;
+        let w = (-dt_s / RATE_TAU_S).exp();
+        (self.count * w, self.elapsed_s * w + RATE_TAU_S * (1.0 - w))
+    }
+
+    fn record(&mut self, now_us: u64, admitted: u64) {
+        if admitted == 0 {
+            return;
+        }
+        let (count, elapsed_s) = self.decayed(now_us);
+        self.count = count + admitted as f64;
+        self.elapsed_s = elapsed_s;
+        self.at_us = self.at_us.max(now_us);
+        self.last_admit_us = Some(now_us);
+    }
+
+    fn per_second(&self, now_us: u64) -> f64 {
+        match self.last_admit_us {
+            Some(last) if now_us.saturating_sub(last) <= RATE_QUIET_US => {
+                let (count, elapsed_s) = self.decayed(now_us);
+                count / elapsed_s.max(1.0)
+            }
+            _ => 0.0,
+        }
+    }
+}
+
+impl QueueStore for MemoryStore {
+    async fn arrive(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        limits: &Limits,
+        admit_now: bool,
+    ) -> Result<Arrival, StoreError> {
+        Ok(self.with_route(route, |r, now| r.arrive(now, id, limits, admit_now)))
+    }
+
+    async fn poll(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        ticket_score_us: u64,
+        limits: &Limits,
+    ) -> Result<Poll, StoreError> {
+        Ok(self.with_route(route, |r, now| r.poll(now, id, ticket_score_us, limits)))
+    }
+
+    async fn renew(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        pass_issued_s: u64,
+        limits: &Limits,
+    ) -> Result<bool, StoreError> {
+        Ok(self.with_route(route, |r, now| r.renew(now, id, pass_issued_s, limits)))
+    }
+
+    async fn leave(&self, route: &str, id: &VisitorId) -> Result<(), StoreError> {
+        self.with_route(route, |r, now| r.leave(now, id));
+        Ok(())
+    }
+
+    async fn admit_tick(
+        &self,
+        route: &str,
+        limits: &Limits,
+        known_epoch_us: Option<u64>,
+    ) -> Result<Tick, StoreError> {
+        Ok(self.with_route(route, |r, now| r.admit_tick(now, limits, known_epoch_us)))
+    }
+
+    async fn stats(&self, route: &str, _limits: &Limits) -> Result<RouteStats, StoreError> {
+        Ok(self.with_route(route, |r, now| r.stats(now)))
+    }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            capacity: 10,
+            max_admit_per_tick: 10,
+            tick: Duration::from_millis(100),
+            session_ttl: Duration::from_secs(60),
+            pass_ttl: Duration::from_secs(10),
+            arrival_grace: Duration::from_secs(60),
+            abandon_after: Duration::from_secs(600),
+            max_waiting: 1_000,
+        }
+    }
+
+    fn visitor(n: u32) -> VisitorId {
+        let mut id = [0; 16];
+        id[..4].copy_from_slice(&n.to_be_bytes());
+        id
+    }
+
+    fn store() -> MemoryStore {
+        MemoryStore::new(Clock::starting_at(Duration::from_secs(1_700_000_000)))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn young_route_reports_admissions_over_its_age() {
+        let store = store();
+        let limits = limits();
+        for n in 0..10 {
+            store.arrive("r", &visitor(n), &limits, true).await.unwrap();
+        }
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let rate = store.stats("r", &limits).await.unwrap().admit_rate;
+        // 10 admissions over 5 s of a 60 s time constant: close to 2/s.
+        assert!((1.8..2.2).contains(&rate), "rate {rate}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn old_route_reports_a_recent_average() {
+        let store = store();
+        let limits = limits();
+        // One admission per second for ten minutes, then five per second.
+        let mut n = 0;
+        for per_second in [1, 5] {
+            for _ in 0..600 {
+                for _ in 0..per_second {
+                    store.arrive("r", &visitor(n), &limits, true).await.unwrap();
+                    store.leave("r", &visitor(n)).await.unwrap();
+                    n += 1;
+                }
+                tokio::time::advance(Duration::from_secs(1)).await;
+            }
+        }
+        let rate = store.stats("r", &limits).await.unwrap().admit_rate;
+        assert!((4.8..5.2).contains(&rate), "rate {rate}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn admit_rate_is_zero_when_nothing_was_admitted_recently() {
+        let store = store();
+        let limits = limits();
+        assert_eq!(store.stats("r", &limits).await.unwrap().admit_rate, 0.0);
+        store.arrive("r", &visitor(1), &limits, true).await.unwrap();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(store.stats("r", &limits).await.unwrap().admit_rate > 0.0);
+        tokio::time::advance(Duration::from_secs(301)).await;
+        assert_eq!(store.stats("r", &limits).await.unwrap().admit_rate, 0.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_show_purged_outside_a_tick_is_reported_by_the_next_tick() {
+        let store = store();
+        let limits = Limits {
+            arrival_grace: Duration::from_secs(1),
+            ..limits()
+        };
+        store
+            .arrive("r", &visitor(1), &limits, false)
+            .await
+            .unwrap();
+        let tick = store.admit_tick("r", &limits, None).await.unwrap();
+        assert_eq!(tick.admitted_scores.len(), 1);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        // Stats purges the expired arrival; the count must not be lost.
+        assert_eq!(store.stats("r", &limits).await.unwrap().active, 0);
+        let tick = store.admit_tick("r", &limits, None).await.unwrap();
+        assert_eq!(tick.no_shows, 1);
+        tokio::time::advance(limits.tick).await;
+        let tick = store.admit_tick("r", &limits, None).await.unwrap();
+        assert_eq!(tick.no_shows, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_the_first_notice_of_a_loss_starts_a_hold() {
+        let store = store();
+        let limits = limits();
+        let tick = store.admit_tick("r", &limits, None).await.unwrap();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        // A ticket older than the epoch comes back: the store was lost.
+        store
+            .poll("r", &visitor(1), tick.epoch_us - 1, &limits)
+            .await
+            .unwrap();
+        let hold = store.stats("r", &limits).await.unwrap().hold_until_us;
+        assert!(hold > 0);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        store.leave("r", &visitor(1)).await.unwrap();
+        store
+            .poll("r", &visitor(1), tick.epoch_us - 1, &limits)
+            .await
+            .unwrap();
+        store
+            .admit_tick("r", &limits, Some(tick.epoch_us + 1))
+            .await
+            .unwrap();
+        assert_eq!(store.stats("r", &limits).await.unwrap().hold_until_us, hold);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_line_answers_places_in_order() {
+        let store = store();
+        let limits = Limits {
+            max_waiting: 200_000,
+            ..limits()
+        };
+        for n in 0..100_000 {
+            store
+                .arrive("r", &visitor(n), &limits, false)
+                .await
+                .unwrap();
+        }
+        for n in [0, 1, 49_999, 99_999] {
+            let Poll::Waiting(place) = store.poll("r", &visitor(n), 0, &limits).await.unwrap()
+            else {
+                panic!("visitor {n} is not waiting");
+            };
+            assert_eq!(place.position, u64::from(n) + 1);
+            assert_eq!(place.waiting_total, 100_000);
+        }
+    }
+}

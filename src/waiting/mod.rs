@@ -1,0 +1,307 @@
+//! The waiting room's endpoints under the reserved prefix: the waiting page,
+//! the status JSON (a poll is a heartbeat) and leave; and the answers a held
+//! back request gets: `302` to the page for a navigation, JSON for the rest.
+
+pub mod page;
+pub mod return_to;
+
+use http::header::{HeaderMap, HeaderValue, ACCEPT, ACCEPT_LANGUAGE, SET_COOKIE};
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use rand::Rng;
+use serde_json::json;
+
+use crate::app::App;
+use crate::gate::{self, Decision, RouteRt, Settings};
+use crate::queue::{Place, QueueStore};
+use crate::response::{self, Body};
+use page::{Lang, PageState, PageView, WaitingQuery};
+
+/// A navigation gets the waiting page; anything else gets JSON.
+pub fn is_navigation(method: &Method, headers: &HeaderMap) -> bool {
+    if method != Method::GET && method != Method::HEAD {
+        return false;
+    }
+    if headers.contains_key("x-requested-with") {
+        return false;
+    }
+    let accept = headers.get(ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if accept.contains("application/json") {
+        return false;
+    }
+    match headers.get("sec-fetch-mode") {
+        Some(mode) => mode == "navigate",
+        None => accept.contains("text/html"),
+    }
+}
+
+/// How long a waiter should wait before polling again: about a second near the
+/// head, up to eight far back, with ±20 % jitter, and always well inside
+/// `abandon_after` so a polling waiter is never taken for a ghost.
+pub fn poll_after_ms(route: &RouteRt, position: u64) -> u64 {
+    let base = (1_000 + position.saturating_sub(1) * 40).min(8_000);
+    let cap = (route.limits.abandon_after.as_millis() as u64 / 3).max(250);
+    let base = base.min(cap);
+    let jitter = rand::rng().random_range(0.8..1.2);
+    ((base as f64) * jitter) as u64
+}
+
+/// Estimated seconds until `position` is admitted, from the store's measured
+/// admission rate; `None` while there is no rate to go by.
+pub fn eta_seconds(route: &RouteRt, position: u64) -> Option<u64> {
+    let rate = route.live.admit_rate();
+    (rate > 0.0).then(|| (position as f64 / rate).ceil() as u64)
+}
+
+fn waiting_path(s: &Settings) -> String {
+    format!("{}/waiting", s.reserved_prefix)
+}
+
+fn status_url(s: &Settings, route: &str) -> String {
+    format!("{}/status?route={route}", s.reserved_prefix)
+}
+
+/// The answer to a request the gate did not let through.
+pub fn held_back(s: &Settings, route: &RouteRt, req: &Request<Incoming>, decision: Decision) -> Response<Body> {
+    let set_cookie = match &decision {
+        Decision::Wait { set_cookie, .. } => set_cookie.clone(),
+        _ => None,
+    };
+    let mut resp = if is_navigation(req.method(), req.headers()) {
+        let query = WaitingQuery {
+            route: route.name().to_owned(),
+            return_path: req
+                .uri()
+                .path_and_query()
+                .map_or("/", |pq| pq.as_str())
+                .to_owned(),
+            lang: None,
+            start: match &decision {
+                Decision::Wait { place, .. } => Some(place.position),
+                _ => None,
+            },
+        };
+        response::redirect("waiting", &query.to_url(&waiting_path(s)))
+    } else {
+        api_answer(s, route, &decision)
+    };
+    if let Some(cookie) = set_cookie {
+        resp.headers_mut().append(SET_COOKIE, cookie);
+    }
+    resp
+}
+
+/// The JSON answer for apps (DESIGN §1 step 5).
+fn api_answer(s: &Settings, route: &RouteRt, decision: &Decision) -> Response<Body> {
+    let (status, state, retry, place) = match decision {
+        Decision::Wait { place, .. } => {
+            let retry = poll_after_ms(route, place.position).div_ceil(1000).max(1);
+            (route.cfg.waiting_status, "waiting", retry, Some(*place))
+        }
+        Decision::Full { .. } => (StatusCode::SERVICE_UNAVAILABLE, "full", 30, None),
+        Decision::Closed => (StatusCode::SERVICE_UNAVAILABLE, "closed", 60, None),
+        Decision::Unavailable | Decision::Admit { .. } => {
+            (StatusCode::SERVICE_UNAVAILABLE, "store_down", 10, None)
+        }
+    };
+    let mut body = json!({
+        "state": state,
+        "route": route.name(),
+        "status_url": status_url(s, route.name()),
+    });
+    if let Some(place) = place {
+        body["position"] = json!(place.position);
+        body["ahead"] = json!(place.position - 1);
+        body["waiting_total"] = json!(place.waiting_total);
+        body["eta_seconds"] = json!(eta_seconds(route, place.position));
+    }
+    response::with_retry_after(response::json(status, "waiting", body.to_string()), retry)
+}
+
+/// Serves a path under the reserved prefix.
+pub async fn serve(app: &App, s: &Settings, req: Request<Incoming>, tls: bool) -> Response<Body> {
+    let rest = &req.uri().path()[s.reserved_prefix.len()..];
+    match (rest, req.method()) {
+        ("/waiting", &Method::GET | &Method::HEAD) => waiting_page(app, s, &req, tls).await,
+        ("/status", &Method::GET) => status(app, s, &req, tls).await,
+        ("/leave", &Method::POST) => leave(app, s, &req, tls).await,
+        ("/waiting" | "/status" | "/leave", _) => {
+            response::plain(StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "405 method not allowed\n")
+        }
+        _ => response::plain(StatusCode::NOT_FOUND, "not-found", "404 not found\n"),
+    }
+}
+
+fn query_param<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
+    req.uri()
+        .query()?
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v)
+}
+
+async fn waiting_page(app: &App, s: &Settings, req: &Request<Incoming>, tls: bool) -> Response<Body> {
+    let query = WaitingQuery::parse(req.uri().query().unwrap_or(""));
+    let Some(index) = s.route_named(&query.route) else {
+        // No such route (any more): nothing to wait for.
+        return response::redirect("not-gated", &query.return_path);
+    };
+    let route = &s.routes[index];
+    let decision = app.gate.decide(s, route, req.headers(), tls).await;
+    let (state, place, set_cookie) = match decision {
+        Decision::Admit { set_cookie, .. } => {
+            let mut resp = response::redirect("admitted", &query.return_path);
+            if let Some(cookie) = set_cookie {
+                resp.headers_mut().append(SET_COOKIE, cookie);
+            }
+            return resp;
+        }
+        Decision::Wait { place, set_cookie } => (PageState::Waiting, Some(place), set_cookie),
+        Decision::Full { .. } => (PageState::Full, None, None),
+        Decision::Closed => (PageState::Closed, None, None),
+        Decision::Unavailable => (PageState::StoreDown, None, None),
+    };
+    let lang = page::negotiate(
+        req.headers().get(ACCEPT_LANGUAGE).and_then(|v| v.to_str().ok()),
+        query.lang.map(Lang::code),
+    );
+    let status_url = format!(
+        "{}&return={}",
+        status_url(s, route.name()),
+        page_query_value(&query.return_path)
+    );
+    let leave_url = format!("{}/leave?route={}", s.reserved_prefix, route.name());
+    let waiting_path = waiting_path(s);
+    let view = PageView {
+        route: route.name(),
+        lang,
+        state,
+        position: place.map(|p| p.position),
+        ahead: place.map(|p| p.position - 1),
+        waiting_total: place.map(|p| p.waiting_total),
+        eta_seconds: place.and_then(|p| eta_seconds(route, p.position)),
+        poll_after_ms: place.map_or(5_000, |p| poll_after_ms(route, p.position)),
+        return_path: &query.return_path,
+        waiting_path: &waiting_path,
+        status_url: &status_url,
+        leave_url: &leave_url,
+        start_position: query.start.or(place.map(|p| p.position)),
+        title: route.cfg.page.title.as_deref(),
+        message: route.cfg.page.message.as_deref(),
+        updated_unix_s: app.gate.clock.now_s(),
+    };
+    let html = page::render(&view, route.template.as_deref());
+    let status = match state {
+        PageState::Waiting => StatusCode::OK,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    let mut resp = response::html(status, "waiting", html);
+    if let Some(csp) = page::content_security_policy(route.template.as_deref()) {
+        resp.headers_mut()
+            .insert("content-security-policy", HeaderValue::from_static(csp));
+    }
+    if let Some(retry) = state.retry_after_s() {
+        resp = response::with_retry_after(resp, retry);
+    }
+    if let Some(cookie) = set_cookie {
+        resp.headers_mut().append(SET_COOKIE, cookie);
+    }
+    resp
+}
+
+fn page_query_value(path: &str) -> String {
+    WaitingQuery {
+        route: String::new(),
+        return_path: path.to_owned(),
+        lang: None,
+        start: None,
+    }
+    .to_url("")
+    .split_once("&return=")
+    .map_or_else(|| "%2F".to_owned(), |(_, v)| v.to_owned())
+}
+
+/// `GET /status?route=NAME`: always `200` with JSON.
+async fn status(app: &App, s: &Settings, req: &Request<Incoming>, tls: bool) -> Response<Body> {
+    let route_name = query_param(req, "route").unwrap_or("");
+    let return_path = return_to::sanitize(
+        &WaitingQuery::parse(req.uri().query().unwrap_or("")).return_path,
+    );
+    let Some(index) = s.route_named(route_name) else {
+        return status_json(json!({"state": "unknown", "route": route_name, "return": return_path}), None);
+    };
+    let route = &s.routes[index];
+    let creds = gate::credentials(req.headers(), route.cookie_name(tls), &s.ring, route.name());
+    let decision = if creds.pass.is_none() && creds.ticket.is_none() {
+        None
+    } else {
+        Some(app.gate.decide(s, route, req.headers(), tls).await)
+    };
+    let mut body = json!({"route": route.name(), "return": return_path});
+    let mut set_cookie = None;
+    match decision {
+        None => body["state"] = json!("unknown"),
+        Some(Decision::Admit { set_cookie: c, .. }) => {
+            body["state"] = json!("admitted");
+            set_cookie = c;
+        }
+        Some(Decision::Wait { place, set_cookie: c }) => {
+            fill_place(&mut body, route, &place);
+            set_cookie = c;
+        }
+        Some(Decision::Full { .. }) => body["state"] = json!("full"),
+        Some(Decision::Closed) => body["state"] = json!("closed"),
+        Some(Decision::Unavailable) => body["state"] = json!("store_down"),
+    }
+    if body.get("poll_after_ms").is_none() {
+        body["poll_after_ms"] = json!(5_000);
+    }
+    status_json(body, set_cookie)
+}
+
+fn fill_place(body: &mut serde_json::Value, route: &RouteRt, place: &Place) {
+    body["state"] = json!("waiting");
+    body["position"] = json!(place.position);
+    body["ahead"] = json!(place.position - 1);
+    body["waiting_total"] = json!(place.waiting_total);
+    body["eta_seconds"] = json!(eta_seconds(route, place.position));
+    body["poll_after_ms"] = json!(poll_after_ms(route, place.position));
+}
+
+fn status_json(body: serde_json::Value, set_cookie: Option<HeaderValue>) -> Response<Body> {
+    let mut resp = response::json(StatusCode::OK, "status", body.to_string());
+    if let Some(cookie) = set_cookie {
+        resp.headers_mut().append(SET_COOKIE, cookie);
+    }
+    resp
+}
+
+/// `POST /leave?route=NAME`: leave the line or free the slot.
+async fn leave(app: &App, s: &Settings, req: &Request<Incoming>, tls: bool) -> Response<Body> {
+    let route_name = query_param(req, "route").unwrap_or("");
+    let Some(index) = s.route_named(route_name) else {
+        return status_json(json!({"state": "unknown", "route": route_name}), None);
+    };
+    let route = &s.routes[index];
+    let creds = gate::credentials(req.headers(), route.cookie_name(tls), &s.ring, route.name());
+    let mut left = false;
+    for claims in [creds.pass, creds.ticket].into_iter().flatten() {
+        if let Err(err) = app.gate.store.leave(route.name(), &claims.id).await {
+            tracing::warn!(route = route.name(), error = %err, "leave could not reach the store");
+        }
+        let _ = app.gate.local.leave(route.name(), &claims.id).await;
+        left = true;
+    }
+    let clear = gate::clear_cookie(s, route, tls);
+    if is_navigation(&Method::GET, req.headers()) {
+        let mut resp = response::redirect("left", "/");
+        *resp.status_mut() = StatusCode::SEE_OTHER;
+        resp.headers_mut().append(SET_COOKIE, clear);
+        return resp;
+    }
+    status_json(
+        json!({"state": if left { "left" } else { "unknown" }, "route": route.name()}),
+        Some(clear),
+    )
+}

@@ -1,0 +1,854 @@
+//! The store contract: one suite of checks that every `QueueStore` backend
+//! must pass, written against a `Harness` so each backend runs the very same
+//! checks (the memory store on tokio's paused clock, the Redis store on real
+//! time).
+//!
+//! Durations are short (see `limits`) so real-time runs stay quick, and the
+//! checks compare orders and counts, never exact times. Seen and active times
+//! may be kept in milliseconds and join scores in microseconds.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use queuegate::clock::Clock;
+use queuegate::queue::{
+    Arrival, Limits, MemoryStore, Place, Poll, QueueStore, RouteStats, VisitorId,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// What a backend provides to run the contract checks.
+trait Harness {
+    type S: QueueStore;
+    /// The store under test.
+    fn store(&self) -> &Self::S;
+    /// Lets `d` of store time pass.
+    async fn advance(&self, d: Duration);
+    /// A route no other check uses.
+    fn fresh_route(&mut self) -> String;
+    /// Loses everything the store held (as a restart of the store would),
+    /// while time goes on.
+    async fn restart(&mut self);
+}
+
+/// The memory store on tokio's paused clock.
+struct Memory {
+    clock: Clock,
+    store: MemoryStore,
+    routes: u32,
+}
+
+impl Memory {
+    fn new() -> Memory {
+        let clock = Clock::system();
+        Memory {
+            clock,
+            store: MemoryStore::new(clock),
+            routes: 0,
+        }
+    }
+}
+
+impl Harness for Memory {
+    type S = MemoryStore;
+
+    fn store(&self) -> &MemoryStore {
+        &self.store
+    }
+
+    async fn advance(&self, d: Duration) {
+        tokio::time::advance(d).await;
+    }
+
+    fn fresh_route(&mut self) -> String {
+        self.routes += 1;
+        format!("route{}", self.routes)
+    }
+
+    async fn restart(&mut self) {
+        self.store = MemoryStore::new(self.clock);
+    }
+}
+
+/// Limits short enough for real-time runs; checks override what they need.
+fn limits() -> Limits {
+    Limits {
+        capacity: 5,
+        max_admit_per_tick: 100,
+        tick: Duration::from_millis(50),
+        session_ttl: Duration::from_secs(3),
+        pass_ttl: Duration::from_secs(2),
+        arrival_grace: Duration::from_millis(300),
+        abandon_after: Duration::from_millis(300),
+        max_waiting: 1_000,
+    }
+}
+
+fn visitor(n: u32) -> VisitorId {
+    let mut id = [0x5a; 16];
+    id[..4].copy_from_slice(&n.to_be_bytes());
+    id
+}
+
+async fn arrive<H: Harness>(h: &H, route: &str, n: u32, limits: &Limits, now: bool) -> Arrival {
+    h.store()
+        .arrive(route, &visitor(n), limits, now)
+        .await
+        .expect("arrive")
+}
+
+/// Joins the line (no admit-now) and returns the place.
+async fn join<H: Harness>(h: &H, route: &str, n: u32, limits: &Limits) -> Place {
+    match arrive(h, route, n, limits, false).await {
+        Arrival::Waiting(place) => place,
+        other => panic!("visitor {n} should wait, got {other:?}"),
+    }
+}
+
+async fn poll<H: Harness>(h: &H, route: &str, n: u32, score_us: u64, limits: &Limits) -> Poll {
+    h.store()
+        .poll(route, &visitor(n), score_us, limits)
+        .await
+        .expect("poll")
+}
+
+async fn renew<H: Harness>(h: &H, route: &str, n: u32, issued_s: u64, limits: &Limits) -> bool {
+    h.store()
+        .renew(route, &visitor(n), issued_s, limits)
+        .await
+        .expect("renew")
+}
+
+async fn leave<H: Harness>(h: &H, route: &str, n: u32) {
+    h.store().leave(route, &visitor(n)).await.expect("leave");
+}
+
+async fn stats<H: Harness>(h: &H, route: &str, limits: &Limits) -> RouteStats {
+    h.store().stats(route, limits).await.expect("stats")
+}
+
+async fn tick<H: Harness>(h: &H, route: &str, limits: &Limits) -> Vec<u64> {
+    let tick = h
+        .store()
+        .admit_tick(route, limits, None)
+        .await
+        .expect("tick");
+    assert!(tick.ran, "a tick in a new window runs");
+    tick.admitted_scores
+}
+
+/// Advances `total` in steps, polling the given waiters after each step so
+/// they stay in line.
+async fn wait_polling<H: Harness>(
+    h: &H,
+    route: &str,
+    total: Duration,
+    waiters: &[(u32, u64)],
+    limits: &Limits,
+) {
+    let step = Duration::from_millis(100);
+    let mut passed = Duration::ZERO;
+    while passed < total {
+        h.advance(step).await;
+        passed += step;
+        for &(n, score) in waiters {
+            poll(h, route, n, score, limits).await;
+        }
+    }
+}
+
+fn tick_window(now_us: u64, limits: &Limits) -> u128 {
+    u128::from(now_us) / limits.tick.as_micros()
+}
+
+/// Creates the route's state and lets more than two seconds pass, so that a
+/// pass issued from now on is clearly younger than the route's epoch.
+async fn settled_route<H: Harness>(h: &mut H, limits: &Limits) -> String {
+    let route = h.fresh_route();
+    join(h, &route, 9_999, limits).await;
+    leave(h, &route, 9_999).await;
+    h.advance(Duration::from_millis(2_100)).await;
+    route
+}
+
+async fn pass_issued_s<H: Harness>(h: &H, route: &str, limits: &Limits) -> u64 {
+    stats(h, route, limits).await.now_us / 1_000_000
+}
+
+async fn admit_now_when_free<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 2,
+        ..limits()
+    };
+    assert_eq!(arrive(h, &route, 1, &limits, true).await, Arrival::Admitted);
+    assert_eq!(arrive(h, &route, 2, &limits, true).await, Arrival::Admitted);
+    let place = join(h, &route, 3, &limits).await;
+    assert_eq!((place.position, place.waiting_total), (1, 1));
+    let s = stats(h, &route, &limits).await;
+    assert_eq!((s.active, s.waiting, s.admitted_total), (2, 1, 2));
+
+    // Without admit-now a visitor joins the line even when there is room.
+    let other = h.fresh_route();
+    let place = join(h, &other, 1, &limits).await;
+    assert_eq!(place.position, 1);
+    assert_eq!(stats(h, &other, &limits).await.active, 0);
+}
+
+async fn joins_when_full<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 1,
+        ..limits()
+    };
+    assert_eq!(arrive(h, &route, 1, &limits, true).await, Arrival::Admitted);
+    let Arrival::Waiting(b) = arrive(h, &route, 2, &limits, true).await else {
+        panic!("the second visitor should wait");
+    };
+    let Arrival::Waiting(c) = arrive(h, &route, 3, &limits, true).await else {
+        panic!("the third visitor should wait");
+    };
+    assert_eq!((b.position, c.position, c.waiting_total), (1, 2, 2));
+    assert!(b.score_us < c.score_us);
+
+    // A slot frees up, but people are in line: a newcomer joins behind them.
+    leave(h, &route, 1).await;
+    let Arrival::Waiting(d) = arrive(h, &route, 4, &limits, true).await else {
+        panic!("a newcomer must not pass the line");
+    };
+    assert_eq!((d.position, d.waiting_total), (3, 3));
+    assert_eq!(stats(h, &route, &limits).await.active, 0);
+}
+
+async fn fifo_admission_order<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 1,
+        abandon_after: Duration::from_secs(30),
+        ..limits()
+    };
+    let mut by_score = HashMap::new();
+    let mut scores = Vec::new();
+    for n in 0..20 {
+        let place = join(h, &route, n, &limits).await;
+        assert_eq!(place.position, u64::from(n) + 1);
+        by_score.insert(place.score_us, n);
+        scores.push(place.score_us);
+    }
+    assert!(
+        scores.windows(2).all(|w| w[0] < w[1]),
+        "join scores strictly increase"
+    );
+
+    let mut order = Vec::new();
+    while order.len() < 20 {
+        h.advance(limits.tick).await;
+        let admitted = tick(h, &route, &limits).await;
+        assert_eq!(admitted.len(), 1, "capacity 1 admits one at a time");
+        let n = by_score[&admitted[0]];
+        assert_eq!(
+            poll(h, &route, n, admitted[0], &limits).await,
+            Poll::Admitted
+        );
+        leave(h, &route, n).await;
+        order.push(n);
+    }
+    assert_eq!(order, (0..20).collect::<Vec<_>>());
+}
+
+async fn admit_never_exceeds_capacity<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 5,
+        max_admit_per_tick: 3,
+        session_ttl: Duration::from_secs(1),
+        ..limits()
+    };
+    let mut rng = StdRng::seed_from_u64(0x9e37_79b9);
+    let mut tickets: HashMap<u32, u64> = HashMap::new();
+    let mut most_active = 0;
+    for step in 0..300 {
+        let n = rng.random_range(0..30);
+        match rng.random_range(0..10) {
+            0..=2 => {
+                if let Arrival::Waiting(place) =
+                    arrive(h, &route, n, &limits, rng.random_bool(0.5)).await
+                {
+                    tickets.insert(n, place.score_us);
+                }
+            }
+            3..=4 => {
+                if let Some(&score) = tickets.get(&n) {
+                    poll(h, &route, n, score, &limits).await;
+                }
+            }
+            5 => leave(h, &route, n).await,
+            6..=7 => {
+                let tick = h
+                    .store()
+                    .admit_tick(&route, &limits, None)
+                    .await
+                    .expect("tick");
+                assert!(tick.admitted_scores.len() as u64 <= limits.max_admit_per_tick);
+            }
+            _ => {
+                h.advance(Duration::from_millis(rng.random_range(0..=100)))
+                    .await
+            }
+        }
+        let s = stats(h, &route, &limits).await;
+        assert!(
+            s.active <= limits.capacity,
+            "step {step}: {} active over capacity {}",
+            s.active,
+            limits.capacity
+        );
+        most_active = most_active.max(s.active);
+    }
+    assert_eq!(
+        most_active, limits.capacity,
+        "the sequence filled the route"
+    );
+}
+
+async fn per_tick_budget_shared_by_admit_now_and_tick<H: Harness>(h: &mut H) {
+    let limits = Limits {
+        capacity: 100,
+        max_admit_per_tick: 3,
+        tick: Duration::from_secs(1),
+        abandon_after: Duration::from_secs(10),
+        ..limits()
+    };
+    // Each part must run inside one tick window; on real time a part that
+    // straddles a window boundary is run again on a fresh route.
+    for attempt in 0..5 {
+        let route = h.fresh_route();
+        let start = stats(h, &route, &limits).await.now_us;
+        let mut arrivals = Vec::new();
+        for n in 0..5 {
+            arrivals.push(arrive(h, &route, n, &limits, true).await);
+        }
+        let first = h
+            .store()
+            .admit_tick(&route, &limits, None)
+            .await
+            .expect("tick");
+        let end = stats(h, &route, &limits).await.now_us;
+        if tick_window(start, &limits) != tick_window(end, &limits) {
+            assert!(attempt < 4, "never ran inside one tick window");
+            continue;
+        }
+        let admitted = arrivals.iter().filter(|a| **a == Arrival::Admitted).count();
+        assert_eq!(admitted, 3, "admit-now stops at the tick budget");
+        assert!(matches!(arrivals[3], Arrival::Waiting(p) if p.position == 1));
+        assert!(matches!(arrivals[4], Arrival::Waiting(p) if p.position == 2));
+        assert!(first.admitted_scores.is_empty(), "budget already spent");
+
+        // Next window: the admitter takes two, admit-now gets the last one.
+        h.advance(limits.tick).await;
+        let start = stats(h, &route, &limits).await.now_us;
+        let second = tick(h, &route, &limits).await;
+        let late = [
+            arrive(h, &route, 5, &limits, true).await,
+            arrive(h, &route, 6, &limits, true).await,
+        ];
+        let end = stats(h, &route, &limits).await.now_us;
+        if tick_window(start, &limits) != tick_window(end, &limits) {
+            assert!(attempt < 4, "never ran inside one tick window");
+            continue;
+        }
+        assert_eq!(second.len(), 2);
+        assert_eq!(late[0], Arrival::Admitted);
+        assert!(matches!(late[1], Arrival::Waiting(p) if p.position == 1));
+        let s = stats(h, &route, &limits).await;
+        assert_eq!((s.admitted_total, s.active), (6, 6));
+        return;
+    }
+}
+
+async fn ghosts_dropped_not_admitted<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 1,
+        ..limits()
+    };
+    assert_eq!(arrive(h, &route, 1, &limits, true).await, Arrival::Admitted);
+    let b = join(h, &route, 2, &limits).await;
+    let c = join(h, &route, 3, &limits).await;
+    join(h, &route, 4, &limits).await;
+    // Only visitor 3 keeps polling.
+    wait_polling(
+        h,
+        &route,
+        Duration::from_millis(500),
+        &[(3, c.score_us)],
+        &limits,
+    )
+    .await;
+    leave(h, &route, 1).await;
+    let tick = h
+        .store()
+        .admit_tick(&route, &limits, None)
+        .await
+        .expect("tick");
+    assert_eq!(tick.abandoned, 2);
+    assert_eq!(tick.admitted_scores, vec![c.score_us]);
+    assert_eq!(poll(h, &route, 2, b.score_us, &limits).await, Poll::Gone);
+    let s = stats(h, &route, &limits).await;
+    assert_eq!((s.waiting, s.active), (0, 1));
+}
+
+async fn no_show_frees_slot_after_arrival_grace<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 1,
+        ..limits()
+    };
+    let b = join(h, &route, 2, &limits).await;
+    let c = join(h, &route, 3, &limits).await;
+    assert_eq!(tick(h, &route, &limits).await, vec![b.score_us]);
+    assert_eq!(stats(h, &route, &limits).await.active, 1);
+    // Visitor 2 never shows up; visitor 3 keeps polling.
+    wait_polling(
+        h,
+        &route,
+        Duration::from_millis(500),
+        &[(3, c.score_us)],
+        &limits,
+    )
+    .await;
+    let tick = h
+        .store()
+        .admit_tick(&route, &limits, None)
+        .await
+        .expect("tick");
+    assert_eq!(tick.no_shows, 1);
+    assert_eq!(tick.admitted_scores, vec![c.score_us]);
+    assert_eq!(poll(h, &route, 2, b.score_us, &limits).await, Poll::Gone);
+    assert_eq!(stats(h, &route, &limits).await.active, 1);
+}
+
+async fn poll_after_admission_extends_session<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 1,
+        session_ttl: Duration::from_secs(1),
+        ..limits()
+    };
+    let b = join(h, &route, 2, &limits).await;
+    assert_eq!(tick(h, &route, &limits).await, vec![b.score_us]);
+    assert_eq!(
+        poll(h, &route, 2, b.score_us, &limits).await,
+        Poll::Admitted
+    );
+    // Past the arrival grace, within the session: still active, no no-show.
+    h.advance(Duration::from_millis(600)).await;
+    let tick = h
+        .store()
+        .admit_tick(&route, &limits, None)
+        .await
+        .expect("tick");
+    assert_eq!(tick.no_shows, 0);
+    assert_eq!(stats(h, &route, &limits).await.active, 1);
+    assert_eq!(
+        poll(h, &route, 2, b.score_us, &limits).await,
+        Poll::Admitted
+    );
+    // Silent past the session: the slot frees, and it was no no-show.
+    h.advance(Duration::from_millis(1_200)).await;
+    assert_eq!(stats(h, &route, &limits).await.active, 0);
+    let tick = h
+        .store()
+        .admit_tick(&route, &limits, None)
+        .await
+        .expect("tick");
+    assert_eq!(tick.no_shows, 0);
+}
+
+async fn same_id_keeps_one_place<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 1,
+        ..limits()
+    };
+    assert_eq!(arrive(h, &route, 1, &limits, true).await, Arrival::Admitted);
+    let b = join(h, &route, 2, &limits).await;
+    join(h, &route, 3, &limits).await;
+    let again = join(h, &route, 2, &limits).await;
+    assert_eq!(again, b.with_total(2));
+    // Two tabs polling with the same ticket see the same place.
+    for _ in 0..2 {
+        assert_eq!(
+            poll(h, &route, 2, b.score_us, &limits).await,
+            Poll::Waiting(b.with_total(2))
+        );
+    }
+    assert_eq!(arrive(h, &route, 1, &limits, true).await, Arrival::Admitted);
+    let s = stats(h, &route, &limits).await;
+    assert_eq!((s.waiting, s.active, s.admitted_total), (2, 1, 1));
+}
+
+trait PlaceExt {
+    fn with_total(self, waiting_total: u64) -> Place;
+}
+
+impl PlaceExt for Place {
+    fn with_total(self, waiting_total: u64) -> Place {
+        Place {
+            waiting_total,
+            ..self
+        }
+    }
+}
+
+async fn leave_frees_slot_and_place<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 1,
+        ..limits()
+    };
+    assert_eq!(arrive(h, &route, 1, &limits, true).await, Arrival::Admitted);
+    join(h, &route, 2, &limits).await;
+    let c = join(h, &route, 3, &limits).await;
+    let d = join(h, &route, 4, &limits).await;
+    leave(h, &route, 2).await;
+    let Poll::Waiting(c_now) = poll(h, &route, 3, c.score_us, &limits).await else {
+        panic!("visitor 3 should still wait");
+    };
+    let Poll::Waiting(d_now) = poll(h, &route, 4, d.score_us, &limits).await else {
+        panic!("visitor 4 should still wait");
+    };
+    assert_eq!(
+        (c_now.position, d_now.position, d_now.waiting_total),
+        (1, 2, 2)
+    );
+
+    leave(h, &route, 1).await;
+    assert_eq!(stats(h, &route, &limits).await.active, 0);
+    assert_eq!(tick(h, &route, &limits).await, vec![c.score_us]);
+    // Leaving unknown ids is fine.
+    leave(h, &route, 77).await;
+    let s = stats(h, &route, &limits).await;
+    assert_eq!((s.waiting, s.active), (1, 1));
+}
+
+async fn renew_extends_and_reports_gone<H: Harness>(h: &mut H) {
+    let limits = Limits {
+        capacity: 2,
+        session_ttl: Duration::from_secs(1),
+        ..limits()
+    };
+    let route = settled_route(h, &limits).await;
+    assert_eq!(arrive(h, &route, 1, &limits, true).await, Arrival::Admitted);
+    let issued = pass_issued_s(h, &route, &limits).await;
+    h.advance(Duration::from_millis(600)).await;
+    assert!(renew(h, &route, 1, issued, &limits).await);
+    // 1.2 s after arriving with a 1 s session: alive only thanks to the renewal.
+    h.advance(Duration::from_millis(600)).await;
+    assert!(renew(h, &route, 1, issued, &limits).await);
+    assert_eq!(stats(h, &route, &limits).await.active, 1);
+
+    leave(h, &route, 1).await;
+    assert!(
+        !renew(h, &route, 1, issued, &limits).await,
+        "a session given up stays gone"
+    );
+    assert_eq!(stats(h, &route, &limits).await.active, 0);
+
+    assert_eq!(arrive(h, &route, 2, &limits, true).await, Arrival::Admitted);
+    let issued = pass_issued_s(h, &route, &limits).await;
+    h.advance(Duration::from_millis(1_200)).await;
+    assert!(
+        !renew(h, &route, 2, issued, &limits).await,
+        "an expired session is gone"
+    );
+    assert_eq!(stats(h, &route, &limits).await.active, 0);
+}
+
+async fn max_waiting_full<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 1,
+        max_waiting: 3,
+        ..limits()
+    };
+    assert_eq!(arrive(h, &route, 1, &limits, true).await, Arrival::Admitted);
+    for n in 2..=4 {
+        join(h, &route, n, &limits).await;
+    }
+    assert_eq!(
+        arrive(h, &route, 5, &limits, true).await,
+        Arrival::Full { waiting_total: 3 }
+    );
+    assert_eq!(stats(h, &route, &limits).await.waiting, 3);
+    // Someone already in line is not turned away.
+    assert!(matches!(
+        arrive(h, &route, 3, &limits, false).await,
+        Arrival::Waiting(p) if p.position == 2
+    ));
+    leave(h, &route, 2).await;
+    let place = join(h, &route, 5, &limits).await;
+    assert_eq!((place.position, place.waiting_total), (3, 3));
+}
+
+async fn restore_after_store_loss<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 5,
+        max_admit_per_tick: 10,
+        ..limits()
+    };
+    assert_eq!(arrive(h, &route, 1, &limits, true).await, Arrival::Admitted);
+    let issued = pass_issued_s(h, &route, &limits).await;
+    let b = join(h, &route, 2, &limits).await;
+    let c = join(h, &route, 3, &limits).await;
+    let d = join(h, &route, 4, &limits).await;
+    let old_epoch = stats(h, &route, &limits).await.epoch_us;
+    // The tickets grow older than `abandon_after` while their holders poll, so
+    // only the epoch can tell that they were lost rather than given up.
+    wait_polling(
+        h,
+        &route,
+        Duration::from_millis(500),
+        &[(2, b.score_us), (3, c.score_us), (4, d.score_us)],
+        &limits,
+    )
+    .await;
+
+    h.restart().await;
+
+    // Visitor 3 comes back first, then 2: restored at their own scores.
+    let Poll::Waiting(c_back) = poll(h, &route, 3, c.score_us, &limits).await else {
+        panic!("a ticket from before the loss is restored");
+    };
+    assert_eq!((c_back.score_us, c_back.position), (c.score_us, 1));
+    let s = stats(h, &route, &limits).await;
+    assert!(
+        s.hold_until_us > s.now_us,
+        "a restored ticket starts a hold"
+    );
+    let Poll::Waiting(b_back) = poll(h, &route, 2, b.score_us, &limits).await else {
+        panic!("a ticket from before the loss is restored");
+    };
+    assert_eq!((b_back.score_us, b_back.position), (b.score_us, 1));
+    // A newcomer meets the hold: nobody new is admitted, even with room.
+    let Arrival::Waiting(f) = arrive(h, &route, 6, &limits, true).await else {
+        panic!("nobody new is admitted during the hold");
+    };
+    assert_eq!(f.position, 3);
+    // The admitted visitor's pass is still honoured.
+    assert!(h
+        .store()
+        .renew(&route, &visitor(1), issued, &limits)
+        .await
+        .expect("renew"));
+    // A later-returning ticket still goes ahead of the newcomer.
+    let Poll::Waiting(d_back) = poll(h, &route, 4, d.score_us, &limits).await else {
+        panic!("a ticket from before the loss is restored");
+    };
+    assert_eq!(d_back.position, 3);
+
+    let s = stats(h, &route, &limits).await;
+    assert!(s.epoch_us > old_epoch, "the new store has a new epoch");
+    assert!(s.hold_until_us > s.now_us, "a hold is on");
+    assert_eq!((s.waiting, s.active), (4, 1));
+    assert!(tick(h, &route, &limits).await.is_empty(), "held");
+
+    let waiters = [
+        (2, b.score_us),
+        (3, c.score_us),
+        (4, d.score_us),
+        (6, f.score_us),
+    ];
+    wait_polling(
+        h,
+        &route,
+        limits.pass_ttl + Duration::from_millis(200),
+        &waiters,
+        &limits,
+    )
+    .await;
+    assert_eq!(stats(h, &route, &limits).await.hold_until_us, 0);
+    assert_eq!(
+        tick(h, &route, &limits).await,
+        vec![b.score_us, c.score_us, d.score_us, f.score_us]
+    );
+    assert_eq!(stats(h, &route, &limits).await.active, 5);
+}
+
+async fn lost_write_restored_when_young<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = limits();
+    let b = join(h, &route, 2, &limits).await;
+    let c = join(h, &route, 3, &limits).await;
+    leave(h, &route, 2).await;
+    assert_eq!(
+        poll(h, &route, 2, b.score_us, &limits).await,
+        Poll::Waiting(b.with_total(2)),
+        "a young ticket is restored at its own score"
+    );
+    assert_eq!(
+        stats(h, &route, &limits).await.hold_until_us,
+        0,
+        "a lost write starts no hold"
+    );
+
+    let d = join(h, &route, 4, &limits).await;
+    leave(h, &route, 4).await;
+    wait_polling(
+        h,
+        &route,
+        Duration::from_millis(500),
+        &[(2, b.score_us), (3, c.score_us)],
+        &limits,
+    )
+    .await;
+    assert_eq!(poll(h, &route, 4, d.score_us, &limits).await, Poll::Gone);
+    assert_eq!(stats(h, &route, &limits).await.waiting, 2);
+}
+
+async fn epoch_change_seen_by_admitter_starts_hold<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = limits();
+    let first = h
+        .store()
+        .admit_tick(&route, &limits, None)
+        .await
+        .expect("tick");
+    let epoch = first.epoch_us;
+    let b = join(h, &route, 2, &limits).await;
+    h.advance(limits.tick).await;
+    let tick_same = h
+        .store()
+        .admit_tick(&route, &limits, Some(epoch))
+        .await
+        .expect("tick");
+    assert_eq!(tick_same.admitted_scores, vec![b.score_us]);
+    assert_eq!(stats(h, &route, &limits).await.hold_until_us, 0);
+
+    // An instance that remembers another epoch: the store was lost.
+    h.advance(limits.tick).await;
+    let tick_other = h
+        .store()
+        .admit_tick(&route, &limits, Some(epoch + 1))
+        .await
+        .expect("tick");
+    assert!(tick_other.ran);
+    assert_eq!(tick_other.epoch_us, epoch);
+    let s = stats(h, &route, &limits).await;
+    assert!(s.hold_until_us > s.now_us, "a hold is on");
+    let Arrival::Waiting(c) = arrive(h, &route, 3, &limits, true).await else {
+        panic!("nobody new is admitted during the hold");
+    };
+    assert_eq!(c.position, 1);
+    h.advance(limits.tick).await;
+    assert!(tick(h, &route, &limits).await.is_empty(), "held");
+
+    wait_polling(
+        h,
+        &route,
+        limits.pass_ttl + Duration::from_millis(200),
+        &[(3, c.score_us)],
+        &limits,
+    )
+    .await;
+    assert_eq!(tick(h, &route, &limits).await, vec![c.score_us]);
+}
+
+async fn positions_and_totals_are_consistent<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 7,
+        ..limits()
+    };
+    for n in 0..2 {
+        assert_eq!(arrive(h, &route, n, &limits, true).await, Arrival::Admitted);
+    }
+    let mut line = Vec::new();
+    for n in 2..52 {
+        let place = join(h, &route, n, &limits).await;
+        assert_eq!(
+            (place.position, place.waiting_total),
+            (n as u64 - 1, n as u64 - 1)
+        );
+        line.push((n, place.score_us));
+    }
+    // Every third waiter leaves.
+    for &(n, _) in line.iter().step_by(3) {
+        leave(h, &route, n).await;
+    }
+    line = line
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| i % 3 != 0)
+        .map(|(_, w)| w)
+        .collect();
+
+    assert_line(h, &route, &line, &limits).await;
+
+    let admitted = tick(h, &route, &limits).await;
+    let head: Vec<u64> = line.iter().take(5).map(|&(_, s)| s).collect();
+    assert_eq!(admitted, head, "the free slots go to the head of the line");
+    assert_line(h, &route, &line[5..], &limits).await;
+    let s = stats(h, &route, &limits).await;
+    assert_eq!((s.active, s.admitted_total), (7, 7));
+    assert!(s.admit_rate > 0.0);
+    assert!(s.epoch_us <= s.now_us);
+}
+
+/// Polls everyone in `line` (in order) and checks places and the total.
+async fn assert_line<H: Harness>(h: &H, route: &str, line: &[(u32, u64)], limits: &Limits) {
+    let total = line.len() as u64;
+    for (i, &(n, score)) in line.iter().enumerate() {
+        let expected = Place {
+            score_us: score,
+            position: i as u64 + 1,
+            waiting_total: total,
+        };
+        assert_eq!(
+            poll(h, route, n, score, limits).await,
+            Poll::Waiting(expected)
+        );
+    }
+    assert_eq!(stats(h, route, limits).await.waiting, total);
+}
+
+/// One test per check for a backend: `contract_suite!(module, harness
+/// expression, #[test attribute])`.
+macro_rules! contract_suite {
+    ($module:ident, $harness:expr, #[$test:meta]) => {
+        mod $module {
+            use super::*;
+
+            contract_suite!(@checks $harness, #[$test],
+                admit_now_when_free,
+                joins_when_full,
+                fifo_admission_order,
+                admit_never_exceeds_capacity,
+                per_tick_budget_shared_by_admit_now_and_tick,
+                ghosts_dropped_not_admitted,
+                no_show_frees_slot_after_arrival_grace,
+                poll_after_admission_extends_session,
+                same_id_keeps_one_place,
+                leave_frees_slot_and_place,
+                renew_extends_and_reports_gone,
+                max_waiting_full,
+                restore_after_store_loss,
+                lost_write_restored_when_young,
+                epoch_change_seen_by_admitter_starts_hold,
+                positions_and_totals_are_consistent
+            );
+        }
+    };
+    (@checks $harness:expr, #[$test:meta], $($check:ident),+) => {
+        $(
+            #[$test]
+            async fn $check() {
+                let mut harness = $harness;
+                super::$check(&mut harness).await;
+            }
+        )+
+    };
+}
+
+contract_suite!(memory, Memory::new(), #[tokio::test(start_paused = true)]);
