@@ -3,7 +3,6 @@
 //! or forward.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -17,7 +16,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::framing::AmbiguousHead;
 use crate::gate::{self, Decision, Gate, RouteLive, RouteRt, Settings};
-use crate::proxy::{self, Upstream};
+use crate::proxy::{self, Peer, Upstream};
 use crate::queue::Store;
 use crate::response::{self, Body, RequestError};
 use crate::waiting::{self, page::Template};
@@ -58,18 +57,13 @@ impl App {
     /// Answers one request. The server marks a request whose raw head was
     /// ambiguous with an [`AmbiguousHead`] extension; the header check
     /// catches what reaches the service some other way.
-    pub async fn handle(
-        &self,
-        req: Request<Incoming>,
-        remote: SocketAddr,
-        tls: bool,
-    ) -> Response<Body> {
+    pub async fn handle(&self, req: Request<Incoming>, peer: Peer, tls: bool) -> Response<Body> {
         let framing = match req.extensions().get::<AmbiguousHead>() {
             Some(head) => Err(RequestError::AmbiguousFraming(head.reason)),
             None => proxy::check_framing(req.headers()),
         };
         if let Err(err) = framing {
-            tracing::debug!(%remote, error = %err, "request rejected");
+            tracing::debug!(remote = %peer.addr, error = %err, "request rejected");
             return response::from_error(&err);
         }
         let s = self.settings.load();
@@ -78,18 +72,18 @@ impl App {
             return waiting::serve(self, &s, req, tls).await;
         }
         if s.bypassed(req.method(), path) {
-            return self.forward(req, remote, tls, None).await;
+            return self.forward(req, &peer, tls, None).await;
         }
         let normalized = gate::normalize_path(path);
         let host = gate::request_host(req.headers(), req.uri());
         let Some(index) = s.route_for(host, &normalized) else {
-            return self.forward(req, remote, tls, None).await;
+            return self.forward(req, &peer, tls, None).await;
         };
         let route = &s.routes[index];
         let decision = self.gate.decide(&s, route, req.headers(), tls).await;
         tracing::debug!(route = route.name(), ?decision, "gate decision");
         match decision {
-            Decision::Admit { set_cookie, .. } => self.forward(req, remote, tls, set_cookie).await,
+            Decision::Admit { set_cookie, .. } => self.forward(req, &peer, tls, set_cookie).await,
             other => waiting::held_back(&s, route, &req, other),
         }
     }
@@ -97,15 +91,15 @@ impl App {
     async fn forward(
         &self,
         mut req: Request<Incoming>,
-        remote: SocketAddr,
+        peer: &Peer,
         tls: bool,
         set_cookie: Option<http::HeaderValue>,
     ) -> Response<Body> {
         gate::strip_own_cookies(req.headers_mut());
-        let mut resp = match self.upstream.forward(req, remote, tls).await {
+        let mut resp = match self.upstream.forward(req, peer, tls).await {
             Ok(resp) => resp,
             Err(err) => {
-                tracing::warn!(%remote, error = %err, "origin failed");
+                tracing::warn!(remote = %peer.addr, error = %err, "origin failed");
                 response::from_error(&err)
             }
         };

@@ -503,29 +503,35 @@ pub fn credentials(headers: &HeaderMap, name: &str, ring: &KeyRing, route: &str)
 /// Removes queuegate's own cookies from the `Cookie` headers, so the origin
 /// never sees them.
 pub fn strip_own_cookies(headers: &mut HeaderMap) {
-    let has_own = headers.get_all(COOKIE).iter().any(|v| {
-        v.as_bytes()
-            .windows(COOKIE_PREFIX.len())
-            .any(|w| w == COOKIE_PREFIX.as_bytes())
-    });
+    let has_own = headers
+        .get_all(COOKIE)
+        .iter()
+        .any(|v| memchr::memmem::find(v.as_bytes(), COOKIE_PREFIX.as_bytes()).is_some());
     if !has_own {
         return;
     }
-    let kept: Vec<String> = headers
+    // One string for what is kept; nothing is allocated when only our own
+    // cookies were sent.
+    let mut kept = String::new();
+    let pairs = headers
         .get_all(COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
-        .map(str::trim)
-        .filter(|pair| {
-            let name = pair.split_once('=').map_or(*pair, |(n, _)| n).trim();
-            !pair.is_empty() && !is_own_cookie(name)
-        })
-        .map(str::to_owned)
-        .collect();
+        .map(str::trim);
+    for pair in pairs {
+        let name = pair.split_once('=').map_or(pair, |(n, _)| n).trim();
+        if pair.is_empty() || is_own_cookie(name) {
+            continue;
+        }
+        if !kept.is_empty() {
+            kept.push_str("; ");
+        }
+        kept.push_str(pair);
+    }
     headers.remove(COOKIE);
     if !kept.is_empty() {
-        if let Ok(v) = HeaderValue::from_str(&kept.join("; ")) {
+        if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(kept)) {
             headers.insert(COOKIE, v);
         }
     }

@@ -19,6 +19,7 @@ use tokio::task::JoinSet;
 use crate::app::App;
 use crate::config::{Config, ServerLimits};
 use crate::framing::Watched;
+use crate::proxy::Peer;
 
 /// hyper refuses a read buffer smaller than this.
 const MIN_BUF_SIZE: usize = 8192;
@@ -156,12 +157,14 @@ async fn accept_loop(
         let stream = Watched::new(stream, h1_buf_size);
         let framing = stream.watch();
         let app = app.clone();
+        let peer = Peer::new(remote);
         let service = service_fn(move |mut req: Request<Incoming>| {
             if let Some(head) = framing.next_request() {
                 req.extensions_mut().insert(head);
             }
             let app = app.clone();
-            async move { Ok::<_, Infallible>(app.handle(req, remote, false).await) }
+            let peer = peer.clone();
+            async move { Ok::<_, Infallible>(app.handle(req, peer, false).await) }
         });
         let conn = builder
             .serve_connection_with_upgrades(TokioIo::new(stream), service)
