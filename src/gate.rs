@@ -13,6 +13,7 @@ use http::Method;
 use crate::admission::{self, Claims, KeyRing, Kind, Verdict, VisitorId};
 use crate::clock::Clock;
 use crate::config::{self, BypassRule, Mode, OnStoreError};
+use crate::metrics::RouteMetrics;
 use crate::queue::{Arrival, Limits, MemoryStore, Place, Poll, QueueStore, Store, StoreError};
 use crate::waiting::page::Template;
 
@@ -57,6 +58,8 @@ pub struct RouteRt {
     pub live: Arc<RouteLive>,
     /// The route's own waiting page template, if it has one.
     pub template: Option<Arc<Template>>,
+    /// The route's metric handles.
+    pub metrics: RouteMetrics,
 }
 
 impl RouteRt {
@@ -66,6 +69,7 @@ impl RouteRt {
         expected_instances: u64,
         live: Arc<RouteLive>,
         template: Option<Arc<Template>>,
+        metrics: RouteMetrics,
     ) -> RouteRt {
         let limits = Limits {
             capacity: cfg.capacity,
@@ -98,6 +102,7 @@ impl RouteRt {
             prefix_folded,
             live,
             template,
+            metrics,
         }
     }
 
