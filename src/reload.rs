@@ -35,8 +35,8 @@ pub enum ReloadError {
 /// What asked for a reload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Cause {
-    /// The file (or its directory entry) changed: skipped when the text is
-    /// the one already running.
+    /// The file (or its directory entry) changed: skipped when it still
+    /// says what is running (a comment or formatting edit).
     FileChanged,
     /// `SIGHUP` or an explicit request: always reloads (key files may have
     /// changed even when the YAML did not).
@@ -96,8 +96,8 @@ pub struct Reloader {
     app: Arc<App>,
     path: PathBuf,
     admitters: Arc<Admitters>,
-    /// The config in force and the text it came from.
-    running: Mutex<(Config, Option<String>)>,
+    /// The config in force.
+    running: Mutex<Config>,
 }
 
 impl Reloader {
@@ -108,12 +108,11 @@ impl Reloader {
         config: Config,
         admitters: Arc<Admitters>,
     ) -> Reloader {
-        let text = std::fs::read_to_string(&path).ok();
         Reloader {
             app,
             path,
             admitters,
-            running: Mutex::new((config, text)),
+            running: Mutex::new(config),
         }
     }
 
@@ -147,13 +146,13 @@ impl Reloader {
             }
         };
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-        if cause == Cause::FileChanged && running.1.as_deref() == Some(text.as_str()) {
-            return Ok(false);
-        }
         let config = match Config::from_yaml(&text) {
             Ok(config) => config,
             Err(errors) => return self.rejected(ReloadError::Invalid(errors)),
         };
+        if cause == Cause::FileChanged && *running == config {
+            return Ok(false);
+        }
         let ring = match KeyRing::load(&config.keys) {
             Ok(ring) => ring,
             Err(err) => return self.rejected(ReloadError::Keys(err.to_string())),
@@ -168,7 +167,7 @@ impl Reloader {
             Ok(settings) => settings,
             Err(err) => return self.rejected(ReloadError::Settings(format!("{err:#}"))),
         };
-        for field in needs_restart(&running.0, &config) {
+        for field in needs_restart(&running, &config) {
             tracing::warn!(
                 field,
                 "config change to {field} needs a restart: the running value stays"
@@ -197,7 +196,7 @@ impl Reloader {
             routes = config.routes.len(),
             "config reloaded"
         );
-        *running = (config, Some(text));
+        *running = config;
         Ok(true)
     }
 
@@ -246,7 +245,9 @@ impl Reloader {
 
     /// Watches the file's directory (so rename-on-save and Kubernetes'
     /// `..data` symlink swaps are seen) and feeds `requests`. Keep the
-    /// returned watcher alive for as long as reloads should happen.
+    /// returned watcher alive for as long as reloads should happen. The file
+    /// is checked once as soon as the watch is on, so an edit made between
+    /// loading the config and starting the watch is not missed.
     pub fn watch(&self, requests: &ReloadRequests) -> notify::Result<notify::RecommendedWatcher> {
         let dir = match self.path.parent() {
             Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
@@ -269,6 +270,7 @@ impl Reloader {
                 }
             })?;
         watcher.watch(&dir, RecursiveMode::NonRecursive)?;
+        requests.trigger.file_changed();
         Ok(watcher)
     }
 }
