@@ -14,8 +14,8 @@ use super::raw::{
 };
 use super::{
     Admin, Backend, BypassRule, Config, CookieConfig, KeyFrom, KeySource, Listen, Mode,
-    OnStoreError, PageConfig, Pool, RedisConfig, RedisMode, Route, RouteMatch, ServerLimits,
-    StoreConfig, TlsFiles, Upstream,
+    OnStoreError, PageConfig, PageTemplate, Pool, RedisConfig, RedisMode, Route, RouteMatch,
+    ServerLimits, StoreConfig, TlsFiles, Upstream,
 };
 
 pub(crate) const DEFAULT_ADMIN_ADDR: SocketAddr =
@@ -745,13 +745,20 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
         RawOnStoreError::Local => OnStoreError::Local,
     };
     let page = raw.page.unwrap_or_default();
-    if page
-        .template
-        .as_ref()
-        .is_some_and(|t| t.as_os_str().is_empty())
-    {
-        problems.report(at.key("page").key("template"), "must not be empty");
-    }
+    let template = match &page.template {
+        None => Some(None),
+        Some(path) if path.as_os_str().is_empty() => {
+            problems.report(at.key("page").key("template"), "must not be empty");
+            None
+        }
+        Some(path) => match PageTemplate::load(path) {
+            Ok(template) => Some(Some(template)),
+            Err(why) => {
+                problems.report(at.key("page").key("template"), why);
+                None
+            }
+        },
+    };
     Some(Route {
         name: name?,
         matcher: matcher?,
@@ -769,7 +776,7 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
         page: PageConfig {
             title: page.title,
             message: page.message,
-            template: page.template,
+            template: template?,
         },
     })
 }
