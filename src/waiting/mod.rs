@@ -100,10 +100,20 @@ pub fn held_back(
 }
 
 /// The JSON answer for apps (DESIGN §1 step 5).
+///
+/// `Retry-After` while waiting is the poll interval (`poll_after_ms`, in
+/// whole seconds, rounded up), never the estimated wait: the interval is
+/// capped at a third of `abandon_after`, so a client that simply obeys
+/// `Retry-After` keeps its place, whereas waiting out the ETA would let the
+/// line drop it as a ghost. The body carries the same `poll_after_ms` and the
+/// ETA the status endpoint and the page show.
 fn api_answer(s: &Settings, route: &RouteRt, decision: &Decision) -> Response<Body> {
+    let mut poll_ms = None;
     let (status, state, retry, place) = match decision {
         Decision::Wait { place, .. } => {
-            let retry = poll_after_ms(route, place.position).div_ceil(1000).max(1);
+            let poll = poll_after_ms(route, place.position);
+            poll_ms = Some(poll);
+            let retry = poll.div_ceil(1000).max(1);
             (route.cfg.waiting_status, "waiting", retry, Some(*place))
         }
         Decision::Full { .. } => (StatusCode::SERVICE_UNAVAILABLE, "full", 30, None),
@@ -123,6 +133,7 @@ fn api_answer(s: &Settings, route: &RouteRt, decision: &Decision) -> Response<Bo
         body["waiting_total"] = json!(place.waiting_total);
         body["eta_seconds"] = json!(eta_seconds(route, place.position));
     }
+    body["poll_after_ms"] = json!(poll_ms.unwrap_or(retry * 1000));
     response::with_retry_after(response::json(status, "waiting", body.to_string()), retry)
 }
 
