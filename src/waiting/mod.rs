@@ -39,14 +39,14 @@ pub fn is_navigation(method: &Method, headers: &HeaderMap) -> bool {
 }
 
 /// How long a waiter should wait before polling again: about a second near the
-/// head, up to eight far back, with ±20 % jitter, and always well inside
-/// `abandon_after` so a polling waiter is never taken for a ghost.
+/// head, up to eight far back, with ±20 % jitter, and never more than a third
+/// of `abandon_after` (jitter included) so a polling waiter, or an app that
+/// obeys the `Retry-After` derived from it, is never taken for a ghost.
 pub fn poll_after_ms(route: &RouteRt, position: u64) -> u64 {
     let base = (1_000 + position.saturating_sub(1) * 40).min(8_000);
     let cap = (route.limits.abandon_after.as_millis() as u64 / 3).max(250);
-    let base = base.min(cap);
     let jitter = rand::rng().random_range(0.8..1.2);
-    ((base as f64) * jitter) as u64
+    (((base as f64) * jitter) as u64).min(cap)
 }
 
 /// Estimated seconds until `position` is admitted, from the store's measured
