@@ -18,7 +18,7 @@ use crate::config::Config;
 use crate::framing::AmbiguousHead;
 use crate::gate::{self, Decision, Gate, RouteLive, RouteRt, Settings};
 use crate::proxy::{self, Upstream};
-use crate::queue::Store;
+use crate::queue::{BreakerConfig, Guarded, Store};
 use crate::response::{self, Body, RequestError};
 use crate::waiting::{self, page::Template};
 
@@ -39,7 +39,10 @@ impl App {
         let settings = settings_from(config, ring, &HashMap::new())?;
         Ok(App {
             upstream,
-            gate: Gate::new(store, clock),
+            gate: Gate::new(
+                Guarded::new(store, BreakerConfig::for_store(&config.store)),
+                clock,
+            ),
             settings: Arc::new(ArcSwap::from_pointee(settings)),
             draining: AtomicBool::new(false),
         })
