@@ -14,6 +14,7 @@
 //! - `proxy`: the pooled upstream client, header rewriting, upgrades.
 //! - `response`: the one body type and every response queuegate makes.
 //! - `shutdown`: SIGTERM/SIGINT.
+//! - `tls`: the TLS listeners' server config and certificate reload.
 //! - `clock`: wall-clock time read through tokio, so tests can pause it.
 //! - `cli`: the command line; `demo`: the embedded demo origin.
 #![forbid(unsafe_code)]
@@ -32,6 +33,7 @@ pub mod queue;
 pub mod response;
 pub mod server;
 pub mod shutdown;
+pub mod tls;
 pub mod waiting;
 
 use std::future::Future;
@@ -41,7 +43,7 @@ use std::sync::Arc;
 use admission::KeyRing;
 use clock::Clock;
 use queue::Store;
-pub use server::Listeners;
+pub use server::{Listeners, PublicListener};
 
 /// Runs queuegate on already-bound listeners until `shutdown` resolves, then
 /// drains in-flight requests (at most `limits.drain_timeout`) and returns.
@@ -65,8 +67,9 @@ pub async fn run_with(
     let clock = Clock::system();
     let store = Store::from_config(&config.store, clock)?;
     let app = Arc::new(app::App::new(&config, ring, store, clock)?);
-    for listener in &listeners.public {
-        tracing::info!(addr = %listener.local_addr()?, "listening");
+    for public in &listeners.public {
+        let addr = public.listener.local_addr()?;
+        tracing::info!(%addr, tls = public.tls.is_some(), "listening");
     }
     tracing::info!(upstream = %config.upstream.url, routes = config.routes.len(), "forwarding to the origin");
 

@@ -269,7 +269,7 @@ pub async fn spawn_gate_with(config: Config, ring: queuegate::admission::KeyRing
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let listeners = queuegate::Listeners {
-        public: vec![listener],
+        public: vec![listener.into()],
         admin: None,
     };
     let (tx, rx) = oneshot::channel::<()>();
