@@ -71,7 +71,7 @@ async fn a_killed_store_keeps_admitted_visitors_in_and_each_route_follows_its_po
     ];
     let gate = spawn_gate(config).await;
 
-    let mut browsing = vec![
+    let mut browsing = [
         ("/open", admitted(&gate, "/open").await),
         ("/closed", admitted(&gate, "/closed").await),
         ("/local", admitted(&gate, "/local").await),
@@ -186,7 +186,7 @@ async fn a_stopped_store_does_not_make_requests_hang() {
         outage_route("local", 4, OnStoreError::Local),
     ];
     let gate = spawn_gate(config).await;
-    let mut holders = vec![
+    let mut holders = [
         ("/open", admitted(&gate, "/open").await),
         ("/local", admitted(&gate, "/local").await),
     ];
