@@ -20,7 +20,7 @@ use crate::gate::{self, Decision, Gate, RouteLive, RouteRt, Settings};
 use crate::proxy::{self, Upstream};
 use crate::queue::{BreakerConfig, Guarded, Store};
 use crate::response::{self, Body, RequestError};
-use crate::waiting::{self, page::Template};
+use crate::waiting;
 
 /// Everything a request needs, shared by all connections.
 pub struct App {
@@ -135,14 +135,9 @@ pub fn settings_from(
     lives: &HashMap<String, Arc<RouteLive>>,
 ) -> anyhow::Result<Settings> {
     let mut routes = Vec::with_capacity(config.routes.len());
-    for (i, r) in config.routes.iter().enumerate() {
+    for r in &config.routes {
         let live = lives.get(&r.name).cloned().unwrap_or_default();
-        let template = match &r.page.template {
-            Some(path) => Some(Arc::new(load_template(path).map_err(|e| {
-                anyhow::anyhow!("routes[{i}].page.template: {}: {e}", path.display())
-            })?)),
-            None => None,
-        };
+        let template = r.page.template.as_ref().map(|t| t.template.clone());
         routes.push(RouteRt::new(
             r.clone(),
             &config.cookie,
@@ -158,10 +153,4 @@ pub fn settings_from(
         reserved_prefix: config.reserved_prefix.clone(),
         cookie_domain: config.cookie.domain.clone(),
     })
-}
-
-/// Reads and parses a route's waiting page template.
-pub fn load_template(path: &std::path::Path) -> anyhow::Result<Template> {
-    let text = std::fs::read_to_string(path)?;
-    Ok(Template::parse(&text)?)
 }

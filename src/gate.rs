@@ -594,9 +594,14 @@ fn decode_unreserved(raw: &str) -> String {
                 let c = (h * 16 + l) as u8;
                 if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~') {
                     out.push(c as char);
-                    i += 3;
-                    continue;
+                } else {
+                    // Other escapes stay encoded, in one spelling.
+                    out.push('%');
+                    out.push(bytes[i + 1].to_ascii_uppercase() as char);
+                    out.push(bytes[i + 2].to_ascii_uppercase() as char);
                 }
+                i += 3;
+                continue;
             }
         }
         // Copy one UTF-8 character (the path is a valid &str).
@@ -620,6 +625,7 @@ mod tests {
         assert_eq!(normalize_path("/./tickets/./b/"), "/tickets/b/");
         assert_eq!(normalize_path("/../../tickets"), "/tickets");
         assert_eq!(normalize_path("/a%2Fb"), "/a%2Fb");
+        assert_eq!(normalize_path("/a%2fb"), "/a%2Fb");
         assert_eq!(normalize_path("/.."), "/");
         assert_eq!(normalize_path("/%"), "/%");
         assert_eq!(normalize_path("/%7"), "/%7");

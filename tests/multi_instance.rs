@@ -1,0 +1,290 @@
+//! Three queuegate processes sharing one line through one real
+//! `redis-server`: capacity and FIFO are global, and a store wiped under
+//! running instances (FLUSHALL) loses nobody's place and never lets the origin
+//! see more than capacity.
+
+mod common;
+#[path = "common/redis.rs"]
+mod redis_harness;
+
+use std::collections::HashSet;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use rand::{Rng, SeedableRng};
+use redis_harness::RedisServer;
+
+const BIN: &str = env!("CARGO_BIN_EXE_queuegate");
+
+/// One queuegate process, killed on drop.
+struct Instance {
+    child: Child,
+    port: u16,
+    _config: tempfile::NamedTempFile,
+}
+
+impl Instance {
+    async fn start(redis_url: &str, origin: &str, route: &str) -> Instance {
+        let port = redis_harness::free_port(false);
+        let config = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(
+            config.path(),
+            format!(
+                "listen: [{{ addr: \"127.0.0.1:{port}\" }}]\n\
+                 admin: {{ addr: \"127.0.0.1:0\" }}\n\
+                 upstream: {{ url: \"{origin}\" }}\n\
+                 store: {{ backend: redis, redis: {{ url: \"{redis_url}\", timeout: 2s }} }}\n\
+                 keys: [{{ id: k1, env: QG_SHARED_KEY }}]\n\
+                 routes:\n{route}"
+            ),
+        )
+        .unwrap();
+        let mut instance = Instance {
+            child: Command::new(BIN)
+                .args(["run", "-c"])
+                .arg(config.path())
+                .env(
+                    "QG_SHARED_KEY",
+                    "c2hhcmVkIGtleSBmb3IgdGhyZWUgaW5zdGFuY2VzIG9mIHF1ZXVlZ2F0ZQ",
+                )
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+            port,
+            _config: config,
+        };
+        for _ in 0..500 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return instance;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = instance.child.kill();
+        let _ = instance.child.wait();
+        panic!("queuegate on port {port} did not start");
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn route_yaml(capacity: u64, extra: &str) -> String {
+    format!(
+        "  - name: tickets\n    match: {{ path_prefix: /tickets }}\n    capacity: {capacity}\n    \
+         tick: 50ms\n    pass_ttl: 2s\n{extra}"
+    )
+}
+
+async fn three(capacity: u64, extra: &str) -> (RedisServer, Origin, Vec<Instance>) {
+    let redis = RedisServer::start();
+    let (origin, _hits) = counting_origin().await;
+    let route = route_yaml(capacity, extra);
+    let mut instances = Vec::new();
+    for _ in 0..3 {
+        instances.push(Instance::start(&redis.url(), &origin.url(), &route).await);
+    }
+    (redis, origin, instances)
+}
+
+async fn status(v: &mut Visitor, at: &Instance) -> serde_json::Value {
+    let a = v.fetch(&at.url("/__queuegate/status?route=tickets")).await;
+    assert_eq!(a.status, http::StatusCode::OK);
+    a.json()
+}
+
+#[tokio::test]
+async fn a_random_crowd_over_three_instances_never_exceeds_capacity() {
+    const CAPACITY: usize = 5;
+    let (_redis, _origin, instances) = three(CAPACITY as u64, "    max_admit_per_tick: 2\n").await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut crowd: Vec<Visitor> = (0..100).map(|_| Visitor::new()).collect();
+    let mut inside: HashSet<usize> = HashSet::new();
+    let mut admitted_ever = 0;
+    for step in 0..1_200 {
+        let i = rng.random_range(0..crowd.len());
+        let at = &instances[rng.random_range(0..instances.len())];
+        let v = &mut crowd[i];
+        if inside.contains(&i) && rng.random_bool(0.3) {
+            v.post(&at.url("/__queuegate/leave?route=tickets"), "")
+                .await;
+            inside.remove(&i);
+        } else if v
+            .cookie("qg_tickets")
+            .is_some_and(|c| c.starts_with("v1.w."))
+            && rng.random_bool(0.6)
+        {
+            status(v, at).await;
+        } else if v.navigate(&at.url("/tickets/x")).await.reached_origin() && inside.insert(i) {
+            admitted_ever += 1;
+        }
+        assert!(
+            inside.len() <= CAPACITY,
+            "step {step}: {} inside at once",
+            inside.len()
+        );
+        if step % 40 == 0 {
+            tokio::time::sleep(Duration::from_millis(60)).await;
+        }
+    }
+    assert!(
+        admitted_ever > 2 * CAPACITY,
+        "the crowd moved: {admitted_ever} got in"
+    );
+}
+
+#[tokio::test]
+async fn sequential_joiners_over_three_instances_are_admitted_in_join_order() {
+    let (_redis, _origin, instances) = three(1, "").await;
+    let mut holder = Visitor::new();
+    assert!(holder
+        .navigate(&instances[0].url("/tickets"))
+        .await
+        .reached_origin());
+    let mut line = Vec::new();
+    for i in 0..20 {
+        let mut v = Visitor::new();
+        let a = v.navigate(&instances[i % 3].url("/tickets")).await;
+        assert_eq!(a.status, http::StatusCode::FOUND);
+        line.push(v);
+    }
+    holder
+        .post(&instances[1].url("/__queuegate/leave?route=tickets"), "")
+        .await;
+    let mut order = Vec::new();
+    for round in 0..3_000 {
+        if order.len() == line.len() {
+            break;
+        }
+        for (i, v) in line.iter_mut().enumerate() {
+            if order.contains(&i) {
+                continue;
+            }
+            let at = &instances[(i + round) % 3];
+            if status(v, at).await["state"] == "admitted" {
+                assert!(v.navigate(&at.url("/tickets")).await.reached_origin());
+                order.push(i);
+                v.post(&at.url("/__queuegate/leave?route=tickets"), "")
+                    .await;
+            }
+        }
+    }
+    assert_eq!(
+        order,
+        (0..20).collect::<Vec<_>>(),
+        "admitted out of join order"
+    );
+}
+
+#[tokio::test]
+async fn flushall_loses_no_place_and_never_exceeds_capacity() {
+    const CAPACITY: usize = 3;
+    let (redis, _origin, instances) = three(CAPACITY as u64, "").await;
+    let mut admitted = Vec::new();
+    for i in 0..CAPACITY {
+        let mut v = Visitor::new();
+        assert!(v
+            .navigate(&instances[i % 3].url("/tickets"))
+            .await
+            .reached_origin());
+        admitted.push(v);
+    }
+    let mut line = Vec::new();
+    for i in 0..10 {
+        let mut v = Visitor::new();
+        assert_eq!(
+            v.navigate(&instances[i % 3].url("/tickets")).await.status,
+            http::StatusCode::FOUND
+        );
+        line.push(v);
+    }
+    let _: () = redis.query(&["FLUSHALL"]);
+
+    // The admitted keep browsing, on any instance.
+    for (i, v) in admitted.iter_mut().enumerate() {
+        for at in &instances {
+            assert!(
+                v.navigate(&at.url("/tickets")).await.reached_origin(),
+                "admitted visitor {i} lost its pass"
+            );
+        }
+    }
+    // A newcomer after the loss waits: the returning visitors are counted first.
+    let mut newcomer = Visitor::new();
+    assert_eq!(
+        newcomer
+            .navigate(&instances[0].url("/tickets"))
+            .await
+            .status,
+        http::StatusCode::FOUND
+    );
+    // The waiters keep their relative order after their next poll.
+    let mut positions = Vec::new();
+    for (i, v) in line.iter_mut().enumerate() {
+        let s = status(v, &instances[i % 3]).await;
+        assert_eq!(s["state"], "waiting", "waiter {i}: {s}");
+        positions.push(s["position"].as_u64().unwrap());
+    }
+    let mut sorted = positions.clone();
+    sorted.sort();
+    assert_eq!(positions, sorted, "waiters changed order: {positions:?}");
+    assert!(
+        status(&mut newcomer, &instances[1]).await["position"]
+            .as_u64()
+            .unwrap()
+            > positions[9]
+    );
+
+    // The admitted leave; the line moves in order and never past capacity.
+    let mut inside: HashSet<usize> = HashSet::new();
+    for v in admitted.iter_mut() {
+        v.post(&instances[2].url("/__queuegate/leave?route=tickets"), "")
+            .await;
+    }
+    let mut order = Vec::new();
+    for _ in 0..3_000 {
+        if order.len() == line.len() {
+            break;
+        }
+        let mut states = Vec::new();
+        for (i, v) in line.iter_mut().enumerate() {
+            if !order.contains(&i) {
+                states.push((i, status(v, &instances[i % 3]).await["state"] == "admitted"));
+            }
+        }
+        let now: Vec<usize> = states.iter().filter(|(_, a)| *a).map(|(i, _)| *i).collect();
+        let head: Vec<usize> = states.iter().take(now.len()).map(|(i, _)| *i).collect();
+        assert_eq!(now, head, "admitted out of order");
+        for i in now {
+            assert!(line[i]
+                .navigate(&instances[0].url("/tickets"))
+                .await
+                .reached_origin());
+            inside.insert(i);
+            assert!(inside.len() <= CAPACITY);
+            order.push(i);
+        }
+        // Those inside leave one at a time, so the line keeps moving.
+        if let Some(&i) = inside.iter().next() {
+            line[i]
+                .post(&instances[1].url("/__queuegate/leave?route=tickets"), "")
+                .await;
+            inside.remove(&i);
+        }
+        status(&mut newcomer, &instances[2]).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(order, (0..10).collect::<Vec<_>>());
+}
