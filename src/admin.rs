@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use crate::app::App;
 use crate::config::{Mode, OnStoreError};
 use crate::gate::RouteRt;
-use crate::metrics::{StoreOp, CONTENT_TYPE as METRICS_CONTENT_TYPE};
+use crate::metrics::CONTENT_TYPE as METRICS_CONTENT_TYPE;
 use crate::queue::QueueStore;
 use crate::response::{self, Body};
 
@@ -64,9 +64,6 @@ pub async fn probe_store(
             }
             (true, false, _) => tracing::warn!("store readiness probe timed out: not ready"),
             _ => {}
-        }
-        if !ok {
-            app.metrics.store_error(StoreOp::ready);
         }
         let wait = if ok { RECHECK_READY } else { RECHECK_UNREADY };
         tokio::select! {
@@ -129,6 +126,7 @@ pub fn answer(app: &App, readiness: &Readiness, req: &Request<Incoming>) -> Resp
     }
     match req.uri().path() {
         "/metrics" => {
+            app.metrics.observe_store(app.gate.store.breaker());
             let mut resp = Response::new(Body::full(app.metrics.encode()));
             resp.headers_mut()
                 .insert(CONTENT_TYPE, HeaderValue::from_static(METRICS_CONTENT_TYPE));

@@ -14,7 +14,6 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::config::{Mode, OnStoreError};
 use crate::gate::{Gate, Settings};
-use crate::metrics::{Metrics, StoreOp};
 use crate::queue::QueueStore;
 
 /// Live numbers are refreshed at most this often.
@@ -26,7 +25,6 @@ pub async fn run(
     gate: Gate,
     settings: Arc<ArcSwap<Settings>>,
     name: String,
-    metrics: Arc<Metrics>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut tick = match current_tick(&settings, &name) {
@@ -70,7 +68,6 @@ pub async fn run(
                     }
                 }
                 Err(err) => {
-                    metrics.store_error(StoreOp::admit_tick);
                     tracing::debug!(route = %name, error = %err, "admit tick failed");
                 }
             }
@@ -86,11 +83,7 @@ pub async fn run(
         }
         if last_stats.is_none_or(|at| at.elapsed() >= STATS_EVERY) {
             last_stats = Some(Instant::now());
-            let stats = gate.store.stats(&name, &route.limits).await;
-            if stats.is_err() {
-                metrics.store_error(StoreOp::stats);
-            }
-            if let Ok(stats) = stats {
+            if let Ok(stats) = gate.store.stats(&name, &route.limits).await {
                 // Only the tick moves a known epoch: it is what notices a loss.
                 let _ = live.epoch_us.compare_exchange(
                     0,
@@ -123,7 +116,6 @@ fn current_tick(settings: &ArcSwap<Settings>, name: &str) -> Option<Duration> {
 pub struct Admitters {
     gate: Gate,
     settings: Arc<ArcSwap<Settings>>,
-    metrics: Arc<Metrics>,
     stop: watch::Receiver<bool>,
     running: Mutex<HashMap<String, JoinHandle<()>>>,
 }
@@ -133,13 +125,11 @@ impl Admitters {
     pub fn new(
         gate: Gate,
         settings: Arc<ArcSwap<Settings>>,
-        metrics: Arc<Metrics>,
         stop: watch::Receiver<bool>,
     ) -> Admitters {
         Admitters {
             gate,
             settings,
-            metrics,
             stop,
             running: Mutex::new(HashMap::new()),
         }
@@ -162,7 +152,6 @@ impl Admitters {
                 self.gate.clone(),
                 self.settings.clone(),
                 route.name().to_owned(),
-                self.metrics.clone(),
                 self.stop.clone(),
             ));
             running.insert(route.name().to_owned(), task);

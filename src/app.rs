@@ -20,7 +20,7 @@ use crate::framing::AmbiguousHead;
 use crate::gate::{self, Admitted, Decision, Gate, RouteLive, RouteRt, Settings};
 use crate::metrics::{Metrics, Outcome, UpstreamFailure};
 use crate::proxy::{self, Upstream};
-use crate::queue::Store;
+use crate::queue::{BreakerConfig, Guarded, Store};
 use crate::response::{self, Body, RequestError};
 use crate::waiting;
 
@@ -48,7 +48,10 @@ impl App {
         let settings = settings_from(config, ring, &HashMap::new(), &metrics)?;
         Ok(App {
             upstream,
-            gate: Gate::new(store, clock),
+            gate: Gate::new(
+                Guarded::new(store, BreakerConfig::for_store(&config.store)),
+                clock,
+            ),
             settings: Arc::new(ArcSwap::from_pointee(settings)),
             metrics,
             draining: AtomicBool::new(false),

@@ -14,7 +14,7 @@ use crate::admission::{self, Claims, KeyRing, Kind, Verdict, VisitorId};
 use crate::clock::Clock;
 use crate::config::{self, BypassRule, Mode, OnStoreError};
 use crate::metrics::RouteMetrics;
-use crate::queue::{Arrival, Limits, MemoryStore, Place, Poll, QueueStore, Store, StoreError};
+use crate::queue::{Arrival, Guarded, Limits, MemoryStore, Place, Poll, QueueStore, StoreError};
 use crate::waiting::page::Template;
 
 /// Cookies queuegate sets are named `qg_<route>` (`__Host-qg_<route>` on TLS).
@@ -219,11 +219,11 @@ pub enum Decision {
     Unavailable,
 }
 
-/// The gate: the store, the clock and the in-process line that stands in for
-/// the store while it is down.
+/// The gate: the store (behind its circuit breaker), the clock and the
+/// in-process line that stands in for the store while it is down.
 #[derive(Clone)]
 pub struct Gate {
-    pub store: Store,
+    pub store: Guarded,
     pub local: MemoryStore,
     pub clock: Clock,
 }
@@ -236,7 +236,7 @@ pub struct Credentials {
 }
 
 impl Gate {
-    pub fn new(store: Store, clock: Clock) -> Gate {
+    pub fn new(store: Guarded, clock: Clock) -> Gate {
         Gate {
             store,
             local: MemoryStore::new(clock),

@@ -17,6 +17,7 @@
 //! - `admin`: the admin listener: /metrics, /healthz, /readyz, /routes.
 //! - `reload`: live config reload (file watch, SIGHUP).
 //! - `shutdown`: SIGTERM/SIGINT.
+//! - `tls`: the TLS listeners' server config and certificate reload.
 //! - `clock`: wall-clock time read through tokio, so tests can pause it.
 //! - `cli`: the command line; `demo`: the embedded demo origin.
 #![forbid(unsafe_code)]
@@ -38,6 +39,7 @@ pub mod reload;
 pub mod response;
 pub mod server;
 pub mod shutdown;
+pub mod tls;
 pub mod waiting;
 
 use std::future::Future;
@@ -48,7 +50,7 @@ use admission::KeyRing;
 use clock::Clock;
 use queue::Store;
 pub use reload::{ReloadRequests, ReloadTrigger};
-pub use server::Listeners;
+pub use server::{Listeners, PublicListener};
 
 /// How [`run_with_options`] runs beyond the config itself.
 #[derive(Debug, Default)]
@@ -110,14 +112,13 @@ pub async fn run_with_options(
     let clock = Clock::system();
     let store = Store::from_config(&config.store, clock)?;
     let metrics = Arc::new(metrics::Metrics::new());
-    let app = Arc::new(app::App::new(&config, ring, store, clock, metrics.clone())?);
+    let app = Arc::new(app::App::new(&config, ring, store, clock, metrics)?);
     log_start(&config, &listeners)?;
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let admitters = Arc::new(admitter::Admitters::new(
         app.gate.clone(),
         app.settings.clone(),
-        metrics,
         stop_rx.clone(),
     ));
     admitters.start_missing();
@@ -181,8 +182,9 @@ pub async fn run_with_options(
 /// One start-up line per fact.
 fn log_start(config: &config::Config, listeners: &Listeners) -> std::io::Result<()> {
     tracing::info!(version = env!("CARGO_PKG_VERSION"), "queuegate starting");
-    for listener in &listeners.public {
-        tracing::info!(addr = %listener.local_addr()?, "listening");
+    for public in &listeners.public {
+        let addr = public.listener.local_addr()?;
+        tracing::info!(%addr, tls = public.tls.is_some(), "listening");
     }
     match &listeners.admin {
         Some(admin) => {

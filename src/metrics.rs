@@ -6,7 +6,8 @@
 //! `deploy/` query them. Counters are registered without `_total`; the encoder
 //! adds it.
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use crate::queue::breaker::{Breaker, Operation};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -49,7 +50,7 @@ struct RejectedLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OperationLabel {
-    operation: StoreOp,
+    operation: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -65,27 +66,6 @@ struct ResultLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DecisionLabel {
     decision: &'static str,
-}
-
-/// A store operation, the `operation` label of `queuegate_store_errors_total`.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
-pub enum StoreOp {
-    arrive,
-    poll,
-    renew,
-    leave,
-    admit_tick,
-    stats,
-    ready,
-}
-
-/// The store circuit breaker's state, `queuegate_store_breaker_state`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BreakerState {
-    Closed = 0,
-    HalfOpen = 1,
-    Open = 2,
 }
 
 /// Why a request to a gated route was not let through.
@@ -307,16 +287,10 @@ impl Metrics {
             requests_family.clone(),
         );
 
-        for op in [
-            StoreOp::arrive,
-            StoreOp::poll,
-            StoreOp::renew,
-            StoreOp::leave,
-            StoreOp::admit_tick,
-            StoreOp::stats,
-            StoreOp::ready,
-        ] {
-            let _ = store_errors.get_or_create_owned(&OperationLabel { operation: op });
+        for op in Operation::ALL {
+            let _ = store_errors.get_or_create_owned(&OperationLabel {
+                operation: op.label(),
+            });
         }
         let requests = Outcome::ALL
             .iter()
@@ -419,16 +393,21 @@ impl Metrics {
         }
     }
 
-    /// A store call failed or timed out.
-    pub fn store_error(&self, op: StoreOp) {
-        self.store_errors
-            .get_or_create(&OperationLabel { operation: op })
-            .inc();
-    }
-
-    /// The store circuit breaker changed state.
-    pub fn breaker_state(&self, state: BreakerState) {
-        self.breaker_state.set(state as i64);
+    /// Copies the store circuit breaker's state and its error counts (every
+    /// store call goes through it, so it is the one place they are counted)
+    /// into the exported metrics; called before each scrape.
+    pub fn observe_store(&self, breaker: &Breaker) {
+        self.breaker_state.set(breaker.state() as i64);
+        for op in Operation::ALL {
+            let counter = self.store_errors.get_or_create(&OperationLabel {
+                operation: op.label(),
+            });
+            let total = breaker.errors(op);
+            let exported = counter.get();
+            if total > exported {
+                counter.inc_by(total - exported);
+            }
+        }
     }
 
     /// A new visitor to route `route` was forwarded because the store was

@@ -282,7 +282,7 @@ pub async fn spawn_gate_with(config: Config, ring: queuegate::admission::KeyRing
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let listeners = queuegate::Listeners {
-        public: vec![listener],
+        public: vec![listener.into()],
         admin: None,
     };
     let (tx, rx) = oneshot::channel::<()>();
@@ -309,7 +309,7 @@ pub async fn spawn_gate_opts(
     let addr = listener.local_addr().unwrap();
     let admin_addr = admin.local_addr().unwrap();
     let listeners = queuegate::Listeners {
-        public: vec![listener],
+        public: vec![listener.into()],
         admin: Some(admin),
     };
     let (tx, rx) = oneshot::channel::<()>();
