@@ -547,6 +547,39 @@ mod tests {
             .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn store_errors_and_breaker_state_come_from_the_breaker() {
+        use crate::queue::{BreakerConfig, StoreError};
+        let breaker = Breaker::new(BreakerConfig {
+            failures_to_open: 2,
+            cool_down: std::time::Duration::from_secs(2),
+            max_cool_down: std::time::Duration::from_secs(30),
+            probe_timeout: std::time::Duration::from_millis(100),
+        });
+        for _ in 0..2 {
+            let _ = breaker
+                .call(Operation::Poll, async { Err::<(), _>(StoreError::Timeout) })
+                .await;
+        }
+        let m = Metrics::new();
+        m.observe_store(&breaker);
+        m.observe_store(&breaker);
+        let text = m.encode();
+        assert_eq!(
+            sample(&text, "queuegate_store_errors_total{operation=\"poll\"}"),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&text, "queuegate_store_errors_total{operation=\"arrive\"}"),
+            Some(0.0)
+        );
+        assert_eq!(
+            sample(&text, "queuegate_store_breaker_state"),
+            Some(2.0),
+            "open"
+        );
+    }
+
     #[test]
     fn rate_series_exist_at_zero() {
         let m = Metrics::new();
