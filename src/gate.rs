@@ -13,7 +13,8 @@ use http::Method;
 use crate::admission::{self, Claims, KeyRing, Kind, Verdict, VisitorId};
 use crate::clock::Clock;
 use crate::config::{self, BypassRule, Mode, OnStoreError};
-use crate::queue::{Arrival, Limits, MemoryStore, Place, Poll, QueueStore, Store, StoreError};
+use crate::metrics::RouteMetrics;
+use crate::queue::{Arrival, Guarded, Limits, MemoryStore, Place, Poll, QueueStore, StoreError};
 use crate::waiting::page::Template;
 
 /// Cookies queuegate sets are named `qg_<route>` (`__Host-qg_<route>` on TLS).
@@ -57,6 +58,8 @@ pub struct RouteRt {
     pub live: Arc<RouteLive>,
     /// The route's own waiting page template, if it has one.
     pub template: Option<Arc<Template>>,
+    /// The route's metric handles.
+    pub metrics: RouteMetrics,
 }
 
 impl RouteRt {
@@ -66,6 +69,7 @@ impl RouteRt {
         expected_instances: u64,
         live: Arc<RouteLive>,
         template: Option<Arc<Template>>,
+        metrics: RouteMetrics,
     ) -> RouteRt {
         let limits = Limits {
             capacity: cfg.capacity,
@@ -98,6 +102,7 @@ impl RouteRt {
             prefix_folded,
             live,
             template,
+            metrics,
         }
     }
 
@@ -214,11 +219,11 @@ pub enum Decision {
     Unavailable,
 }
 
-/// The gate: the store, the clock and the in-process line that stands in for
-/// the store while it is down.
+/// The gate: the store (behind its circuit breaker), the clock and the
+/// in-process line that stands in for the store while it is down.
 #[derive(Clone)]
 pub struct Gate {
-    pub store: Store,
+    pub store: Guarded,
     pub local: MemoryStore,
     pub clock: Clock,
 }
@@ -231,7 +236,7 @@ pub struct Credentials {
 }
 
 impl Gate {
-    pub fn new(store: Store, clock: Clock) -> Gate {
+    pub fn new(store: Guarded, clock: Clock) -> Gate {
         Gate {
             store,
             local: MemoryStore::new(clock),
@@ -600,9 +605,14 @@ fn decode_unreserved(raw: &str) -> String {
                 let c = (h * 16 + l) as u8;
                 if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~') {
                     out.push(c as char);
-                    i += 3;
-                    continue;
+                } else {
+                    // Other escapes stay encoded, in one spelling.
+                    out.push('%');
+                    out.push(bytes[i + 1].to_ascii_uppercase() as char);
+                    out.push(bytes[i + 2].to_ascii_uppercase() as char);
                 }
+                i += 3;
+                continue;
             }
         }
         // Copy one UTF-8 character (the path is a valid &str).
@@ -626,6 +636,7 @@ mod tests {
         assert_eq!(normalize_path("/./tickets/./b/"), "/tickets/b/");
         assert_eq!(normalize_path("/../../tickets"), "/tickets");
         assert_eq!(normalize_path("/a%2Fb"), "/a%2Fb");
+        assert_eq!(normalize_path("/a%2fb"), "/a%2Fb");
         assert_eq!(normalize_path("/.."), "/");
         assert_eq!(normalize_path("/%"), "/%");
         assert_eq!(normalize_path("/%7"), "/%7");

@@ -4,15 +4,19 @@
 //! It does not decide whether a request may pass: the gate does, before this.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
 
 use crate::config;
 use crate::response::{Body, RequestError};
@@ -58,7 +62,7 @@ impl Peer {
 /// The origin and the pooled client that reaches it.
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpConnector, Incoming>,
+    client: Client<HttpsConnector<HttpConnector>, Incoming>,
     scheme: Scheme,
     authority: Authority,
     host: Option<HeaderValue>,
@@ -69,7 +73,7 @@ impl Upstream {
     /// Builds the pooled client from `upstream` (validated config).
     pub fn new(cfg: &config::Upstream) -> Result<Upstream, String> {
         let scheme = cfg.url.scheme().cloned().unwrap_or(Scheme::HTTP);
-        if scheme != Scheme::HTTP {
+        if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
             return Err(format!("upstream.url: scheme {scheme} is not supported"));
         }
         let authority = cfg
@@ -87,6 +91,15 @@ impl Upstream {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(cfg.connect_timeout));
         connector.set_nodelay(true);
+        // The TLS layer below takes https:// URLs; plain ones pass through it.
+        connector.enforce_http(false);
+        // The server name (SNI and the name checked in the certificate) is
+        // the upstream URL's host. The request is always HTTP/1.1.
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(client_tls(cfg.ca_file.as_deref())?)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(cfg.pool.idle_timeout)
             .pool_max_idle_per_host(cfg.pool.max_idle_per_host)
@@ -165,6 +178,37 @@ impl Upstream {
         strip_hop_by_hop(resp.headers_mut());
         Ok(resp)
     }
+}
+
+/// The TLS client config for an https:// upstream: the compiled-in Mozilla
+/// roots plus the certificates in `ca_file` (a private CA), if given.
+fn client_tls(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = ca_file {
+        let shown = path.display();
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|err| format!("upstream.ca_file: {shown}: {err}"))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|err| format!("upstream.ca_file: {shown}: {err}"))?;
+        if certs.is_empty() {
+            return Err(format!(
+                "upstream.ca_file: {shown}: no PEM certificate found"
+            ));
+        }
+        for cert in certs {
+            roots
+                .add(cert)
+                .map_err(|err| format!("upstream.ca_file: {shown}: {err}"))?;
+        }
+    }
+    Ok(
+        rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|err| format!("upstream TLS: {err}"))?
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    )
 }
 
 /// Answers the client's `101` and joins both upgraded connections until

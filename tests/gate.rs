@@ -553,6 +553,15 @@ async fn restart_keeps_the_admitted_and_the_order() {
                 states.push((i, v.status(&gate, "tickets").await["state"] == "admitted"));
             }
         }
+        // A tick can admit between two polls: re-read everyone ahead of the
+        // last one seen admitted; the store admitted them first.
+        if let Some(last) = states.iter().rposition(|(_, a)| *a) {
+            for (i, admitted) in states[..last].iter_mut() {
+                if !*admitted {
+                    *admitted = line[*i].status(&gate, "tickets").await["state"] == "admitted";
+                }
+            }
+        }
         let admitted_now: Vec<usize> = states.iter().filter(|(_, a)| *a).map(|(i, _)| *i).collect();
         let head: Vec<usize> = states
             .iter()
