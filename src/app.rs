@@ -111,14 +111,16 @@ impl App {
                 waiting::serve(self, s, req, tls).await,
             );
         }
-        if s.bypassed(req.method(), path) {
+        // Bypass rules and routes see the same normalised path, so
+        // `/static/../tickets` is gated like `/tickets`.
+        let normalized = gate::normalize_path(path);
+        if s.bypassed(req.method(), &normalized) {
             return (
                 None,
                 Outcome::Bypass,
                 self.forward(req, peer, tls, None).await,
             );
         }
-        let normalized = gate::normalize_path(path);
         let host = gate::request_host(req.headers(), req.uri());
         let Some(index) = s.route_for(host, &normalized) else {
             return (

@@ -583,3 +583,33 @@ async fn restart_keeps_the_admitted_and_the_order() {
     }
     assert_eq!(order, (0..5).collect::<Vec<_>>());
 }
+
+#[tokio::test]
+async fn bypass_rules_cannot_be_used_to_skip_the_line() {
+    let (origin, hits) = counting_origin().await;
+    let mut config = proxy_config(&origin.url());
+    config.routes.push(route("tickets", "/tickets", 1));
+    config
+        .bypass
+        .push(queuegate::config::BypassRule::PathPrefix("/static/".into()));
+    let gate = spawn_gate_with(config, ring("k1")).await;
+    let mut holder = Visitor::new();
+    assert!(holder
+        .navigate(&gate.url("/tickets"))
+        .await
+        .reached_origin());
+    assert!(Visitor::new()
+        .navigate(&gate.url("/static/app.css"))
+        .await
+        .reached_origin());
+    let before = hits.load(Ordering::SeqCst);
+    for sneaky in [
+        "/static/../tickets",
+        "/static/%2e%2e/tickets/x",
+        "/static/./../tickets",
+    ] {
+        let a = Visitor::new().navigate(&gate.url(sneaky)).await;
+        assert_eq!(a.status, StatusCode::FOUND, "{sneaky} skipped the line");
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), before);
+}
