@@ -560,7 +560,9 @@ pub fn request_host<'a>(headers: &'a HeaderMap, uri: &'a http::Uri) -> Option<&'
                 .trim_start_matches('['),
         );
     }
-    Some(raw.rsplit_once(':').map_or(raw, |(h, _)| h))
+    let host = raw.rsplit_once(':').map_or(raw, |(h, _)| h);
+    // `shop.example.` names the same host as `shop.example`.
+    Some(host.strip_suffix('.').unwrap_or(host))
 }
 
 /// Normalises a request path for matching (DESIGN §1 step 3): percent-encoded
@@ -673,6 +675,8 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(HOST, HeaderValue::from_static("Shop.example:8080"));
         assert_eq!(request_host(&h, &uri), Some("Shop.example"));
+        h.insert(HOST, HeaderValue::from_static("shop.example.:8080"));
+        assert_eq!(request_host(&h, &uri), Some("shop.example"));
         h.insert(HOST, HeaderValue::from_static("[::1]:8080"));
         assert_eq!(request_host(&h, &uri), Some("::1"));
     }
