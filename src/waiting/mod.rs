@@ -40,11 +40,15 @@ pub fn is_navigation(method: &Method, headers: &HeaderMap) -> bool {
 
 /// How long a waiter should wait before polling again: about a second near the
 /// head, up to eight far back, with ±20 % jitter, and never more than a third
-/// of `abandon_after` (jitter included) so a polling waiter, or an app that
-/// obeys the `Retry-After` derived from it, is never taken for a ghost.
+/// of `abandon_after` or of `arrival_grace` (jitter included): a polling
+/// waiter, or an app that obeys the `Retry-After` derived from it, is never
+/// taken for a ghost, and when the admitter lets it in (which can happen far
+/// from the head when many slots free at once) its next poll comes before the
+/// arrival grace runs out, so it is not counted a no-show.
 pub fn poll_after_ms(route: &RouteRt, position: u64) -> u64 {
     let base = (1_000 + position.saturating_sub(1) * 40).min(8_000);
-    let cap = (route.limits.abandon_after.as_millis() as u64 / 3).max(250);
+    let patience = route.limits.abandon_after.min(route.limits.arrival_grace);
+    let cap = (patience.as_millis() as u64 / 3).max(250);
     let jitter = rand::rng().random_range(0.8..1.2);
     (((base as f64) * jitter) as u64).min(cap)
 }
