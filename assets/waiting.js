@@ -135,10 +135,42 @@
     setText("live", text);
   }
 
+  // Browsers throttle a hidden tab's timers (Chrome: to once a minute after
+  // five minutes), longer than a silent waiter keeps its place. A dedicated
+  // worker's timers are not throttled that way, so the worker keeps time and
+  // the page polls when it says so. The page's own timer stays as a backstop
+  // (a little later) in case the worker cannot start; whichever fires first
+  // runs the step, once.
+  var ticker = (function () {
+    try {
+      if (typeof Worker !== "function" || typeof Blob !== "function" || !window.URL) { return null; }
+      var code = "var t=null;onmessage=function(e){clearTimeout(t);var d=e.data;" +
+        "if(d&&d.ms>=0){t=setTimeout(function(){postMessage(d.id);},d.ms);}};";
+      var w = new Worker(URL.createObjectURL(new Blob([code], { type: "text/javascript" })));
+      w.onmessage = function (e) { fire(e.data); };
+      w.onerror = function () { ticker = null; };
+      return w;
+    } catch (e) { return null; }
+  })();
+  var step = null;
+  var stepId = 0;
+  function fire(id) {
+    if (id !== stepId || !step) { return; }
+    var fn = step;
+    step = null;
+    clearTimeout(timer);
+    fn();
+  }
   function schedule(ms, fn) {
     clearTimeout(timer);
+    stepId += 1;
+    step = fn || poll;
     nextAt = Date.now() + ms;
-    timer = setTimeout(fn || poll, ms);
+    var id = stepId;
+    if (ticker) {
+      try { ticker.postMessage({ id: id, ms: ms }); } catch (e) { ticker = null; }
+    }
+    timer = setTimeout(function () { fire(id); }, ticker ? ms + 1000 : ms);
   }
   function jitter(ms) { return Math.round(ms * (0.8 + Math.random() * 0.4)); }
   function backoff() {
@@ -197,9 +229,13 @@
     var wait = typeof s.poll_after_ms === "number" && s.poll_after_ms > 0 ? s.poll_after_ms : 5000;
     schedule(Math.max(500, Math.min(60000, wait)));
   }
+  var inFlight = false;
   function poll() {
     clearTimeout(timer);
+    step = null;
     nextAt = 0;
+    if (inFlight) { return; }
+    inFlight = true;
     var ctrl = typeof AbortController === "function" ? new AbortController() : null;
     var guard = setTimeout(function () { if (ctrl) { ctrl.abort(); } }, 15000);
     fetch(view.status_url, {
@@ -210,9 +246,11 @@
       return r.json();
     }).then(function (s) {
       clearTimeout(guard);
+      inFlight = false;
       onStatus(s);
     }, function () {
       clearTimeout(guard);
+      inFlight = false;
       onFailure();
     });
   }
@@ -242,10 +280,11 @@
     showUpdated(new Date((view.updated_unix_s || 0) * 1000 || Date.now()));
     if (view.start_position > 0) { rememberInUrl({ start: view.start_position }); }
     schedule(Math.max(500, Math.min(60000, view.poll_after_ms || 5000)));
-    // Come back quickly from a sleeping laptop or a lost connection.
-    var soon = function () { if (nextAt && nextAt - Date.now() > 1500) { schedule(300); } };
-    document.addEventListener("visibilitychange", function () { if (!document.hidden) { soon(); } });
-    window.addEventListener("online", soon);
+    // Come back at once from a background tab, a sleeping laptop or a lost
+    // connection.
+    var pollNow = function () { if (view.state === "waiting" && step === poll) { poll(); } };
+    document.addEventListener("visibilitychange", function () { if (!document.hidden) { pollNow(); } });
+    window.addEventListener("online", pollNow);
   } else if (view.retry_after_s > 0) {
     var retry = el("retry");
     var target = retry ? retry.getAttribute("href") : returnPath;

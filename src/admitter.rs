@@ -2,12 +2,14 @@
 //! head of the line, and it keeps the route's live numbers (epoch, counts,
 //! admission rate) fresh for the gate and the waiting room.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::config::{Mode, OnStoreError};
@@ -60,17 +62,23 @@ pub async fn run(
                         tracing::warn!(route = %name, "store lost its state: holding admissions for one pass_ttl");
                     }
                     live.epoch_us.store(t.epoch_us, Ordering::Relaxed);
+                    route.metrics.tick(&t);
                     if !t.admitted_scores.is_empty() {
                         tracing::debug!(route = %name, admitted = t.admitted_scores.len(), "admitted from the line");
                     }
                 }
-                Err(err) => tracing::debug!(route = %name, error = %err, "admit tick failed"),
+                Err(err) => {
+                    tracing::debug!(route = %name, error = %err, "admit tick failed");
+                }
             }
             if route.cfg.on_store_error == OnStoreError::Local {
-                let _ = gate
+                if let Ok(t) = gate
                     .local
                     .admit_tick(&name, &route.local_limits, None)
-                    .await;
+                    .await
+                {
+                    route.metrics.tick(&t);
+                }
             }
         }
         if last_stats.is_none_or(|at| at.elapsed() >= STATS_EVERY) {
@@ -87,6 +95,11 @@ pub async fn run(
                 live.active.store(stats.active, Ordering::Relaxed);
                 live.admit_rate_milli
                     .store((stats.admit_rate * 1000.0) as u64, Ordering::Relaxed);
+                let eta_s = match stats.waiting {
+                    0 => Some(0.0),
+                    n => (stats.admit_rate > 0.0).then(|| n as f64 / stats.admit_rate),
+                };
+                route.metrics.live(stats.waiting, stats.active, eta_s);
             }
         }
     }
@@ -95,4 +108,67 @@ pub async fn run(
 fn current_tick(settings: &ArcSwap<Settings>, name: &str) -> Option<Duration> {
     let s = settings.load();
     s.route_named(name).map(|i| s.routes[i].limits.tick)
+}
+
+/// The running admitters, one per route, started as routes appear (at start
+/// and on reload). A removed route's admitter stops by itself at its next
+/// tick; a route re-added before then keeps the admitter it had.
+pub struct Admitters {
+    gate: Gate,
+    settings: Arc<ArcSwap<Settings>>,
+    stop: watch::Receiver<bool>,
+    running: Mutex<HashMap<String, JoinHandle<()>>>,
+}
+
+impl Admitters {
+    /// Admitters that all stop when `stop` changes.
+    pub fn new(
+        gate: Gate,
+        settings: Arc<ArcSwap<Settings>>,
+        stop: watch::Receiver<bool>,
+    ) -> Admitters {
+        Admitters {
+            gate,
+            settings,
+            stop,
+            running: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Starts an admitter for every route of the current settings that has
+    /// none running.
+    pub fn start_missing(&self) {
+        let settings = self.settings.load();
+        let mut running = self
+            .running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        running.retain(|_, task| !task.is_finished());
+        for route in &settings.routes {
+            if running.contains_key(route.name()) {
+                continue;
+            }
+            let task = tokio::spawn(run(
+                self.gate.clone(),
+                self.settings.clone(),
+                route.name().to_owned(),
+                self.stop.clone(),
+            ));
+            running.insert(route.name().to_owned(), task);
+        }
+    }
+
+    /// Waits for every admitter to end (after `stop` changed).
+    pub async fn join(&self) {
+        let tasks: Vec<_> = self
+            .running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain()
+            .map(|(_, task)| task)
+            .collect();
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
 }

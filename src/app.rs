@@ -3,9 +3,9 @@
 //! or forward.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use http::header::SET_COOKIE;
@@ -16,11 +16,12 @@ use crate::admission::KeyRing;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::framing::AmbiguousHead;
-use crate::gate::{self, Decision, Gate, RouteLive, RouteRt, Settings};
-use crate::proxy::{self, Upstream};
-use crate::queue::Store;
+use crate::gate::{self, Admitted, Decision, Gate, RouteLive, RouteRt, Settings};
+use crate::metrics::{Metrics, Outcome, UpstreamFailure};
+use crate::proxy::{self, Peer, Upstream};
+use crate::queue::{BreakerConfig, Guarded, Store};
 use crate::response::{self, Body, RequestError};
-use crate::waiting::{self, page::Template};
+use crate::waiting;
 
 /// Everything a request needs, shared by all connections.
 pub struct App {
@@ -28,19 +29,30 @@ pub struct App {
     pub gate: Gate,
     /// Replaced whole on a config reload.
     pub settings: Arc<ArcSwap<Settings>>,
+    pub metrics: Arc<Metrics>,
     draining: AtomicBool,
 }
 
 impl App {
     /// Builds the running state from a validated config, its key ring and the
-    /// store.
-    pub fn new(config: &Config, ring: KeyRing, store: Store, clock: Clock) -> anyhow::Result<App> {
+    /// store, counting into `metrics`.
+    pub fn new(
+        config: &Config,
+        ring: KeyRing,
+        store: Store,
+        clock: Clock,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<App> {
         let upstream = Upstream::new(&config.upstream).map_err(anyhow::Error::msg)?;
-        let settings = settings_from(config, ring, &HashMap::new())?;
+        let settings = settings_from(config, ring, &HashMap::new(), &metrics)?;
         Ok(App {
             upstream,
-            gate: Gate::new(store, clock),
+            gate: Gate::new(
+                Guarded::new(store, BreakerConfig::for_store(&config.store)),
+                clock,
+            ),
             settings: Arc::new(ArcSwap::from_pointee(settings)),
+            metrics,
             draining: AtomicBool::new(false),
         })
     }
@@ -58,54 +70,99 @@ impl App {
     /// Answers one request. The server marks a request whose raw head was
     /// ambiguous with an [`AmbiguousHead`] extension; the header check
     /// catches what reaches the service some other way.
-    pub async fn handle(
+    pub async fn handle(&self, req: Request<Incoming>, peer: Peer, tls: bool) -> Response<Body> {
+        let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
+        let s = self.settings.load();
+        let (route, outcome, resp) = self.answer(&s, req, &peer, tls).await;
+        self.metrics.request(outcome);
+        if let Some(started) = started {
+            tracing::debug!(
+                route = route.unwrap_or(""),
+                decision = outcome.as_str(),
+                status = resp.status().as_u16(),
+                latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+                "request"
+            );
+        }
+        resp
+    }
+
+    /// The answer to one request, the route it matched and how it was decided.
+    async fn answer<'s>(
         &self,
+        s: &'s Settings,
         req: Request<Incoming>,
-        remote: SocketAddr,
+        peer: &Peer,
         tls: bool,
-    ) -> Response<Body> {
+    ) -> (Option<&'s str>, Outcome, Response<Body>) {
         let framing = match req.extensions().get::<AmbiguousHead>() {
             Some(head) => Err(RequestError::AmbiguousFraming(head.reason)),
             None => proxy::check_framing(req.headers()),
         };
         if let Err(err) = framing {
-            tracing::debug!(%remote, error = %err, "request rejected");
-            return response::from_error(&err);
+            tracing::debug!(remote = %peer.addr, error = %err, "request rejected");
+            return (None, Outcome::BadRequest, response::from_error(&err));
         }
-        let s = self.settings.load();
         let path = req.uri().path();
         if is_reserved(path, &s.reserved_prefix) {
-            return waiting::serve(self, &s, req, tls).await;
+            return (
+                None,
+                Outcome::Reserved,
+                waiting::serve(self, s, req, tls).await,
+            );
         }
-        if s.bypassed(req.method(), path) {
-            return self.forward(req, remote, tls, None).await;
-        }
+        // Bypass rules and routes see the same normalised path, so
+        // `/static/../tickets` is gated like `/tickets`.
         let normalized = gate::normalize_path(path);
+        if s.bypassed(req.method(), &normalized) {
+            return (
+                None,
+                Outcome::Bypass,
+                self.forward(req, peer, tls, None).await,
+            );
+        }
         let host = gate::request_host(req.headers(), req.uri());
         let Some(index) = s.route_for(host, &normalized) else {
-            return self.forward(req, remote, tls, None).await;
+            return (
+                None,
+                Outcome::Forwarded,
+                self.forward(req, peer, tls, None).await,
+            );
         };
         let route = &s.routes[index];
-        let decision = self.gate.decide(&s, route, req.headers(), tls).await;
-        tracing::debug!(route = route.name(), ?decision, "gate decision");
-        match decision {
-            Decision::Admit { set_cookie, .. } => self.forward(req, remote, tls, set_cookie).await,
-            other => waiting::held_back(&s, route, &req, other),
-        }
+        let decision = self.gate.decide(s, route, req.headers(), tls).await;
+        let outcome = outcome_of(&decision);
+        route.metrics.request(outcome);
+        let resp = match decision {
+            Decision::Admit { set_cookie, .. } => self.forward(req, peer, tls, set_cookie).await,
+            other => waiting::held_back(s, route, &req, other),
+        };
+        (Some(route.name()), outcome, resp)
     }
 
     async fn forward(
         &self,
         mut req: Request<Incoming>,
-        remote: SocketAddr,
+        peer: &Peer,
         tls: bool,
         set_cookie: Option<http::HeaderValue>,
     ) -> Response<Body> {
         gate::strip_own_cookies(req.headers_mut());
-        let mut resp = match self.upstream.forward(req, remote, tls).await {
-            Ok(resp) => resp,
+        let started = Instant::now();
+        let forwarded = self.upstream.forward(req, peer, tls).await;
+        let seconds = started.elapsed().as_secs_f64();
+        let mut resp = match forwarded {
+            Ok(resp) => {
+                self.metrics.upstream(seconds, None);
+                resp
+            }
             Err(err) => {
-                tracing::warn!(%remote, error = %err, "origin failed");
+                let failure = match err {
+                    RequestError::UpstreamTimeout => UpstreamFailure::Timeout,
+                    _ => UpstreamFailure::Error,
+                };
+                self.metrics.upstream(seconds, Some(failure));
+                tracing::warn!(remote = %peer.addr, error = %err, "origin failed");
                 response::from_error(&err)
             }
         };
@@ -113,6 +170,25 @@ impl App {
             resp.headers_mut().append(SET_COOKIE, cookie);
         }
         resp
+    }
+}
+
+/// How a gate decision is counted and logged.
+pub fn outcome_of(decision: &Decision) -> Outcome {
+    match decision {
+        Decision::Admit { how, .. } => match how {
+            Admitted::Pass => Outcome::Pass,
+            Admitted::Renewed => Outcome::Renewed,
+            Admitted::RenewedLocally => Outcome::RenewedLocally,
+            Admitted::AtOnce => Outcome::AtOnce,
+            Admitted::FromLine => Outcome::FromLine,
+            Admitted::FailOpen => Outcome::FailOpen,
+            Admitted::Passthrough => Outcome::Passthrough,
+        },
+        Decision::Wait { .. } => Outcome::Held,
+        Decision::Full { .. } => Outcome::Full,
+        Decision::Closed => Outcome::Closed,
+        Decision::Unavailable => Outcome::StoreDown,
     }
 }
 
@@ -130,22 +206,21 @@ pub fn settings_from(
     config: &Config,
     ring: KeyRing,
     lives: &HashMap<String, Arc<RouteLive>>,
+    metrics: &Metrics,
 ) -> anyhow::Result<Settings> {
     let mut routes = Vec::with_capacity(config.routes.len());
-    for (i, r) in config.routes.iter().enumerate() {
+    for r in &config.routes {
         let live = lives.get(&r.name).cloned().unwrap_or_default();
-        let template = match &r.page.template {
-            Some(path) => Some(Arc::new(load_template(path).map_err(|e| {
-                anyhow::anyhow!("routes[{i}].page.template: {}: {e}", path.display())
-            })?)),
-            None => None,
-        };
+        let template = r.page.template.as_ref().map(|t| t.template.clone());
+        let route_metrics = metrics.route(&r.name);
+        route_metrics.capacity(r.capacity);
         routes.push(RouteRt::new(
             r.clone(),
             &config.cookie,
             config.store.expected_instances,
             live,
             template,
+            route_metrics,
         ));
     }
     Ok(Settings {
@@ -155,10 +230,4 @@ pub fn settings_from(
         reserved_prefix: config.reserved_prefix.clone(),
         cookie_domain: config.cookie.domain.clone(),
     })
-}
-
-/// Reads and parses a route's waiting page template.
-pub fn load_template(path: &std::path::Path) -> anyhow::Result<Template> {
-    let text = std::fs::read_to_string(path)?;
-    Ok(Template::parse(&text)?)
 }

@@ -13,7 +13,8 @@ use http::Method;
 use crate::admission::{self, Claims, KeyRing, Kind, Verdict, VisitorId};
 use crate::clock::Clock;
 use crate::config::{self, BypassRule, Mode, OnStoreError};
-use crate::queue::{Arrival, Limits, MemoryStore, Place, Poll, QueueStore, Store, StoreError};
+use crate::metrics::RouteMetrics;
+use crate::queue::{Arrival, Guarded, Limits, MemoryStore, Place, Poll, QueueStore, StoreError};
 use crate::waiting::page::Template;
 
 /// Cookies queuegate sets are named `qg_<route>` (`__Host-qg_<route>` on TLS).
@@ -57,6 +58,8 @@ pub struct RouteRt {
     pub live: Arc<RouteLive>,
     /// The route's own waiting page template, if it has one.
     pub template: Option<Arc<Template>>,
+    /// The route's metric handles.
+    pub metrics: RouteMetrics,
 }
 
 impl RouteRt {
@@ -66,6 +69,7 @@ impl RouteRt {
         expected_instances: u64,
         live: Arc<RouteLive>,
         template: Option<Arc<Template>>,
+        metrics: RouteMetrics,
     ) -> RouteRt {
         let limits = Limits {
             capacity: cfg.capacity,
@@ -98,6 +102,7 @@ impl RouteRt {
             prefix_folded,
             live,
             template,
+            metrics,
         }
     }
 
@@ -214,11 +219,11 @@ pub enum Decision {
     Unavailable,
 }
 
-/// The gate: the store, the clock and the in-process line that stands in for
-/// the store while it is down.
+/// The gate: the store (behind its circuit breaker), the clock and the
+/// in-process line that stands in for the store while it is down.
 #[derive(Clone)]
 pub struct Gate {
-    pub store: Store,
+    pub store: Guarded,
     pub local: MemoryStore,
     pub clock: Clock,
 }
@@ -231,7 +236,7 @@ pub struct Credentials {
 }
 
 impl Gate {
-    pub fn new(store: Store, clock: Clock) -> Gate {
+    pub fn new(store: Guarded, clock: Clock) -> Gate {
         Gate {
             store,
             local: MemoryStore::new(clock),
@@ -503,29 +508,35 @@ pub fn credentials(headers: &HeaderMap, name: &str, ring: &KeyRing, route: &str)
 /// Removes queuegate's own cookies from the `Cookie` headers, so the origin
 /// never sees them.
 pub fn strip_own_cookies(headers: &mut HeaderMap) {
-    let has_own = headers.get_all(COOKIE).iter().any(|v| {
-        v.as_bytes()
-            .windows(COOKIE_PREFIX.len())
-            .any(|w| w == COOKIE_PREFIX.as_bytes())
-    });
+    let has_own = headers
+        .get_all(COOKIE)
+        .iter()
+        .any(|v| memchr::memmem::find(v.as_bytes(), COOKIE_PREFIX.as_bytes()).is_some());
     if !has_own {
         return;
     }
-    let kept: Vec<String> = headers
+    // One string for what is kept; nothing is allocated when only our own
+    // cookies were sent.
+    let mut kept = String::new();
+    let pairs = headers
         .get_all(COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
-        .map(str::trim)
-        .filter(|pair| {
-            let name = pair.split_once('=').map_or(*pair, |(n, _)| n).trim();
-            !pair.is_empty() && !is_own_cookie(name)
-        })
-        .map(str::to_owned)
-        .collect();
+        .map(str::trim);
+    for pair in pairs {
+        let name = pair.split_once('=').map_or(pair, |(n, _)| n).trim();
+        if pair.is_empty() || is_own_cookie(name) {
+            continue;
+        }
+        if !kept.is_empty() {
+            kept.push_str("; ");
+        }
+        kept.push_str(pair);
+    }
     headers.remove(COOKIE);
     if !kept.is_empty() {
-        if let Ok(v) = HeaderValue::from_str(&kept.join("; ")) {
+        if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(kept)) {
             headers.insert(COOKIE, v);
         }
     }
@@ -549,7 +560,9 @@ pub fn request_host<'a>(headers: &'a HeaderMap, uri: &'a http::Uri) -> Option<&'
                 .trim_start_matches('['),
         );
     }
-    Some(raw.rsplit_once(':').map_or(raw, |(h, _)| h))
+    let host = raw.rsplit_once(':').map_or(raw, |(h, _)| h);
+    // `shop.example.` names the same host as `shop.example`.
+    Some(host.strip_suffix('.').unwrap_or(host))
 }
 
 /// Normalises a request path for matching (DESIGN §1 step 3): percent-encoded
@@ -594,9 +607,14 @@ fn decode_unreserved(raw: &str) -> String {
                 let c = (h * 16 + l) as u8;
                 if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~') {
                     out.push(c as char);
-                    i += 3;
-                    continue;
+                } else {
+                    // Other escapes stay encoded, in one spelling.
+                    out.push('%');
+                    out.push(bytes[i + 1].to_ascii_uppercase() as char);
+                    out.push(bytes[i + 2].to_ascii_uppercase() as char);
                 }
+                i += 3;
+                continue;
             }
         }
         // Copy one UTF-8 character (the path is a valid &str).
@@ -620,6 +638,7 @@ mod tests {
         assert_eq!(normalize_path("/./tickets/./b/"), "/tickets/b/");
         assert_eq!(normalize_path("/../../tickets"), "/tickets");
         assert_eq!(normalize_path("/a%2Fb"), "/a%2Fb");
+        assert_eq!(normalize_path("/a%2fb"), "/a%2Fb");
         assert_eq!(normalize_path("/.."), "/");
         assert_eq!(normalize_path("/%"), "/%");
         assert_eq!(normalize_path("/%7"), "/%7");
@@ -656,6 +675,8 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(HOST, HeaderValue::from_static("Shop.example:8080"));
         assert_eq!(request_host(&h, &uri), Some("Shop.example"));
+        h.insert(HOST, HeaderValue::from_static("shop.example.:8080"));
+        assert_eq!(request_host(&h, &uri), Some("shop.example"));
         h.insert(HOST, HeaderValue::from_static("[::1]:8080"));
         assert_eq!(request_host(&h, &uri), Some("::1"));
     }

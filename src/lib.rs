@@ -13,11 +13,16 @@
 //! - `framing`: watches raw HTTP/1 heads for ambiguous framing hyper would resolve.
 //! - `proxy`: the pooled upstream client, header rewriting, upgrades.
 //! - `response`: the one body type and every response queuegate makes.
+//! - `metrics`: every exported Prometheus metric, one `Metrics` struct.
+//! - `admin`: the admin listener: /metrics, /healthz, /readyz, /routes.
+//! - `reload`: live config reload (file watch, SIGHUP).
 //! - `shutdown`: SIGTERM/SIGINT.
+//! - `tls`: the TLS listeners' server config and certificate reload.
 //! - `clock`: wall-clock time read through tokio, so tests can pause it.
 //! - `cli`: the command line; `demo`: the embedded demo origin.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod admission;
 pub mod admitter;
 pub mod app;
@@ -27,21 +32,34 @@ pub mod config;
 pub mod demo;
 pub mod framing;
 pub mod gate;
+pub mod metrics;
 pub mod proxy;
 pub mod queue;
+pub mod reload;
 pub mod response;
 pub mod server;
 pub mod shutdown;
+pub mod tls;
 pub mod waiting;
 
 use std::future::Future;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use admission::KeyRing;
 use clock::Clock;
 use queue::Store;
-pub use server::Listeners;
+pub use reload::{ReloadRequests, ReloadTrigger};
+pub use server::{Listeners, PublicListener};
+
+/// How [`run_with_options`] runs beyond the config itself.
+#[derive(Debug, Default)]
+pub struct RunOptions {
+    /// The file the config came from: watched, and read again on reload.
+    pub config_path: Option<PathBuf>,
+    /// Forced reloads (what `SIGHUP` sends); see [`reload::channel`].
+    pub reloads: Option<ReloadRequests>,
+}
 
 /// Runs queuegate on already-bound listeners until `shutdown` resolves, then
 /// drains in-flight requests (at most `limits.drain_timeout`) and returns.
@@ -55,6 +73,24 @@ pub async fn run(
     run_with(config, ring, listeners, shutdown).await
 }
 
+/// [`run`] for the config file at `path`, already loaded as `config`: the
+/// file is watched and `SIGHUP` reloads it.
+pub async fn run_file(
+    path: &Path,
+    config: config::Config,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let ring = KeyRing::load(&config.keys)?;
+    let (trigger, reloads) = reload::channel();
+    reload::forward_sighup(trigger)?;
+    let options = RunOptions {
+        config_path: Some(path.to_path_buf()),
+        reloads: Some(reloads),
+    };
+    run_with_options(config, ring, listeners, shutdown, options).await
+}
+
 /// [`run`] with a key ring already in hand.
 pub async fn run_with(
     config: config::Config,
@@ -62,27 +98,121 @@ pub async fn run_with(
     listeners: Listeners,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    run_with_options(config, ring, listeners, shutdown, RunOptions::default()).await
+}
+
+/// [`run_with`], reloading the config as `options` say.
+pub async fn run_with_options(
+    config: config::Config,
+    ring: KeyRing,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()>,
+    options: RunOptions,
+) -> anyhow::Result<()> {
     let clock = Clock::system();
     let store = Store::from_config(&config.store, clock)?;
-    let app = Arc::new(app::App::new(&config, ring, store, clock)?);
-    for listener in &listeners.public {
-        tracing::info!(addr = %listener.local_addr()?, "listening");
-    }
-    tracing::info!(upstream = %config.upstream.url, routes = config.routes.len(), "forwarding to the origin");
+    let metrics = Arc::new(metrics::Metrics::new());
+    let app = Arc::new(app::App::new(&config, ring, store, clock, metrics)?);
+    log_start(&config, &listeners)?;
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut admitters = tokio::task::JoinSet::new();
-    for route in &config.routes {
-        admitters.spawn(admitter::run(
-            app.gate.clone(),
-            app.settings.clone(),
-            route.name.clone(),
-            stop_rx.clone(),
-        ));
+    let admitters = Arc::new(admitter::Admitters::new(
+        app.gate.clone(),
+        app.settings.clone(),
+        stop_rx.clone(),
+    ));
+    admitters.start_missing();
+
+    let mut background = tokio::task::JoinSet::new();
+    let readiness = Arc::new(admin::Readiness::default());
+    background.spawn(admin::probe_store(
+        app.clone(),
+        readiness.clone(),
+        stop_rx.clone(),
+    ));
+    let (admin_stop_tx, admin_stop_rx) = tokio::sync::watch::channel(false);
+    let admin_task = listeners.admin.map(|listener| {
+        tokio::spawn(admin::serve(
+            app.clone(),
+            readiness,
+            listener,
+            admin_stop_rx,
+        ))
+    });
+    let mut _watcher = None;
+    match (options.config_path, options.reloads) {
+        (Some(path), reloads) => {
+            let reloads = reloads.unwrap_or_else(|| reload::channel().1);
+            let reloader = Arc::new(reload::Reloader::new(
+                app.clone(),
+                path,
+                config.clone(),
+                admitters.clone(),
+            ));
+            match reloader.watch(&reloads) {
+                Ok(w) => {
+                    tracing::info!(path = %reloader.path().display(), "watching the config file");
+                    _watcher = Some(w);
+                }
+                Err(err) => tracing::warn!(
+                    path = %reloader.path().display(),
+                    error = %err,
+                    "cannot watch the config file: reload with SIGHUP"
+                ),
+            }
+            background.spawn(reloader.serve(reloads, stop_rx.clone()));
+        }
+        (None, Some(_)) => tracing::warn!("no config file to reload: reload requests are ignored"),
+        (None, None) => {}
     }
+
     server::serve(app, listeners.public, &config.limits, shutdown).await;
     let _ = stop_tx.send(true);
-    while admitters.join_next().await.is_some() {}
+    admitters.join().await;
+    while background.join_next().await.is_some() {}
+    // The admin listener answers (readiness 503) until the drain is over.
+    let _ = admin_stop_tx.send(true);
+    if let Some(task) = admin_task {
+        let _ = task.await;
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// One start-up line per fact.
+fn log_start(config: &config::Config, listeners: &Listeners) -> std::io::Result<()> {
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), "queuegate starting");
+    for public in &listeners.public {
+        let addr = public.listener.local_addr()?;
+        tracing::info!(%addr, tls = public.tls.is_some(), "listening");
+    }
+    match &listeners.admin {
+        Some(admin) => {
+            tracing::info!(addr = %admin.local_addr()?, "admin listening: /metrics /healthz /readyz /routes")
+        }
+        None => tracing::info!("no admin listener"),
+    }
+    let backend = match config.store.backend {
+        config::Backend::Memory => "memory",
+        config::Backend::Redis => "redis",
+    };
+    tracing::info!(
+        backend,
+        expected_instances = config.store.expected_instances,
+        "store"
+    );
+    tracing::info!(upstream = %config.upstream.url, "forwarding to the origin");
+    for route in &config.routes {
+        tracing::info!(
+            route = %route.name,
+            path_prefix = route.matcher.path_prefix.as_deref().unwrap_or("/"),
+            host = route.matcher.host.as_deref().unwrap_or("*"),
+            capacity = route.capacity,
+            mode = ?route.mode,
+            on_store_error = ?route.on_store_error,
+            "route"
+        );
+    }
     Ok(())
 }
 

@@ -4,15 +4,19 @@
 //! It does not decide whether a request may pass: the gate does, before this.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
 
 use crate::config;
 use crate::response::{Body, RequestError};
@@ -31,10 +35,34 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
+/// The client at the other end of a connection, with its `X-Forwarded-For`
+/// entry made once when the connection is accepted rather than per request.
+#[derive(Clone, Debug)]
+pub struct Peer {
+    /// The client's socket address.
+    pub addr: SocketAddr,
+    forwarded_for: HeaderValue,
+}
+
+impl Peer {
+    /// Describes the client at `addr` (an IPv4-mapped IPv6 address is
+    /// forwarded as IPv4).
+    pub fn new(addr: SocketAddr) -> Peer {
+        let ip = addr.ip().to_canonical().to_string();
+        // An IP address in text is always a valid header value.
+        let forwarded_for = HeaderValue::from_maybe_shared(bytes::Bytes::from(ip))
+            .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        Peer {
+            addr,
+            forwarded_for,
+        }
+    }
+}
+
 /// The origin and the pooled client that reaches it.
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpConnector, Incoming>,
+    client: Client<HttpsConnector<HttpConnector>, Incoming>,
     scheme: Scheme,
     authority: Authority,
     host: Option<HeaderValue>,
@@ -45,7 +73,7 @@ impl Upstream {
     /// Builds the pooled client from `upstream` (validated config).
     pub fn new(cfg: &config::Upstream) -> Result<Upstream, String> {
         let scheme = cfg.url.scheme().cloned().unwrap_or(Scheme::HTTP);
-        if scheme != Scheme::HTTP {
+        if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
             return Err(format!("upstream.url: scheme {scheme} is not supported"));
         }
         let authority = cfg
@@ -63,6 +91,15 @@ impl Upstream {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(cfg.connect_timeout));
         connector.set_nodelay(true);
+        // The TLS layer below takes https:// URLs; plain ones pass through it.
+        connector.enforce_http(false);
+        // The server name (SNI and the name checked in the certificate) is
+        // the upstream URL's host. The request is always HTTP/1.1.
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(client_tls(cfg.ca_file.as_deref())?)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(cfg.pool.idle_timeout)
             .pool_max_idle_per_host(cfg.pool.max_idle_per_host)
@@ -83,7 +120,7 @@ impl Upstream {
     pub async fn forward(
         &self,
         mut req: Request<Incoming>,
-        remote: SocketAddr,
+        peer: &Peer,
         tls: bool,
     ) -> Result<Response<Body>, RequestError> {
         let upgrade = upgrade_protocol(&req);
@@ -105,7 +142,7 @@ impl Upstream {
 
         let headers = req.headers_mut();
         strip_hop_by_hop(headers);
-        append_forwarded_for(headers, remote);
+        append_forwarded_for(headers, peer);
         headers.insert(
             X_FORWARDED_PROTO.clone(),
             HeaderValue::from_static(if tls { "https" } else { "http" }),
@@ -141,6 +178,37 @@ impl Upstream {
         strip_hop_by_hop(resp.headers_mut());
         Ok(resp)
     }
+}
+
+/// The TLS client config for an https:// upstream: the compiled-in Mozilla
+/// roots plus the certificates in `ca_file` (a private CA), if given.
+fn client_tls(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = ca_file {
+        let shown = path.display();
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|err| format!("upstream.ca_file: {shown}: {err}"))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|err| format!("upstream.ca_file: {shown}: {err}"))?;
+        if certs.is_empty() {
+            return Err(format!(
+                "upstream.ca_file: {shown}: no PEM certificate found"
+            ));
+        }
+        for cert in certs {
+            roots
+                .add(cert)
+                .map_err(|err| format!("upstream.ca_file: {shown}: {err}"))?;
+        }
+    }
+    Ok(
+        rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|err| format!("upstream TLS: {err}"))?
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    )
 }
 
 /// Answers the client's `101` and joins both upgraded connections until
@@ -197,13 +265,26 @@ pub fn check_framing(headers: &HeaderMap) -> Result<(), RequestError> {
 /// Removes hop-by-hop headers, including every header the `Connection`
 /// header names, except those queuegate sets itself afterwards.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none, or only `Connection: keep-alive`: one look
+    // over the names instead of a lookup for each hop-by-hop header.
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        return;
+    }
     if headers.contains_key(header::CONNECTION) {
         let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
-            .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+            .map(str::trim)
+            // `close` names no header; the hop-by-hop ones go below anyway.
+            .filter(|token| {
+                !token.eq_ignore_ascii_case("close")
+                    && !HOP_BY_HOP
+                        .iter()
+                        .any(|h| token.eq_ignore_ascii_case(h.as_str()))
+            })
+            .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
             .filter(|name| !protected(name))
             .collect();
         for name in named {
@@ -251,17 +332,21 @@ fn original_host<B>(req: &Request<B>) -> Option<HeaderValue> {
 }
 
 /// Appends the client's address to `X-Forwarded-For`, keeping what was there.
-fn append_forwarded_for(headers: &mut HeaderMap, remote: SocketAddr) {
-    let ip = remote.ip().to_canonical();
-    let mut value = String::new();
-    for existing in headers.get_all(&X_FORWARDED_FOR) {
-        if let Ok(s) = existing.to_str() {
-            value.push_str(s);
-            value.push_str(", ");
+fn append_forwarded_for(headers: &mut HeaderMap, peer: &Peer) {
+    let mut existing = headers.get_all(&X_FORWARDED_FOR).iter().peekable();
+    if existing.peek().is_none() {
+        headers.insert(X_FORWARDED_FOR.clone(), peer.forwarded_for.clone());
+        return;
+    }
+    let mut value = Vec::new();
+    for v in existing {
+        if v.to_str().is_ok() {
+            value.extend_from_slice(v.as_bytes());
+            value.extend_from_slice(b", ");
         }
     }
-    value.push_str(&ip.to_string());
-    if let Ok(v) = HeaderValue::from_str(&value) {
+    value.extend_from_slice(peer.forwarded_for.as_bytes());
+    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
         headers.insert(X_FORWARDED_FOR.clone(), v);
     }
 }
@@ -321,7 +406,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.append("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
         h.append("x-forwarded-for", HeaderValue::from_static("2.2.2.2"));
-        append_forwarded_for(&mut h, "127.0.0.1:5000".parse().unwrap());
+        append_forwarded_for(&mut h, &Peer::new("127.0.0.1:5000".parse().unwrap()));
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 127.0.0.1");
     }
 }

@@ -553,6 +553,15 @@ async fn restart_keeps_the_admitted_and_the_order() {
                 states.push((i, v.status(&gate, "tickets").await["state"] == "admitted"));
             }
         }
+        // A tick can admit between two polls: re-read everyone ahead of the
+        // last one seen admitted; the store admitted them first.
+        if let Some(last) = states.iter().rposition(|(_, a)| *a) {
+            for (i, admitted) in states[..last].iter_mut() {
+                if !*admitted {
+                    *admitted = line[*i].status(&gate, "tickets").await["state"] == "admitted";
+                }
+            }
+        }
         let admitted_now: Vec<usize> = states.iter().filter(|(_, a)| *a).map(|(i, _)| *i).collect();
         let head: Vec<usize> = states
             .iter()
@@ -573,4 +582,34 @@ async fn restart_keeps_the_admitted_and_the_order() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(order, (0..5).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn bypass_rules_cannot_be_used_to_skip_the_line() {
+    let (origin, hits) = counting_origin().await;
+    let mut config = proxy_config(&origin.url());
+    config.routes.push(route("tickets", "/tickets", 1));
+    config
+        .bypass
+        .push(queuegate::config::BypassRule::PathPrefix("/static/".into()));
+    let gate = spawn_gate_with(config, ring("k1")).await;
+    let mut holder = Visitor::new();
+    assert!(holder
+        .navigate(&gate.url("/tickets"))
+        .await
+        .reached_origin());
+    assert!(Visitor::new()
+        .navigate(&gate.url("/static/app.css"))
+        .await
+        .reached_origin());
+    let before = hits.load(Ordering::SeqCst);
+    for sneaky in [
+        "/static/../tickets",
+        "/static/%2e%2e/tickets/x",
+        "/static/./../tickets",
+    ] {
+        let a = Visitor::new().navigate(&gate.url(sneaky)).await;
+        assert_eq!(a.status, StatusCode::FOUND, "{sneaky} skipped the line");
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), before);
 }

@@ -264,6 +264,16 @@ async fn flushall_loses_no_place_and_never_exceeds_capacity() {
                 states.push((i, status(v, &instances[i % 3]).await["state"] == "admitted"));
             }
         }
+        // A tick can admit between two polls: re-read everyone ahead of the
+        // last one seen admitted; the store admitted them first.
+        if let Some(last) = states.iter().rposition(|(_, a)| *a) {
+            for (i, admitted) in states[..last].iter_mut() {
+                if !*admitted {
+                    *admitted =
+                        status(&mut line[*i], &instances[*i % 3]).await["state"] == "admitted";
+                }
+            }
+        }
         let now: Vec<usize> = states.iter().filter(|(_, a)| *a).map(|(i, _)| *i).collect();
         let head: Vec<usize> = states.iter().take(now.len()).map(|(i, _)| *i).collect();
         assert_eq!(now, head, "admitted out of order");

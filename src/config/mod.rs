@@ -240,6 +240,31 @@ pub enum OnStoreError {
 pub struct PageConfig {
     pub title: Option<String>,
     pub message: Option<String>,
-    /// Template file (read and checked for its placeholders at load).
-    pub template: Option<PathBuf>,
+    /// Template file, read and checked for its placeholders when the config
+    /// is validated; a bad one is an error at `routes[N].page.template`.
+    pub template: Option<PageTemplate>,
+}
+
+/// A route's waiting page template: the file it came from and the parsed
+/// text, read once when the config is validated (so `queuegate check`, start-up
+/// and reload all judge the same bytes the page is rendered from).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PageTemplate {
+    pub path: PathBuf,
+    pub template: std::sync::Arc<crate::waiting::page::Template>,
+}
+
+impl PageTemplate {
+    /// Reads and parses the template at `path`; the error says what is wrong
+    /// (unreadable file, unknown or missing placeholder and its line).
+    pub fn load(path: &Path) -> Result<PageTemplate, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|err| format!("cannot read {}: {err}", path.display()))?;
+        let template = crate::waiting::page::Template::parse(&text)
+            .map_err(|err| format!("{}: {err}", path.display()))?;
+        Ok(PageTemplate {
+            path: path.to_owned(),
+            template: std::sync::Arc::new(template),
+        })
+    }
 }

@@ -14,8 +14,8 @@ use super::raw::{
 };
 use super::{
     Admin, Backend, BypassRule, Config, CookieConfig, KeyFrom, KeySource, Listen, Mode,
-    OnStoreError, PageConfig, Pool, RedisConfig, RedisMode, Route, RouteMatch, ServerLimits,
-    StoreConfig, TlsFiles, Upstream,
+    OnStoreError, PageConfig, PageTemplate, Pool, RedisConfig, RedisMode, Route, RouteMatch,
+    ServerLimits, StoreConfig, TlsFiles, Upstream,
 };
 
 pub(crate) const DEFAULT_ADMIN_ADDR: SocketAddr =
@@ -749,13 +749,20 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
         RawOnStoreError::Local => OnStoreError::Local,
     };
     let page = raw.page.unwrap_or_default();
-    if page
-        .template
-        .as_ref()
-        .is_some_and(|t| t.as_os_str().is_empty())
-    {
-        problems.report(at.key("page").key("template"), "must not be empty");
-    }
+    let template = match &page.template {
+        None => Some(None),
+        Some(path) if path.as_os_str().is_empty() => {
+            problems.report(at.key("page").key("template"), "must not be empty");
+            None
+        }
+        Some(path) => match PageTemplate::load(path) {
+            Ok(template) => Some(Some(template)),
+            Err(why) => {
+                problems.report(at.key("page").key("template"), why);
+                None
+            }
+        },
+    };
     Some(Route {
         name: name?,
         matcher: matcher?,
@@ -773,7 +780,7 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
         page: PageConfig {
             title: page.title,
             message: page.message,
-            template: page.template,
+            template: template?,
         },
     })
 }
@@ -845,45 +852,23 @@ pub(crate) fn normalise_prefix(prefix: &str) -> Result<String, String> {
     {
         return Err("no spaces, `?` or `#` (paths are matched without the query)".to_owned());
     }
-    let decoded = decode_unreserved(prefix)?;
-    let mut segments: Vec<&str> = Vec::new();
-    for segment in decoded.split('/') {
-        match segment {
-            "" | "." => {}
-            ".." => {
-                segments.pop();
-            }
-            other => segments.push(other),
+    if let Some(at) = prefix.find('%') {
+        let well_formed = prefix[at..]
+            .split('%')
+            .skip(1)
+            .all(|rest| rest.len() >= 2 && rest.as_bytes()[..2].iter().all(u8::is_ascii_hexdigit));
+        if !well_formed {
+            return Err("`%` must be followed by two hex digits".to_owned());
         }
     }
-    Ok(format!("/{}", segments.join("/")))
-}
-
-fn decode_unreserved(path: &str) -> Result<String, String> {
-    let bytes = path.as_bytes();
-    let mut out = String::with_capacity(path.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] != b'%' {
-            let len = path[i..].chars().next().map_or(1, char::len_utf8);
-            out.push_str(&path[i..i + len]);
-            i += len;
-            continue;
-        }
-        let hex = path
-            .get(i + 1..i + 3)
-            .filter(|hex| hex.bytes().all(|b| b.is_ascii_hexdigit()))
-            .ok_or_else(|| "`%` must be followed by two hex digits".to_owned())?;
-        let byte = u8::from_str_radix(hex, 16).map_err(|err| err.to_string())?;
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(byte));
-        } else {
-            out.push('%');
-            out.push_str(&hex.to_ascii_uppercase());
-        }
-        i += 3;
-    }
-    Ok(out)
+    // Normalised exactly as request paths are, so the two always compare.
+    let normalized = crate::gate::normalize_path(prefix);
+    let trimmed = normalized.trim_end_matches('/');
+    Ok(if trimmed.is_empty() {
+        "/".to_owned()
+    } else {
+        trimmed.to_owned()
+    })
 }
 
 /// `[A-Za-z0-9_-]{1,max}`.

@@ -30,12 +30,14 @@
 //! - Admissions in one tick window (`floor(now / tick)`), by the admitter and
 //!   by admit-now together, never exceed `max_admit_per_tick`.
 
+pub mod breaker;
 pub mod memory;
 pub mod redis_store;
 
 use std::future::Future;
 use std::time::Duration;
 
+pub use breaker::{Breaker, BreakerConfig, BreakerState, Guarded, Operation};
 pub use memory::MemoryStore;
 pub use redis_store::RedisStore;
 

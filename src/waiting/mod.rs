@@ -39,14 +39,18 @@ pub fn is_navigation(method: &Method, headers: &HeaderMap) -> bool {
 }
 
 /// How long a waiter should wait before polling again: about a second near the
-/// head, up to eight far back, with ±20 % jitter, and always well inside
-/// `abandon_after` so a polling waiter is never taken for a ghost.
+/// head, up to eight far back, with ±20 % jitter, and never more than a third
+/// of `abandon_after` or of `arrival_grace` (jitter included): a polling
+/// waiter, or an app that obeys the `Retry-After` derived from it, is never
+/// taken for a ghost, and when the admitter lets it in (which can happen far
+/// from the head when many slots free at once) its next poll comes before the
+/// arrival grace runs out, so it is not counted a no-show.
 pub fn poll_after_ms(route: &RouteRt, position: u64) -> u64 {
     let base = (1_000 + position.saturating_sub(1) * 40).min(8_000);
-    let cap = (route.limits.abandon_after.as_millis() as u64 / 3).max(250);
-    let base = base.min(cap);
+    let patience = route.limits.abandon_after.min(route.limits.arrival_grace);
+    let cap = (patience.as_millis() as u64 / 3).max(250);
     let jitter = rand::rng().random_range(0.8..1.2);
-    ((base as f64) * jitter) as u64
+    (((base as f64) * jitter) as u64).min(cap)
 }
 
 /// Estimated seconds until `position` is admitted, from the store's measured
@@ -100,10 +104,20 @@ pub fn held_back(
 }
 
 /// The JSON answer for apps (DESIGN §1 step 5).
+///
+/// `Retry-After` while waiting is the poll interval (`poll_after_ms`, in
+/// whole seconds, rounded up), never the estimated wait: the interval is
+/// capped at a third of `abandon_after`, so a client that simply obeys
+/// `Retry-After` keeps its place, whereas waiting out the ETA would let the
+/// line drop it as a ghost. The body carries the same `poll_after_ms` and the
+/// ETA the status endpoint and the page show.
 fn api_answer(s: &Settings, route: &RouteRt, decision: &Decision) -> Response<Body> {
+    let mut poll_ms = None;
     let (status, state, retry, place) = match decision {
         Decision::Wait { place, .. } => {
-            let retry = poll_after_ms(route, place.position).div_ceil(1000).max(1);
+            let poll = poll_after_ms(route, place.position);
+            poll_ms = Some(poll);
+            let retry = poll.div_ceil(1000).max(1);
             (route.cfg.waiting_status, "waiting", retry, Some(*place))
         }
         Decision::Full { .. } => (StatusCode::SERVICE_UNAVAILABLE, "full", 30, None),
@@ -123,6 +137,7 @@ fn api_answer(s: &Settings, route: &RouteRt, decision: &Decision) -> Response<Bo
         body["waiting_total"] = json!(place.waiting_total);
         body["eta_seconds"] = json!(eta_seconds(route, place.position));
     }
+    body["poll_after_ms"] = json!(poll_ms.unwrap_or(retry * 1000));
     response::with_retry_after(response::json(status, "waiting", body.to_string()), retry)
 }
 

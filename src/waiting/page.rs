@@ -333,7 +333,7 @@ const REQUIRED: &[(&str, &str, Slot)] = &[
     ("script", "{{script}}", Slot::Script),
 ];
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 enum Part {
     Text(String),
     Slot(Slot),
@@ -342,7 +342,7 @@ enum Part {
 }
 
 /// A parsed page template: text with `{{placeholders}}`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Template {
     parts: Vec<Part>,
 }
@@ -443,7 +443,8 @@ fn text(lang: Lang, key: &str) -> &'static str {
 
 /// The `Content-Security-Policy` the default page works under: nothing
 /// loads but the page itself, only its own inline script and style run, and
-/// it may fetch and post only to its own origin. `None` for a custom
+/// it may fetch and post only to its own origin, and start the worker that
+/// keeps time for polling from a `blob:` URL. `None` for a custom
 /// template, whose author may have added inline code of their own.
 pub fn content_security_policy(template: Option<&Template>) -> Option<&'static str> {
     static POLICY: LazyLock<String> = LazyLock::new(|| {
@@ -452,7 +453,8 @@ pub fn content_security_policy(template: Option<&Template>) -> Option<&'static s
         };
         format!(
             "default-src 'none'; script-src 'sha256-{}'; style-src 'sha256-{}'; \
-             connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
+             connect-src 'self'; worker-src blob:; form-action 'self'; base-uri 'none'; \
+             frame-ancestors 'none'",
             hash(SCRIPT),
             hash(STYLE)
         )
@@ -1045,6 +1047,10 @@ mod tests {
         let policy = content_security_policy(None).unwrap_or("");
         assert!(policy.starts_with("default-src 'none'; script-src 'sha256-"));
         assert!(policy.contains("connect-src 'self'"));
+        assert!(
+            policy.contains("worker-src blob:"),
+            "polling worker allowed"
+        );
     }
 
     #[test]

@@ -55,7 +55,7 @@ fn is_relative_on_site(raw: &str) -> bool {
 }
 
 fn decoded_form_is_safe(bytes: &[u8]) -> bool {
-    if bytes.starts_with(b"//") || bytes.contains(&b'\\') {
+    if bytes.starts_with(b"//") || bytes.contains(&b'\\') || resolves_to_two_slashes(bytes) {
         return false;
     }
     if bytes.iter().any(|&b| b < 0x20 || b == 0x7f) {
@@ -63,6 +63,31 @@ fn decoded_form_is_safe(bytes: &[u8]) -> bool {
     }
     // C1 controls (U+0080..U+009F) written as UTF-8.
     !String::from_utf8_lossy(bytes).chars().any(char::is_control)
+}
+
+/// Whether the path, once a browser or a later server resolves its dot
+/// segments (`/x/..//host` → `//host`), starts with `//`: harmless on the
+/// first hop, but a protocol-relative URL to whatever serialises it again.
+fn resolves_to_two_slashes(bytes: &[u8]) -> bool {
+    let end = bytes
+        .iter()
+        .position(|&b| b == b'?' || b == b'#')
+        .unwrap_or(bytes.len());
+    let mut kept: Vec<&[u8]> = Vec::new();
+    let mut segments = bytes[..end].split(|&b| b == b'/').skip(1).peekable();
+    while let Some(segment) = segments.next() {
+        match segment {
+            b"." => {}
+            b".." => {
+                kept.pop();
+            }
+            other => kept.push(other),
+        }
+        if segments.peek().is_none() && matches!(segment, b"." | b"..") {
+            kept.push(b"");
+        }
+    }
+    kept.len() > 1 && kept[0].is_empty()
 }
 
 /// Decodes `%XX` escapes; a `%` without two hex digits is kept as it is.
@@ -168,6 +193,16 @@ mod tests {
         assert_eq!(sanitize("/%2fevil.example"), "/");
         assert_eq!(sanitize("%2F%2Fevil.example"), "/");
         assert_eq!(sanitize("/%252F/evil.example"), "/");
+        assert_eq!(sanitize("/x/..//evil.example"), "/");
+        assert_eq!(sanitize("/./x/.././/evil.example"), "/");
+        assert_eq!(sanitize("/x/%2E%2E//evil.example"), "/");
+        assert_eq!(
+            sanitize("/a/../b"),
+            "/a/../b",
+            "dot segments alone are fine"
+        );
+        assert_eq!(sanitize("/a/b/.."), "/a/b/..");
+        assert_eq!(sanitize("/a?next=/x/..//y"), "/a?next=/x/..//y");
     }
 
     #[test]

@@ -162,6 +162,8 @@ pub fn proxy_config(upstream: &str) -> Config {
 /// queuegate running in-process on real sockets.
 pub struct Gate {
     pub addr: SocketAddr,
+    /// The admin listener, when the gate was started with one.
+    pub admin: Option<SocketAddr>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<anyhow::Result<()>>>,
 }
@@ -171,11 +173,22 @@ impl Gate {
         format!("http://{}{}", self.addr, path)
     }
 
-    /// Starts the drain and waits until queuegate has returned.
-    pub async fn stop(mut self) -> anyhow::Result<()> {
+    /// A URL on the admin listener.
+    pub fn admin_url(&self, path: &str) -> String {
+        let admin = self.admin.expect("gate started without an admin listener");
+        format!("http://{admin}{path}")
+    }
+
+    /// Starts the drain without waiting for it.
+    pub fn start_drain(&mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
+    }
+
+    /// Starts the drain and waits until queuegate has returned.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        self.start_drain();
         match self.task.take() {
             Some(task) => task.await.unwrap(),
             None => Ok(()),
@@ -269,7 +282,7 @@ pub async fn spawn_gate_with(config: Config, ring: queuegate::admission::KeyRing
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let listeners = queuegate::Listeners {
-        public: vec![listener],
+        public: vec![listener.into()],
         admin: None,
     };
     let (tx, rx) = oneshot::channel::<()>();
@@ -278,6 +291,37 @@ pub async fn spawn_gate_with(config: Config, ring: queuegate::admission::KeyRing
     }));
     Gate {
         addr,
+        admin: None,
+        shutdown: Some(tx),
+        task: Some(task),
+    }
+}
+
+/// Runs queuegate with `config`, key ring `ring` and `options`, with an
+/// admin listener on 127.0.0.1:0 as well.
+pub async fn spawn_gate_opts(
+    config: Config,
+    ring: queuegate::admission::KeyRing,
+    options: queuegate::RunOptions,
+) -> Gate {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let admin_addr = admin.local_addr().unwrap();
+    let listeners = queuegate::Listeners {
+        public: vec![listener.into()],
+        admin: Some(admin),
+    };
+    let (tx, rx) = oneshot::channel::<()>();
+    let shutdown = async move {
+        let _ = rx.await;
+    };
+    let task = tokio::spawn(queuegate::run_with_options(
+        config, ring, listeners, shutdown, options,
+    ));
+    Gate {
+        addr,
+        admin: Some(admin_addr),
         shutdown: Some(tx),
         task: Some(task),
     }

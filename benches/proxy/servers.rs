@@ -1,0 +1,258 @@
+//! The three servers under test: the nginx origin, nginx as a reverse proxy, and queuegate.
+
+use std::fs::{self, File};
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, ensure, Context, Result};
+
+use crate::http;
+use crate::process::{free_port, Process};
+
+/// The `/small` body: 99 bytes, no characters nginx would need escaped.
+pub const SMALL_BODY: &str =
+    "queuegate benchmark small response: one hundred bytes of plain text, returned by the origin server!";
+/// The size of the `/large` static file.
+pub const LARGE_LEN: usize = 16 * 1024;
+/// The gated route's name, and so its cookie `qg_bench`.
+const ROUTE: &str = "bench";
+const KEY_ENV: &str = "QUEUEGATE_KEY_BENCH";
+
+/// A running server with its address.
+pub struct Server {
+    pub process: Process,
+    pub addr: SocketAddr,
+}
+
+/// A directory for one nginx instance (`-p` prefix): config, logs, pid file,
+/// temp paths. Readable by nginx's unprivileged workers.
+fn nginx_prefix(root: &Path, name: &str) -> Result<PathBuf> {
+    let prefix = root.join(name);
+    // nginx opens `<prefix>/logs/error.log` before it reads the config.
+    fs::create_dir_all(prefix.join("logs"))?;
+    fs::set_permissions(&prefix, fs::Permissions::from_mode(0o755))?;
+    Ok(prefix)
+}
+
+fn spawn_nginx(nginx: &Path, prefix: &Path, name: &str, config: &str) -> Result<Process> {
+    let conf = prefix.join(format!("{name}.conf"));
+    fs::write(&conf, config)?;
+    let stderr = prefix.join("logs/stderr.log");
+    let child = Command::new(nginx)
+        .arg("-c")
+        .arg(&conf)
+        .arg("-p")
+        .arg(prefix)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(&stderr)?)
+        .spawn()
+        .with_context(|| format!("starting {}", nginx.display()))?;
+    Ok(Process::new(
+        name,
+        child,
+        vec![stderr, prefix.join("logs/error.log")],
+    ))
+}
+
+/// The origin: one nginx worker answering `/small` from memory and `/large`
+/// from a 16 KiB file.
+pub fn start_origin(nginx: &Path, root: &Path) -> Result<Server> {
+    // The temp dir itself must be traversable by nginx's workers.
+    fs::set_permissions(root, fs::Permissions::from_mode(0o755))?;
+    let prefix = nginx_prefix(root, "origin")?;
+    let www = prefix.join("www");
+    fs::create_dir_all(&www)?;
+    let large: Vec<u8> = (0..LARGE_LEN).map(|i| b'a' + (i % 26) as u8).collect();
+    fs::write(www.join("large"), large)?;
+    let port = free_port()?;
+    let config = format!(
+        r#"daemon off;
+master_process on;
+worker_processes 1;
+pid {prefix}/origin.pid;
+error_log {prefix}/logs/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    keepalive_requests 100000;
+    keepalive_timeout 75s;
+    sendfile on;
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        default_type text/plain;
+        location /small {{ return 200 "{SMALL_BODY}"; }}
+        location = /large {{ root {www}; }}
+    }}
+}}
+"#,
+        prefix = prefix.display(),
+        www = www.display(),
+    );
+    let process = spawn_nginx(nginx, &prefix, "origin", &config)?;
+    let server = ready(process, port)?;
+    check_bodies(&server, &[])?;
+    Ok(server)
+}
+
+/// nginx as a keep-alive reverse proxy to the origin, one worker per CPU.
+pub fn start_nginx_proxy(nginx: &Path, root: &Path, origin: SocketAddr) -> Result<Server> {
+    let prefix = nginx_prefix(root, "nginx")?;
+    let port = free_port()?;
+    let config = format!(
+        r#"daemon off;
+master_process on;
+worker_processes auto;
+pid {prefix}/nginx.pid;
+error_log {prefix}/logs/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    keepalive_requests 100000;
+    keepalive_timeout 75s;
+    upstream origin {{
+        server {origin};
+        keepalive 64;
+    }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location / {{
+            proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $host;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto $scheme;
+            proxy_set_header X-Forwarded-Host $host;
+        }}
+    }}
+}}
+"#,
+        prefix = prefix.display(),
+    );
+    let process = spawn_nginx(nginx, &prefix, "nginx", &config)?;
+    let server = ready(process, port)?;
+    check_bodies(&server, &[])?;
+    Ok(server)
+}
+
+/// queuegate with one gated route over everything, plus the admission
+/// cookie (`qg_bench=…`) that lets a client through without a store call.
+pub fn start_queuegate(binary: &Path, root: &Path, origin: SocketAddr) -> Result<(Server, String)> {
+    ensure!(
+        binary.is_file(),
+        "queuegate binary not found at {}; build it with `cargo build --release`",
+        binary.display()
+    );
+    let dir = root.join("queuegate");
+    fs::create_dir_all(&dir)?;
+    let keygen = Command::new(binary)
+        .arg("keygen")
+        .output()
+        .context("running `queuegate keygen`")?;
+    let key = String::from_utf8(keygen.stdout)?.trim().to_string();
+    if !keygen.status.success() || key.is_empty() {
+        bail!(
+            "`queuegate keygen` failed ({}): {}",
+            keygen.status,
+            String::from_utf8_lossy(&keygen.stderr)
+        );
+    }
+    let port = free_port()?;
+    let config = format!(
+        r#"listen:
+  - addr: 127.0.0.1:{port}
+limits:
+  drain_timeout: 1s
+upstream:
+  url: http://{origin}
+  pool: {{ max_idle_per_host: 512 }}
+store:
+  backend: memory
+keys:
+  - {{ id: bench, env: {KEY_ENV} }}
+routes:
+  - name: {ROUTE}
+    match: {{ path_prefix: / }}
+    capacity: 100000
+    pass_ttl: 1h
+    session_ttl: 2h
+"#
+    );
+    let conf = dir.join("queuegate.yaml");
+    fs::write(&conf, config)?;
+    let log = dir.join("queuegate.log");
+    let child = Command::new(binary)
+        .arg("run")
+        .arg("-c")
+        .arg(&conf)
+        .env(KEY_ENV, &key)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(File::create(&log)?)
+        .stderr(File::create(dir.join("queuegate.err"))?)
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))?;
+    let process = Process::new("queuegate", child, vec![log, dir.join("queuegate.err")]);
+    let server = ready(process, port)?;
+
+    let cookie_name = format!("qg_{ROUTE}");
+    let first = http::get(server.addr, "/small", &[])?;
+    let pass = first.cookie(&cookie_name).with_context(|| {
+        format!(
+            "queuegate answered {} to a first visit without a `{cookie_name}` cookie",
+            first.status
+        )
+    })?;
+    ensure!(
+        first.status == 200,
+        "queuegate answered {} to a first visit with free capacity (expected 200 and a pass)",
+        first.status
+    );
+    let cookie = format!("{cookie_name}={pass}");
+    check_bodies(&server, &[format!("Cookie: {cookie}")])?;
+    Ok((server, cookie))
+}
+
+fn ready(mut process: Process, port: u16) -> Result<Server> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    http::wait_ready(&mut process, addr, "/small")?;
+    Ok(Server { process, addr })
+}
+
+/// Both paths answer `200` with the origin's exact bodies (through a proxy
+/// too), so every measured request is a full pass through the server.
+pub fn check_bodies(server: &Server, headers: &[String]) -> Result<()> {
+    for (path, len) in [("/small", SMALL_BODY.len()), ("/large", LARGE_LEN)] {
+        let response = http::get(server.addr, path, headers)?;
+        ensure!(
+            response.status == 200 && response.body.len() == len,
+            "{} answered {} with {} bytes to GET {path} (expected 200 with {len}){}",
+            server.process.name(),
+            response.status,
+            response.body.len(),
+            server.process.log_tail()
+        );
+        if path == "/small" {
+            ensure!(
+                response.body == SMALL_BODY.as_bytes(),
+                "{} changed the /small body",
+                server.process.name()
+            );
+        }
+        if let Some(renewed) = response
+            .headers
+            .iter()
+            .find(|(name, _)| name == "set-cookie")
+        {
+            bail!(
+                "{} set a cookie on a request that should be plainly forwarded: {}",
+                server.process.name(),
+                renewed.1.split('=').next().unwrap_or_default()
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,208 @@
+//! The admin listener: `/metrics` (Prometheus), `/healthz` (the process
+//! runs), `/readyz` (not draining, and the store has answered) and `/routes`
+//! (each route's config and live numbers as JSON). It never serves visitors.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::app::App;
+use crate::config::{Mode, OnStoreError};
+use crate::gate::RouteRt;
+use crate::metrics::CONTENT_TYPE as METRICS_CONTENT_TYPE;
+use crate::queue::QueueStore;
+use crate::response::{self, Body};
+
+/// How often the store is asked while it has not answered yet (or stopped).
+const RECHECK_UNREADY: Duration = Duration::from_secs(1);
+/// How often the store is asked once it answers, so a long outage shows.
+const RECHECK_READY: Duration = Duration::from_secs(5);
+/// A readiness probe that takes longer than this counts as a failure.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// An admin request head must arrive within this.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Whether the store answered its last readiness probe.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    store_ok: AtomicBool,
+}
+
+impl Readiness {
+    pub fn store_ok(&self) -> bool {
+        self.store_ok.load(Ordering::SeqCst)
+    }
+}
+
+/// Probes the store (`QueueStore::ready`) until `stop` changes: every second
+/// until it answers, then every few seconds, so an outage turns readiness
+/// off and the store's return turns it back on.
+pub async fn probe_store(
+    app: Arc<App>,
+    readiness: Arc<Readiness>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let answered = tokio::time::timeout(PROBE_TIMEOUT, app.gate.store.ready()).await;
+        let ok = matches!(answered, Ok(Ok(())));
+        let was_ok = readiness.store_ok.swap(ok, Ordering::SeqCst);
+        match (was_ok, ok, answered) {
+            (false, true, _) => tracing::info!("store answered: ready"),
+            (true, false, Ok(Err(err))) => {
+                tracing::warn!(error = %err, "store stopped answering: not ready")
+            }
+            (true, false, _) => tracing::warn!("store readiness probe timed out: not ready"),
+            _ => {}
+        }
+        let wait = if ok { RECHECK_READY } else { RECHECK_UNREADY };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// Serves the admin endpoints on `listener` until `stop` changes, then
+/// closes every admin connection.
+pub async fn serve(
+    app: Arc<App>,
+    readiness: Arc<Readiness>,
+    listener: TcpListener,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        let (stream, remote) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(err) => {
+                    tracing::warn!(error = %err, "admin accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.changed() => break,
+        };
+        // Reap finished connections so the set stays small.
+        while connections.try_join_next().is_some() {}
+        let app = app.clone();
+        let readiness = readiness.clone();
+        let service = service_fn(move |req: Request<Incoming>| {
+            let resp = answer(&app, &readiness, &req);
+            async move { Ok::<_, Infallible>(resp) }
+        });
+        connections.spawn(async move {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(err) = conn.await {
+                tracing::debug!(%remote, error = %err, "admin connection ended with an error");
+            }
+        });
+    }
+    connections.shutdown().await;
+}
+
+/// The answer to one admin request.
+pub fn answer(app: &App, readiness: &Readiness, req: &Request<Incoming>) -> Response<Body> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return response::plain(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method-not-allowed",
+            "405 method not allowed\n",
+        );
+    }
+    match req.uri().path() {
+        "/metrics" => {
+            app.metrics.observe_store(app.gate.store.breaker());
+            let mut resp = Response::new(Body::full(app.metrics.encode()));
+            resp.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static(METRICS_CONTENT_TYPE));
+            resp
+        }
+        "/healthz" => response::plain(StatusCode::OK, "healthz", "ok\n"),
+        "/readyz" => {
+            if app.is_draining() {
+                response::plain(StatusCode::SERVICE_UNAVAILABLE, "readyz", "draining\n")
+            } else if !readiness.store_ok() {
+                response::plain(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "readyz",
+                    "store not answering\n",
+                )
+            } else {
+                response::plain(StatusCode::OK, "readyz", "ready\n")
+            }
+        }
+        "/routes" => {
+            let s = app.settings.load();
+            let routes: Vec<_> = s.routes.iter().map(route_json).collect();
+            response::json(
+                StatusCode::OK,
+                "routes",
+                json!({ "routes": routes }).to_string(),
+            )
+        }
+        _ => response::plain(StatusCode::NOT_FOUND, "not-found", "404 not found\n"),
+    }
+}
+
+/// One route's config and live numbers.
+fn route_json(route: &RouteRt) -> serde_json::Value {
+    let cfg = &route.cfg;
+    let live = &route.live;
+    let waiting = live.waiting.load(Ordering::Relaxed);
+    let rate = live.admit_rate();
+    json!({
+        "name": cfg.name,
+        "match": {
+            "host": cfg.matcher.host,
+            "path_prefix": cfg.matcher.path_prefix,
+            "case_insensitive": cfg.matcher.case_insensitive,
+        },
+        "mode": mode_name(cfg.mode),
+        "on_store_error": policy_name(cfg.on_store_error),
+        "capacity": cfg.capacity,
+        "max_admit_per_tick": cfg.max_admit_per_tick,
+        "tick_ms": cfg.tick.as_millis() as u64,
+        "session_ttl_s": cfg.session_ttl.as_secs(),
+        "pass_ttl_s": cfg.pass_ttl.as_secs(),
+        "arrival_grace_s": cfg.arrival_grace.as_secs(),
+        "abandon_after_s": cfg.abandon_after.as_secs(),
+        "max_waiting": cfg.max_waiting,
+        "waiting_status": cfg.waiting_status.as_u16(),
+        "waiting": waiting,
+        "active": live.active.load(Ordering::Relaxed),
+        "admit_rate": rate,
+        "eta_seconds": (rate > 0.0).then(|| (waiting as f64 / rate).ceil() as u64),
+    })
+}
+
+fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Gate => "gate",
+        Mode::QueueAll => "queue_all",
+        Mode::Passthrough => "passthrough",
+        Mode::Closed => "closed",
+    }
+}
+
+fn policy_name(policy: OnStoreError) -> &'static str {
+    match policy {
+        OnStoreError::Open => "open",
+        OnStoreError::Closed => "closed",
+        OnStoreError::Local => "local",
+    }
+}

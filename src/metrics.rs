@@ -1,0 +1,686 @@
+//! Every Prometheus metric queuegate exports: one `Metrics` struct, passed by
+//! `Arc`, no globals. Per-route handles (`RouteMetrics`) are resolved once when
+//! the settings are built, so a request only bumps an atomic.
+//!
+//! The names are a contract: the Grafana dashboard and the alert rules in
+//! `deploy/` query them. Counters are registered without `_total`; the encoder
+//! adds it.
+
+use crate::queue::breaker::{Breaker, Operation};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+use crate::queue::Tick;
+
+/// The `Content-Type` of [`Metrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Wait in line, join → admitted: seconds to hours.
+const WAIT_BUCKETS: [f64; 14] = [
+    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0,
+    28800.0,
+];
+
+/// Origin response head: milliseconds to a minute.
+const UPSTREAM_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabel {
+    route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AdmittedLabels {
+    route: String,
+    how: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RejectedLabels {
+    route: String,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabel {
+    operation: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabel {
+    decision: &'static str,
+}
+
+/// Why a request to a gated route was not let through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejected {
+    /// The line holds `max_waiting`.
+    Full,
+    /// The route is closed.
+    Closed,
+    /// The store is down and the policy does not forward.
+    StoreDown,
+}
+
+/// How a request was answered: the `decision` label of
+/// `queuegate_requests_total` and of the per-request log line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// No route matched: forwarded ungated.
+    Forwarded,
+    /// A bypass rule matched.
+    Bypass,
+    Pass,
+    Renewed,
+    RenewedLocally,
+    AtOnce,
+    FromLine,
+    FailOpen,
+    Passthrough,
+    /// Sent to the waiting room.
+    Held,
+    Full,
+    Closed,
+    StoreDown,
+    /// One of queuegate's own paths.
+    Reserved,
+    /// Refused before any decision: ambiguous framing.
+    BadRequest,
+}
+
+impl Outcome {
+    const ALL: [Outcome; 15] = [
+        Outcome::Forwarded,
+        Outcome::Bypass,
+        Outcome::Pass,
+        Outcome::Renewed,
+        Outcome::RenewedLocally,
+        Outcome::AtOnce,
+        Outcome::FromLine,
+        Outcome::FailOpen,
+        Outcome::Passthrough,
+        Outcome::Held,
+        Outcome::Full,
+        Outcome::Closed,
+        Outcome::StoreDown,
+        Outcome::Reserved,
+        Outcome::BadRequest,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Forwarded => "forwarded",
+            Outcome::Bypass => "bypass",
+            Outcome::Pass => "pass",
+            Outcome::Renewed => "renewed",
+            Outcome::RenewedLocally => "renewed_locally",
+            Outcome::AtOnce => "at_once",
+            Outcome::FromLine => "from_line",
+            Outcome::FailOpen => "fail_open",
+            Outcome::Passthrough => "passthrough",
+            Outcome::Held => "held",
+            Outcome::Full => "full",
+            Outcome::Closed => "closed",
+            Outcome::StoreDown => "store_down",
+            Outcome::Reserved => "reserved",
+            Outcome::BadRequest => "bad_request",
+        }
+    }
+}
+
+/// Every metric queuegate exports, with the registry that encodes them.
+pub struct Metrics {
+    registry: Registry,
+    waiting: Family<RouteLabel, Gauge>,
+    active: Family<RouteLabel, Gauge>,
+    capacity: Family<RouteLabel, Gauge>,
+    admitted: Family<AdmittedLabels, Counter>,
+    rejected: Family<RejectedLabels, Counter>,
+    held: Family<RouteLabel, Counter>,
+    eta: Family<RouteLabel, Gauge<f64, AtomicU64>>,
+    wait: Family<RouteLabel, Histogram>,
+    abandoned: Family<RouteLabel, Counter>,
+    no_show: Family<RouteLabel, Counter>,
+    fail_open: Family<RouteLabel, Counter>,
+    store_errors: Family<OperationLabel, Counter>,
+    breaker_state: Gauge,
+    upstream_duration: Histogram,
+    upstream_error: Counter,
+    upstream_timeout: Counter,
+    reload_ok: Counter,
+    reload_error: Counter,
+    /// One counter per [`Outcome`], in `Outcome::ALL` order.
+    requests: Vec<Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh set of metrics, every series that a rate query needs to see at
+    /// zero already created.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let waiting = Family::<RouteLabel, Gauge>::default();
+        let active = Family::<RouteLabel, Gauge>::default();
+        let capacity = Family::<RouteLabel, Gauge>::default();
+        let admitted = Family::<AdmittedLabels, Counter>::default();
+        let rejected = Family::<RejectedLabels, Counter>::default();
+        let held = Family::<RouteLabel, Counter>::default();
+        let eta = Family::<RouteLabel, Gauge<f64, AtomicU64>>::default();
+        let wait = Family::<RouteLabel, Histogram>::new_with_constructor(
+            wait_histogram as fn() -> Histogram,
+        );
+        let abandoned = Family::<RouteLabel, Counter>::default();
+        let no_show = Family::<RouteLabel, Counter>::default();
+        let fail_open = Family::<RouteLabel, Counter>::default();
+        let store_errors = Family::<OperationLabel, Counter>::default();
+        let breaker_state = Gauge::default();
+        let upstream_duration = Histogram::new(UPSTREAM_BUCKETS);
+        let upstream_errors = Family::<KindLabel, Counter>::default();
+        let reloads = Family::<ResultLabel, Counter>::default();
+        let requests_family = Family::<DecisionLabel, Counter>::default();
+
+        registry.register(
+            "queuegate_waiting",
+            "People in line, per route",
+            waiting.clone(),
+        );
+        registry.register(
+            "queuegate_active",
+            "Active admitted sessions, per route",
+            active.clone(),
+        );
+        registry.register(
+            "queuegate_capacity",
+            "Configured concurrent sessions, per route",
+            capacity.clone(),
+        );
+        registry.register(
+            "queuegate_admitted",
+            "Visitors admitted, at once on arrival or from the line",
+            admitted.clone(),
+        );
+        registry.register(
+            "queuegate_rejected",
+            "Requests turned away: line full, route closed, store down",
+            rejected.clone(),
+        );
+        registry.register(
+            "queuegate_held",
+            "Requests sent to the waiting room",
+            held.clone(),
+        );
+        registry.register(
+            "queuegate_eta_seconds",
+            "Estimated wait for the back of the line (NaN while there is no admission rate)",
+            eta.clone(),
+        );
+        registry.register(
+            "queuegate_wait_seconds",
+            "Time in line, join to admission",
+            wait.clone(),
+        );
+        registry.register(
+            "queuegate_abandoned",
+            "Waiters dropped after going silent",
+            abandoned.clone(),
+        );
+        registry.register(
+            "queuegate_no_show",
+            "Admitted waiters who never came",
+            no_show.clone(),
+        );
+        registry.register(
+            "queuegate_store_errors",
+            "Store calls that failed or timed out, per operation",
+            store_errors.clone(),
+        );
+        registry.register(
+            "queuegate_store_breaker_state",
+            "Store circuit breaker: 0 closed, 1 half-open, 2 open",
+            breaker_state.clone(),
+        );
+        registry.register(
+            "queuegate_upstream_request_duration_seconds",
+            "Time until the origin's response head",
+            upstream_duration.clone(),
+        );
+        registry.register(
+            "queuegate_upstream_errors",
+            "Origin requests that failed (error) or timed out (timeout)",
+            upstream_errors.clone(),
+        );
+        registry.register(
+            "queuegate_config_reloads",
+            "Config reloads, applied (ok) or rejected (error)",
+            reloads.clone(),
+        );
+        registry.register(
+            "queuegate_fail_open",
+            "New visitors forwarded without a pass because the store was down",
+            fail_open.clone(),
+        );
+        registry.register(
+            "queuegate_requests",
+            "Requests by how they were answered",
+            requests_family.clone(),
+        );
+
+        for op in Operation::ALL {
+            let _ = store_errors.get_or_create_owned(&OperationLabel {
+                operation: op.label(),
+            });
+        }
+        let requests = Outcome::ALL
+            .iter()
+            .map(|o| {
+                requests_family.get_or_create_owned(&DecisionLabel {
+                    decision: o.as_str(),
+                })
+            })
+            .collect();
+        Metrics {
+            registry,
+            waiting,
+            active,
+            capacity,
+            admitted,
+            rejected,
+            held,
+            eta,
+            wait,
+            abandoned,
+            no_show,
+            fail_open,
+            store_errors,
+            breaker_state,
+            upstream_duration,
+            upstream_error: upstream_errors.get_or_create_owned(&KindLabel { kind: "error" }),
+            upstream_timeout: upstream_errors.get_or_create_owned(&KindLabel { kind: "timeout" }),
+            reload_ok: reloads.get_or_create_owned(&ResultLabel { result: "ok" }),
+            reload_error: reloads.get_or_create_owned(&ResultLabel { result: "error" }),
+            requests,
+        }
+    }
+
+    /// The handles of route `name`, created (at zero) when missing.
+    pub fn route(&self, name: &str) -> RouteMetrics {
+        let route = RouteLabel {
+            route: name.to_owned(),
+        };
+        let admitted = |how| AdmittedLabels {
+            route: name.to_owned(),
+            how,
+        };
+        let rejected = |reason| RejectedLabels {
+            route: name.to_owned(),
+            reason,
+        };
+        let eta = self.eta.get_or_create_owned(&route);
+        eta.set(f64::NAN);
+        RouteMetrics {
+            waiting: self.waiting.get_or_create_owned(&route),
+            active: self.active.get_or_create_owned(&route),
+            capacity: self.capacity.get_or_create_owned(&route),
+            admitted_at_once: self.admitted.get_or_create_owned(&admitted("at_once")),
+            admitted_from_line: self.admitted.get_or_create_owned(&admitted("from_line")),
+            rejected_full: self.rejected.get_or_create_owned(&rejected("full")),
+            rejected_closed: self.rejected.get_or_create_owned(&rejected("closed")),
+            rejected_store_down: self.rejected.get_or_create_owned(&rejected("store_down")),
+            held: self.held.get_or_create_owned(&route),
+            eta,
+            wait: self.wait.get_or_create_owned(&route),
+            abandoned: self.abandoned.get_or_create_owned(&route),
+            no_show: self.no_show.get_or_create_owned(&route),
+            fail_open: self.fail_open.get_or_create_owned(&route),
+        }
+    }
+
+    /// Drops every series of a route that left the config.
+    pub fn forget_route(&self, name: &str) {
+        let route = RouteLabel {
+            route: name.to_owned(),
+        };
+        for family in [&self.waiting, &self.active, &self.capacity] {
+            family.remove(&route);
+        }
+        for family in [&self.held, &self.abandoned, &self.no_show, &self.fail_open] {
+            family.remove(&route);
+        }
+        self.eta.remove(&route);
+        self.wait.remove(&route);
+        for how in ["at_once", "from_line"] {
+            self.admitted.remove(&AdmittedLabels {
+                route: name.to_owned(),
+                how,
+            });
+        }
+        for reason in ["full", "closed", "store_down"] {
+            self.rejected.remove(&RejectedLabels {
+                route: name.to_owned(),
+                reason,
+            });
+        }
+    }
+
+    /// One request answered.
+    pub fn request(&self, outcome: Outcome) {
+        // `requests` is built from `Outcome::ALL`, whose order matches the
+        // discriminants.
+        if let Some(counter) = self.requests.get(outcome as usize) {
+            counter.inc();
+        }
+    }
+
+    /// Copies the store circuit breaker's state and its error counts (every
+    /// store call goes through it, so it is the one place they are counted)
+    /// into the exported metrics; called before each scrape.
+    pub fn observe_store(&self, breaker: &Breaker) {
+        self.breaker_state.set(breaker.state() as i64);
+        for op in Operation::ALL {
+            let counter = self.store_errors.get_or_create(&OperationLabel {
+                operation: op.label(),
+            });
+            let total = breaker.errors(op);
+            let exported = counter.get();
+            if total > exported {
+                counter.inc_by(total - exported);
+            }
+        }
+    }
+
+    /// A new visitor to route `route` was forwarded because the store was
+    /// down. Requests the gate decides as `FailOpen` are already counted by
+    /// the request path; this is for fail-open paths outside it.
+    pub fn fail_open(&self, route: &str) {
+        self.fail_open
+            .get_or_create(&RouteLabel {
+                route: route.to_owned(),
+            })
+            .inc();
+    }
+
+    /// One origin request: how long until its response head, or how it failed.
+    pub fn upstream(&self, seconds: f64, failure: Option<UpstreamFailure>) {
+        self.upstream_duration.observe(seconds);
+        match failure {
+            Some(UpstreamFailure::Error) => self.upstream_error.inc(),
+            Some(UpstreamFailure::Timeout) => self.upstream_timeout.inc(),
+            None => 0,
+        };
+    }
+
+    /// A config reload was applied (`true`) or rejected.
+    pub fn config_reload(&self, ok: bool) {
+        if ok {
+            self.reload_ok.inc();
+        } else {
+            self.reload_error.inc();
+        }
+    }
+
+    /// Everything, in the OpenMetrics text format ([`CONTENT_TYPE`]).
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(8192);
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+fn wait_histogram() -> Histogram {
+    Histogram::new(WAIT_BUCKETS)
+}
+
+/// How an origin request failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpstreamFailure {
+    Error,
+    Timeout,
+}
+
+/// One route's metric handles, resolved when the settings are built.
+#[derive(Clone, Debug)]
+pub struct RouteMetrics {
+    waiting: Gauge,
+    active: Gauge,
+    capacity: Gauge,
+    admitted_at_once: Counter,
+    admitted_from_line: Counter,
+    rejected_full: Counter,
+    rejected_closed: Counter,
+    rejected_store_down: Counter,
+    held: Counter,
+    eta: Gauge<f64, AtomicU64>,
+    wait: Histogram,
+    abandoned: Counter,
+    no_show: Counter,
+    fail_open: Counter,
+}
+
+impl RouteMetrics {
+    /// Handles registered nowhere: for routes built outside a running
+    /// process (tests, tools).
+    pub fn detached() -> RouteMetrics {
+        Metrics::new().route("")
+    }
+
+    /// Counts the outcome of one request to this route.
+    pub fn request(&self, outcome: Outcome) {
+        match outcome {
+            Outcome::AtOnce => {
+                self.admitted_at_once.inc();
+            }
+            Outcome::FailOpen => {
+                self.fail_open.inc();
+            }
+            Outcome::Held => {
+                self.held.inc();
+            }
+            Outcome::Full => {
+                self.rejected_full.inc();
+            }
+            Outcome::Closed => {
+                self.rejected_closed.inc();
+            }
+            Outcome::StoreDown => {
+                self.rejected_store_down.inc();
+            }
+            _ => {}
+        }
+    }
+
+    /// What one admitter tick did: admissions from the line with their wait,
+    /// ghosts dropped, no-shows.
+    pub fn tick(&self, tick: &Tick) {
+        self.admitted_from_line
+            .inc_by(tick.admitted_scores.len() as u64);
+        for score in &tick.admitted_scores {
+            let waited_us = tick.now_us.saturating_sub(*score);
+            self.wait.observe(waited_us as f64 / 1_000_000.0);
+        }
+        self.abandoned.inc_by(tick.abandoned);
+        self.no_show.inc_by(tick.no_shows);
+    }
+
+    /// The route's live numbers; `eta_s` is `None` while there is no rate.
+    pub fn live(&self, waiting: u64, active: u64, eta_s: Option<f64>) {
+        self.waiting.set(waiting as i64);
+        self.active.set(active as i64);
+        self.eta.set(eta_s.unwrap_or(f64::NAN));
+    }
+
+    /// The configured capacity.
+    pub fn capacity(&self, capacity: u64) {
+        self.capacity
+            .set(i64::try_from(capacity).unwrap_or(i64::MAX));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn store_errors_and_breaker_state_come_from_the_breaker() {
+        use crate::queue::{BreakerConfig, StoreError};
+        let breaker = Breaker::new(BreakerConfig {
+            failures_to_open: 2,
+            cool_down: std::time::Duration::from_secs(2),
+            max_cool_down: std::time::Duration::from_secs(30),
+            probe_timeout: std::time::Duration::from_millis(100),
+        });
+        for _ in 0..2 {
+            let _ = breaker
+                .call(Operation::Poll, async { Err::<(), _>(StoreError::Timeout) })
+                .await;
+        }
+        let m = Metrics::new();
+        m.observe_store(&breaker);
+        m.observe_store(&breaker);
+        let text = m.encode();
+        assert_eq!(
+            sample(&text, "queuegate_store_errors_total{operation=\"poll\"}"),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&text, "queuegate_store_errors_total{operation=\"arrive\"}"),
+            Some(0.0)
+        );
+        assert_eq!(
+            sample(&text, "queuegate_store_breaker_state"),
+            Some(2.0),
+            "open"
+        );
+    }
+
+    #[test]
+    fn rate_series_exist_at_zero() {
+        let m = Metrics::new();
+        let _ = m.route("tickets");
+        let text = m.encode();
+        assert_eq!(
+            sample(
+                &text,
+                r#"queuegate_admitted_total{route="tickets",how="from_line"}"#
+            ),
+            Some(0.0)
+        );
+        assert_eq!(
+            sample(&text, r#"queuegate_config_reloads_total{result="error"}"#),
+            Some(0.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"queuegate_requests_total{decision="renewed_locally"}"#
+            ),
+            Some(0.0)
+        );
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn requests_and_ticks_are_counted_under_their_labels() {
+        let m = Metrics::new();
+        let r = m.route("tickets");
+        m.request(Outcome::Held);
+        r.request(Outcome::Held);
+        r.request(Outcome::Full);
+        r.tick(&Tick {
+            ran: true,
+            admitted_scores: vec![1_000_000, 2_000_000],
+            abandoned: 3,
+            no_shows: 1,
+            now_us: 31_000_000,
+            epoch_us: 1,
+        });
+        let text = m.encode();
+        assert_eq!(
+            sample(&text, r#"queuegate_requests_total{decision="held"}"#),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, r#"queuegate_held_total{route="tickets"}"#),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"queuegate_rejected_total{route="tickets",reason="full"}"#
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"queuegate_admitted_total{route="tickets",how="from_line"}"#
+            ),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&text, r#"queuegate_abandoned_total{route="tickets"}"#),
+            Some(3.0)
+        );
+        assert_eq!(
+            sample(&text, r#"queuegate_no_show_total{route="tickets"}"#),
+            Some(1.0)
+        );
+        // Waited 30 s and 29 s: both in the le=30 bucket, none in le=15.
+        assert_eq!(
+            sample(
+                &text,
+                r#"queuegate_wait_seconds_bucket{le="30.0",route="tickets"}"#
+            ),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"queuegate_wait_seconds_bucket{le="15.0",route="tickets"}"#
+            ),
+            Some(0.0)
+        );
+    }
+
+    #[test]
+    fn forgotten_routes_leave_no_series() {
+        let m = Metrics::new();
+        let _ = m.route("old");
+        m.forget_route("old");
+        assert!(!m.encode().contains("route=\"old\""));
+    }
+
+    #[test]
+    fn outcome_order_matches_its_discriminants() {
+        for (i, o) in Outcome::ALL.iter().enumerate() {
+            assert_eq!(*o as usize, i);
+        }
+    }
+}

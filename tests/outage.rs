@@ -1,0 +1,232 @@
+//! Store outages on a real `redis-server`: killed (connections refused) and
+//! stopped (connections hang). Admitted visitors keep reaching the origin;
+//! new visitors get what each route's `on_store_error` promises; nothing waits
+//! on the dead store; when Redis is back the line resumes.
+
+mod common;
+#[path = "common/redis.rs"]
+mod redis_harness;
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::*;
+use http::StatusCode;
+use queuegate::config::{Backend, OnStoreError};
+use redis_harness::RedisServer;
+
+/// The store's call timeout in these tests.
+const STORE_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// Hang guard: a request must be answered well within this even with the
+/// store dead or stopped (the store timeout plus a wide margin). A failure
+/// guard, not a timing assertion.
+const HANG_GUARD: Duration = Duration::from_secs(3);
+
+async fn answered<T>(what: &str, request: impl Future<Output = T>) -> T {
+    tokio::time::timeout(HANG_GUARD, request)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no answer within {HANG_GUARD:?}: it hung on the store"))
+}
+
+fn outage_route(name: &str, capacity: u64, policy: OnStoreError) -> queuegate::config::Route {
+    let mut r = route(name, &format!("/{name}"), capacity);
+    r.on_store_error = policy;
+    // Short passes, so browsing through the outage goes past half a pass's
+    // life and has to renew.
+    r.pass_ttl = Duration::from_secs(2);
+    r
+}
+
+fn redis_config(origin: &str, redis: &RedisServer) -> queuegate::config::Config {
+    let mut config = proxy_config(origin);
+    config.store.backend = Backend::Redis;
+    config.store.redis = redis.config(STORE_TIMEOUT);
+    config.store.expected_instances = 2;
+    config
+}
+
+/// A visitor that navigates to `url` and reaches the origin.
+async fn admitted(gate: &Gate, path: &str) -> Visitor {
+    let mut v = Visitor::new();
+    let a = answered("first visit", v.navigate(&gate.url(path))).await;
+    assert!(
+        a.reached_origin(),
+        "{path}: admitted before the outage: {a:?}"
+    );
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_store_keeps_admitted_visitors_in_and_each_route_follows_its_policy() {
+    let mut redis = RedisServer::start();
+    let (origin, hits) = counting_origin().await;
+    let mut config = redis_config(&origin.url(), &redis);
+    config.routes = vec![
+        outage_route("open", 1, OnStoreError::Open),
+        outage_route("closed", 1, OnStoreError::Closed),
+        // Two instances expected: this one admits at most 4 ÷ 2 on its own.
+        outage_route("local", 4, OnStoreError::Local),
+    ];
+    let gate = spawn_gate(config).await;
+
+    let mut browsing = [
+        ("/open", admitted(&gate, "/open").await),
+        ("/closed", admitted(&gate, "/closed").await),
+        ("/local", admitted(&gate, "/local").await),
+    ];
+    // The closed route is full: the next visitor waits in line.
+    let mut waiter = Visitor::new();
+    let a = answered("waiter joins", waiter.navigate(&gate.url("/closed/seat"))).await;
+    assert_eq!(a.status, StatusCode::FOUND, "{a:?}");
+    assert!(waiter.cookie("qg_closed").is_some());
+
+    redis.kill();
+
+    // Admitted visitors browse through the outage, past half their pass's
+    // life: each pass is renewed locally (a new cookie) and keeps working.
+    let mut renewed = [false; 3];
+    let browse_until = tokio::time::Instant::now() + Duration::from_millis(2_600);
+    while tokio::time::Instant::now() < browse_until {
+        for (i, (path, v)) in browsing.iter_mut().enumerate() {
+            let before = v.cookie(&format!("qg_{}", &path[1..])).map(str::to_owned);
+            let a = answered("admitted visitor", v.navigate(&gate.url(path))).await;
+            assert!(
+                a.reached_origin(),
+                "{path}: admitted visitor held back: {a:?}"
+            );
+            if v.cookie(&format!("qg_{}", &path[1..])).map(str::to_owned) != before {
+                renewed[i] = true;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        renewed, [true; 3],
+        "every pass was renewed without the store"
+    );
+
+    // open: new visitors are forwarded, without a pass.
+    for _ in 0..3 {
+        let mut v = Visitor::new();
+        let a = answered("new visitor, open", v.navigate(&gate.url("/open/new"))).await;
+        assert!(a.reached_origin(), "{a:?}");
+        assert!(v.cookie("qg_open").is_none());
+    }
+
+    // closed: the waiting page or store_down, nothing forwarded.
+    let before = hits.load(Ordering::SeqCst);
+    let mut v = Visitor::new();
+    let a = answered("new visitor, closed", v.navigate(&gate.url("/closed/new"))).await;
+    assert_eq!(a.status, StatusCode::FOUND, "{a:?}");
+    assert!(a
+        .location()
+        .is_some_and(|l| l.starts_with("/__queuegate/waiting")));
+    let a = answered("new app call, closed", v.fetch(&gate.url("/closed/api"))).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(a.json()["state"], "store_down");
+    assert!(a.headers.contains_key("retry-after"));
+    let status = answered("waiter polls", waiter.status(&gate, "closed")).await;
+    assert_eq!(status["state"], "store_down", "{status}");
+    assert_eq!(hits.load(Ordering::SeqCst), before, "nothing forwarded");
+
+    // local: at most capacity ÷ expected_instances new visitors get in.
+    let mut let_in = 0;
+    let mut waiting = 0;
+    for _ in 0..5 {
+        let mut v = Visitor::new();
+        let a = answered("new visitor, local", v.navigate(&gate.url("/local/new"))).await;
+        if a.reached_origin() {
+            let_in += 1;
+        } else {
+            assert_eq!(a.status, StatusCode::FOUND, "{a:?}");
+            waiting += 1;
+        }
+    }
+    assert_eq!((let_in, waiting), (2, 3));
+
+    // Redis comes back (empty) on the same port: the breaker half-opens and
+    // the line resumes. The admitted visitor leaves, freeing the slot; after
+    // the hold that follows the store loss, the waiter is admitted.
+    redis.restart();
+    let (_, holder) = &mut browsing[1];
+    answered("leave", holder.leave(&gate, "closed")).await;
+    let mut resumed = false;
+    for _ in 0..400 {
+        let status = answered("waiter polls", waiter.status(&gate, "closed")).await;
+        if status["state"] == "admitted" {
+            resumed = true;
+            break;
+        }
+        assert_ne!(
+            status["state"], "unknown",
+            "the waiter kept its place: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(resumed, "the waiter was admitted once Redis was back");
+    let a = answered(
+        "admitted waiter",
+        waiter.navigate(&gate.url("/closed/seat")),
+    )
+    .await;
+    assert!(a.reached_origin(), "{a:?}");
+    drop(gate);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_store_does_not_make_requests_hang() {
+    let mut redis = RedisServer::start();
+    let (origin, _hits) = counting_origin().await;
+    let mut config = redis_config(&origin.url(), &redis);
+    config.routes = vec![
+        outage_route("open", 1, OnStoreError::Open),
+        outage_route("closed", 1, OnStoreError::Closed),
+        outage_route("local", 4, OnStoreError::Local),
+    ];
+    let gate = spawn_gate(config).await;
+    let mut holders = [
+        ("/open", admitted(&gate, "/open").await),
+        ("/local", admitted(&gate, "/local").await),
+    ];
+
+    // SIGSTOP: connections stay open and nothing answers.
+    redis.pause();
+    for round in 0..10 {
+        for (path, v) in holders.iter_mut() {
+            let a = answered("admitted visitor", v.navigate(&gate.url(path))).await;
+            assert!(a.reached_origin(), "round {round}, {path}: {a:?}");
+        }
+        let mut v = Visitor::new();
+        let a = answered("new visitor, open", v.navigate(&gate.url("/open/x"))).await;
+        assert!(a.reached_origin(), "round {round}: {a:?}");
+        let mut v = Visitor::new();
+        let a = answered("new visitor, closed", v.fetch(&gate.url("/closed/x"))).await;
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "round {round}");
+        assert_eq!(a.json()["state"], "store_down");
+        let mut v = Visitor::new();
+        let a = answered("new visitor, local", v.navigate(&gate.url("/local/x"))).await;
+        assert!(
+            a.reached_origin() || a.status == StatusCode::FOUND,
+            "round {round}: {a:?}"
+        );
+        let mut v = Visitor::new();
+        answered("status poll", v.status(&gate, "local")).await;
+    }
+
+    // SIGCONT: the store answers again and new visitors go through it.
+    redis.resume();
+    let mut back = false;
+    for _ in 0..400 {
+        let mut v = Visitor::new();
+        let a = answered("new visitor, closed", v.fetch(&gate.url("/closed/y"))).await;
+        if a.status != StatusCode::SERVICE_UNAVAILABLE || a.json()["state"] != "store_down" {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(back, "the closed route answers from the store again");
+    drop(gate);
+}
