@@ -11,8 +11,9 @@
 //! Run (every flag also reads `QG_<FLAG>`, dashes as underscores):
 //!
 //! ```text
-//! cargo bench --bench crowd -- --visitors 20000 --rate 120 --instances 3 \
-//!     --store redis --capacity 200
+//! cargo bench --bench crowd -- --visitors 20000 --rate 150 --instances 3 \
+//!     --store redis --capacity 400 --think-ms 1000 --abandon-after-ms 30000 \
+//!     --arrival-grace-ms 30000 --session-ttl-ms 3000
 //! ```
 //!
 //! Flags: `--visitors` (1000), `--rate` visitors/s (200), `--instances` (1),
