@@ -43,7 +43,8 @@ impl App {
         clock: Clock,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<App> {
-        let upstream = Upstream::new(&config.upstream).map_err(anyhow::Error::msg)?;
+        let upstream = Upstream::new(&config.upstream, config.limits.worker_count())
+            .map_err(anyhow::Error::msg)?;
         let settings = settings_from(config, ring, &HashMap::new(), &metrics)?;
         Ok(App {
             upstream,
@@ -108,7 +109,9 @@ impl App {
             return (
                 None,
                 Outcome::Reserved,
-                waiting::serve(self, s, req, tls).await,
+                // Boxed so the waiting room's larger future does not set the
+                // size of every request's future (see `Gate::decide`).
+                Box::pin(waiting::serve(self, s, req, tls)).await,
             );
         }
         // Bypass rules and routes see the same normalised path, so

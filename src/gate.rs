@@ -245,6 +245,11 @@ impl Gate {
     }
 
     /// Decides a request to gated route `route` (DESIGN §1 step 4).
+    ///
+    /// Every branch that calls the store is boxed: a store call's future is
+    /// kilobytes, and unboxed it would be the size of every request's
+    /// future, copied on each request and held by each keep-alive
+    /// connection while it is idle. The admitted path allocates nothing.
     pub async fn decide(
         &self,
         s: &Settings,
@@ -268,11 +273,11 @@ impl Gate {
                 return decision;
             }
         } else if let Some(ticket) = creds.ticket {
-            if let Some(decision) = self.check_ticket(s, route, &ticket, tls).await {
+            if let Some(decision) = Box::pin(self.check_ticket(s, route, &ticket, tls)).await {
                 return decision;
             }
         }
-        self.arrive(s, route, tls).await
+        Box::pin(self.arrive(s, route, tls)).await
     }
 
     /// A pass: forward while fresh; past half its life renew it through the
@@ -295,10 +300,11 @@ impl Gate {
                 set_cookie: None,
             });
         }
-        let renewed = self
-            .store
-            .renew(route.name(), &pass.id, issued_s, &route.limits)
-            .await;
+        let renewed = Box::pin(
+            self.store
+                .renew(route.name(), &pass.id, issued_s, &route.limits),
+        )
+        .await;
         let how = match renewed {
             Ok(true) => Admitted::Renewed,
             Ok(false) => return None,

@@ -53,8 +53,11 @@ fn main() -> ExitCode {
     }
 }
 
+/// Client connections are served on worker threads of their own
+/// (`limits.workers`); this runtime runs the rest: the admin listener, the
+/// admitters, reloads and signals.
 fn serve(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

@@ -42,6 +42,9 @@ pub struct Peer {
     /// The client's socket address.
     pub addr: SocketAddr,
     forwarded_for: HeaderValue,
+    /// The worker thread serving the connection: its requests use that
+    /// worker's share of the upstream pool.
+    worker: usize,
 }
 
 impl Peer {
@@ -55,14 +58,24 @@ impl Peer {
         Peer {
             addr,
             forwarded_for,
+            worker: 0,
         }
+    }
+
+    /// The same client, served by worker thread `worker`.
+    pub fn on_worker(self, worker: usize) -> Peer {
+        Peer { worker, ..self }
     }
 }
 
-/// The origin and the pooled client that reaches it.
+type PooledClient = Client<HttpsConnector<HttpConnector>, Incoming>;
+
+/// The origin and the pooled clients that reach it: one per worker thread,
+/// so a request is written to an origin connection driven by the thread
+/// that serves its client, never handed across threads.
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpsConnector<HttpConnector>, Incoming>,
+    clients: Vec<PooledClient>,
     scheme: Scheme,
     authority: Authority,
     host: Option<HeaderValue>,
@@ -70,8 +83,10 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// Builds the pooled client from `upstream` (validated config).
-    pub fn new(cfg: &config::Upstream) -> Result<Upstream, String> {
+    /// Builds the pooled clients from `upstream` (validated config) for
+    /// `workers` worker threads; `upstream.pool.max_idle_per_host` is shared
+    /// out among them.
+    pub fn new(cfg: &config::Upstream, workers: usize) -> Result<Upstream, String> {
         let scheme = cfg.url.scheme().cloned().unwrap_or(Scheme::HTTP);
         if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
             return Err(format!("upstream.url: scheme {scheme} is not supported"));
@@ -100,14 +115,20 @@ impl Upstream {
             .https_or_http()
             .enable_http1()
             .wrap_connector(connector);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(cfg.pool.idle_timeout)
-            .pool_max_idle_per_host(cfg.pool.max_idle_per_host)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(connector);
+        let workers = workers.max(1);
+        let idle_per_worker = cfg.pool.max_idle_per_host.div_ceil(workers);
+        let clients = (0..workers)
+            .map(|_| {
+                Client::builder(TokioExecutor::new())
+                    .pool_idle_timeout(cfg.pool.idle_timeout)
+                    .pool_max_idle_per_host(idle_per_worker)
+                    .pool_timer(TokioTimer::new())
+                    .timer(TokioTimer::new())
+                    .build(connector.clone())
+            })
+            .collect();
         Ok(Upstream {
-            client,
+            clients,
             scheme,
             authority,
             host,
@@ -163,7 +184,8 @@ impl Upstream {
             headers.insert(header::UPGRADE, protocol.clone());
         }
 
-        let resp = match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+        let client = &self.clients[peer.worker % self.clients.len()];
+        let resp = match tokio::time::timeout(self.timeout, client.request(req)).await {
             Ok(Ok(resp)) => resp,
             Ok(Err(err)) => return Err(RequestError::Upstream(error_chain(&err))),
             Err(_) => return Err(RequestError::UpstreamTimeout),

@@ -16,7 +16,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::app::App;
@@ -89,52 +89,239 @@ async fn bind_one(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 /// Serves the public listeners until `shutdown` resolves, then stops
 /// accepting and gives in-flight requests `drain_timeout` to finish.
+///
+/// With more than one worker (`limits.workers`), each worker is a thread
+/// with its own single-threaded event loop that accepts from every listener
+/// and serves its connections from start to end, the way nginx's worker
+/// processes do: no request is ever handed between threads, so there are no
+/// cross-thread wake-ups on the request path. With one worker, connections
+/// are served on the caller's runtime.
 pub async fn serve(
     app: Arc<App>,
     public: Vec<PublicListener>,
     limits: &ServerLimits,
     shutdown: impl Future<Output = ()>,
 ) {
-    let builder = Arc::new(connection_builder(limits));
-    let graceful = Arc::new(GracefulShutdown::new());
-    let connections = Arc::new(Semaphore::new(limits.max_connections));
+    let shared = Shared {
+        app: app.clone(),
+        builder: Arc::new(connection_builder(limits)),
+        h1_buf_size: h1_buf_size(limits),
+        handshake_timeout: limits.header_timeout,
+        graceful: Arc::new(GracefulShutdown::new()),
+        connections: Arc::new(Semaphore::new(limits.max_connections)),
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
-
-    let mut loops = JoinSet::new();
-    for listener in public {
-        loops.spawn(accept_loop(
-            listener,
-            Connections {
-                app: app.clone(),
-                builder: builder.clone(),
-                h1_buf_size: h1_buf_size(limits),
-                handshake_timeout: limits.header_timeout,
-            },
-            graceful.clone(),
-            connections.clone(),
-            stop_rx.clone(),
-        ));
-    }
+    let workers = limits.worker_count();
+    let running = if workers <= 1 {
+        Running::Here(accept_here(public, &shared, stop_rx))
+    } else {
+        match Workers::start(workers, public, &shared, stop_rx) {
+            Ok(workers) => Running::Workers(workers),
+            Err(err) => {
+                tracing::error!(error = %err, "cannot start the worker threads");
+                return;
+            }
+        }
+    };
 
     shutdown.await;
     app.start_draining();
     tracing::info!(
-        in_flight_connections = graceful.count(),
+        in_flight_connections = shared.graceful.count(),
         "shutting down: no longer accepting, draining"
     );
     let _ = stop_tx.send(true);
-    while loops.join_next().await.is_some() {}
+    let workers = match running {
+        Running::Here(mut loops) => {
+            while loops.join_next().await.is_some() {}
+            None
+        }
+        Running::Workers(mut workers) => {
+            workers.accepting_stopped().await;
+            Some(workers)
+        }
+    };
     // Every accept loop has ended, so this is the last handle.
-    let Ok(graceful) = Arc::try_unwrap(graceful) else {
+    let Ok(graceful) = Arc::try_unwrap(shared.graceful) else {
         return;
     };
-
     match tokio::time::timeout(limits.drain_timeout, graceful.shutdown()).await {
         Ok(()) => tracing::info!("drained: every connection finished"),
         Err(_) => tracing::warn!(
             drain_timeout = ?limits.drain_timeout,
             "drain deadline reached: closing the remaining connections"
         ),
+    }
+    if let Some(workers) = workers {
+        workers.stop().await;
+    }
+}
+
+/// What the accept loops of every worker share.
+#[derive(Clone)]
+struct Shared {
+    app: Arc<App>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    h1_buf_size: usize,
+    handshake_timeout: Duration,
+    graceful: Arc<GracefulShutdown>,
+    connections: Arc<Semaphore>,
+}
+
+impl Shared {
+    fn connections(&self, worker: usize) -> Connections {
+        Connections {
+            app: self.app.clone(),
+            builder: self.builder.clone(),
+            h1_buf_size: self.h1_buf_size,
+            handshake_timeout: self.handshake_timeout,
+            worker,
+        }
+    }
+}
+
+enum Running {
+    /// Accept loops on the caller's runtime.
+    Here(JoinSet<()>),
+    /// Accept loops on worker threads.
+    Workers(Workers),
+}
+
+fn accept_here(
+    public: Vec<PublicListener>,
+    shared: &Shared,
+    stop: watch::Receiver<bool>,
+) -> JoinSet<()> {
+    let mut loops = JoinSet::new();
+    for listener in public {
+        loops.spawn(accept_loop(
+            listener,
+            shared.connections(0),
+            shared.graceful.clone(),
+            shared.connections.clone(),
+            stop.clone(),
+        ));
+    }
+    loops
+}
+
+/// The worker threads, each running a single-threaded runtime.
+struct Workers {
+    threads: Vec<std::thread::JoinHandle<()>>,
+    /// Closed once every worker's accept loops have ended.
+    accepting: mpsc::Receiver<()>,
+    /// Tells the workers to drop what is left and end.
+    release: watch::Sender<bool>,
+}
+
+impl Workers {
+    fn start(
+        count: usize,
+        public: Vec<PublicListener>,
+        shared: &Shared,
+        stop: watch::Receiver<bool>,
+    ) -> std::io::Result<Workers> {
+        // Each worker registers its own handle on every listening socket
+        // with its own event loop; the kernel gives each connection to one.
+        let mut sockets = Vec::with_capacity(public.len());
+        for PublicListener { listener, tls } in public {
+            sockets.push((listener.into_std()?, tls));
+        }
+        let (accepting_tx, accepting) = mpsc::channel::<()>(1);
+        let (release, released) = watch::channel(false);
+        let mut workers = Workers {
+            threads: Vec::with_capacity(count),
+            accepting,
+            release,
+        };
+        for worker in 0..count {
+            match Workers::spawn(worker, &sockets, shared, &stop, &accepting_tx, &released) {
+                Ok(thread) => workers.threads.push(thread),
+                Err(err) => {
+                    // Those already running end too.
+                    let _ = workers.release.send(true);
+                    return Err(err);
+                }
+            }
+        }
+        Ok(workers)
+    }
+
+    /// Starts worker thread number `worker`.
+    fn spawn(
+        worker: usize,
+        sockets: &[(std::net::TcpListener, Option<tls::Acceptor>)],
+        shared: &Shared,
+        stop: &watch::Receiver<bool>,
+        accepting_tx: &mpsc::Sender<()>,
+        released: &watch::Receiver<bool>,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let mut mine = Vec::with_capacity(sockets.len());
+        for (socket, tls) in sockets {
+            mine.push((socket.try_clone()?, tls.clone()));
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let shared = shared.clone();
+        let stop = stop.clone();
+        let accepting_tx = accepting_tx.clone();
+        let mut released = released.clone();
+        std::thread::Builder::new()
+            .name(format!("qg-worker-{worker}"))
+            .spawn(move || {
+                let serving = async move {
+                    let mut loops = JoinSet::new();
+                    for (socket, tls) in mine {
+                        let listener = match TcpListener::from_std(socket) {
+                            Ok(listener) => listener,
+                            Err(err) => {
+                                tracing::error!(worker, error = %err, "cannot register a listener");
+                                continue;
+                            }
+                        };
+                        loops.spawn(accept_loop(
+                            PublicListener { listener, tls },
+                            shared.connections(worker),
+                            shared.graceful.clone(),
+                            shared.connections.clone(),
+                            stop.clone(),
+                        ));
+                    }
+                    // The drain needs the last handle on `graceful`.
+                    drop(shared);
+                    while loops.join_next().await.is_some() {}
+                    drop(accepting_tx);
+                    // Open connections are served here until released.
+                    std::future::pending::<()>().await;
+                };
+                runtime.block_on(async move {
+                    tokio::select! {
+                        () = serving => {}
+                        _ = released.wait_for(|released| *released) => {}
+                    }
+                });
+                // Dropping the runtime closes what is left.
+            })
+    }
+
+    /// Resolves once every worker has stopped accepting.
+    async fn accepting_stopped(&mut self) {
+        while self.accepting.recv().await.is_some() {}
+    }
+
+    /// Ends the workers (closing any connection still open) and waits for them.
+    async fn stop(self) {
+        let _ = self.release.send(true);
+        let threads = self.threads;
+        let joined = tokio::task::spawn_blocking(move || {
+            for thread in threads {
+                if thread.join().is_err() {
+                    tracing::error!("a worker thread panicked");
+                }
+            }
+        });
+        let _ = joined.await;
     }
 }
 
@@ -165,6 +352,8 @@ struct Connections {
     h1_buf_size: usize,
     /// A TLS handshake must finish within this (the request-head timeout).
     handshake_timeout: Duration,
+    /// The worker thread serving these connections.
+    worker: usize,
 }
 
 impl Connections {
@@ -186,14 +375,18 @@ impl Connections {
         let stream = Watched::new(stream, self.h1_buf_size);
         let framing = stream.watch();
         let app = self.app.clone();
-        let peer = Peer::new(remote);
+        let peer = Peer::new(remote).on_worker(self.worker);
         let service = service_fn(move |mut req: Request<Incoming>| {
             if let Some(head) = framing.next_request() {
                 req.extensions_mut().insert(head);
             }
             let app = app.clone();
             let peer = peer.clone();
-            async move { Ok::<_, Infallible>(app.handle(req, peer, tls).await) }
+            // Boxed: hyper keeps a slot the size of the service's future
+            // for the life of the connection, so an unboxed future of a few
+            // kilobytes would stay allocated on every idle keep-alive
+            // connection. Boxed, it lives only while the request does.
+            Box::pin(async move { Ok::<_, Infallible>(app.handle(req, peer, tls).await) })
         });
         let conn = self
             .builder

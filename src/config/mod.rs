@@ -95,6 +95,19 @@ pub struct ServerLimits {
     pub max_connections: usize,
     /// On SIGTERM, in-flight requests get this long (default 30s).
     pub drain_timeout: Duration,
+    /// Threads serving client connections, each with its own event loop and
+    /// its own share of the upstream pool; `None` (`auto`, the default) is
+    /// one per CPU the process may use.
+    pub workers: Option<usize>,
+}
+
+impl ServerLimits {
+    /// The number of worker threads: `workers`, or one per available CPU.
+    pub fn worker_count(&self) -> usize {
+        self.workers.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        })
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]

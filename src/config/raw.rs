@@ -56,6 +56,15 @@ pub(crate) struct RawLimits {
     pub max_header_bytes: Option<u64>,
     pub max_connections: Option<u64>,
     pub drain_timeout: Option<DurationText>,
+    pub workers: Option<RawWorkers>,
+}
+
+/// `limits.workers`: `auto` or a number of threads.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum RawWorkers {
+    Count(u64),
+    Word(String),
 }
 
 #[derive(Debug, Default, Deserialize)]

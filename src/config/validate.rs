@@ -10,7 +10,7 @@ use super::error::{ConfigError, ConfigErrors, FieldPath};
 use super::locate;
 use super::raw::{
     DurationText, RawBackend, RawBypass, RawConfig, RawKey, RawLimits, RawListen, RawMatch,
-    RawMode, RawOnStoreError, RawRedis, RawRoute, RawStore, RawUpstream,
+    RawMode, RawOnStoreError, RawRedis, RawRoute, RawStore, RawUpstream, RawWorkers,
 };
 use super::{
     Admin, Backend, BypassRule, Config, CookieConfig, KeyFrom, KeySource, Listen, Mode,
@@ -27,6 +27,8 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_HEADER_BYTES: u64 = 16384;
 const MAX_HEADER_BYTES_RANGE: std::ops::RangeInclusive<u64> = 1024..=1_048_576;
 const MAX_CONNECTIONS: u64 = 10_000;
+/// More worker threads than this is a typo, not a machine.
+const MAX_WORKERS: u64 = 1024;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
@@ -211,11 +213,31 @@ fn limits(raw: RawLimits, at: &FieldPath, problems: &mut Problems) -> ServerLimi
     if max_connections == 0 {
         problems.report(at.key("max_connections"), "must be at least 1");
     }
+    let workers = match raw.workers {
+        None => None,
+        Some(RawWorkers::Word(word)) if word == "auto" => None,
+        Some(RawWorkers::Count(n)) if (1..=MAX_WORKERS).contains(&n) => Some(to_usize(n)),
+        Some(RawWorkers::Count(n)) => {
+            problems.report(
+                at.key("workers"),
+                format!("{n} is out of range: must be `auto` or between 1 and {MAX_WORKERS}"),
+            );
+            None
+        }
+        Some(RawWorkers::Word(word)) => {
+            problems.report(
+                at.key("workers"),
+                format!("`{word}`: must be `auto` or a number of threads"),
+            );
+            None
+        }
+    };
     ServerLimits {
         header_timeout,
         max_header_bytes: to_usize(max_header_bytes),
         max_connections: to_usize(max_connections),
         drain_timeout: duration(raw.drain_timeout, DRAIN_TIMEOUT),
+        workers,
     }
 }
 
@@ -1154,15 +1176,28 @@ keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]
     #[test]
     fn limits_are_bounded() {
         let paths = problem_paths(
-            "limits: { header_timeout: 0s, max_header_bytes: 1023, max_connections: 0 }\n",
+            "limits: { header_timeout: 0s, max_header_bytes: 1023, max_connections: 0, workers: 0 }\n",
         );
         assert_eq!(
             paths,
             [
                 "limits.header_timeout",
                 "limits.max_header_bytes",
-                "limits.max_connections"
+                "limits.max_connections",
+                "limits.workers"
             ]
+        );
+        assert_eq!(
+            problem_paths("limits: { workers: many }\n"),
+            ["limits.workers"]
+        );
+        assert_eq!(
+            parse("limits: { workers: auto }\n").unwrap().limits.workers,
+            None
+        );
+        assert_eq!(
+            parse("limits: { workers: 3 }\n").unwrap().limits.workers,
+            Some(3)
         );
         let config = parse("limits: { max_header_bytes: 1048576, drain_timeout: 0s }\n").unwrap();
         assert_eq!(config.limits.max_header_bytes, 1_048_576);

@@ -129,6 +129,7 @@ pub fn proxy_config(upstream: &str) -> Config {
             max_header_bytes: 16384,
             max_connections: 10_000,
             drain_timeout: Duration::from_secs(30),
+            workers: None,
         },
         upstream: Upstream {
             url: upstream.parse().unwrap(),
