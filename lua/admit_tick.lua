@@ -7,7 +7,8 @@
 -- Returns: {ran (1|0), now µs, epoch µs, abandoned, no_shows,
 --           join score of each waiter admitted, in admission order...}
 -- Invariant: at most one run per tick window floor(now_ms / tick), whichever
--- instance comes first (the tick key holds the window last run); admissions
+-- instance comes first (the tick key holds the window last run); every
+-- no-show purged leaves a tombstone in seen for abandon_after; admissions
 -- in a window (this and admit-now together) never exceed max_admit_per_tick;
 -- the active count (expiry > now) never exceeds capacity; ghosts are dropped
 -- before anyone behind them is admitted; nobody is admitted during a hold.
@@ -32,15 +33,19 @@ end
 redis.call('SET', tick_key, int(window), 'PX', tick_ms)
 
 -- Expired slots; an admitted waiter who never showed up has an expiry
--- ending in .5.
+-- ending in .5 and leaves a tombstone, so its ticket is not restored as a
+-- lost write. Tombstones go once older than abandon_after.
+forget_no_shows(abandon_after_ms)
 local no_shows = 0
 local expired = redis.call('ZRANGEBYSCORE', active_key, '-inf', int(now_ms),
   'WITHSCORES', 'LIMIT', 0, 10000)
 local expired_ids = {}
 for i = 1, #expired, 2 do
   expired_ids[#expired_ids + 1] = expired[i]
-  if tonumber(expired[i + 1]) % 1 ~= 0 then
+  local expiry = tonumber(expired[i + 1])
+  if expiry % 1 ~= 0 then
     no_shows = no_shows + 1
+    bury_no_show(expired[i], expiry)
   end
 end
 for i = 1, #expired_ids, 1000 do

@@ -10,8 +10,10 @@
 -- Invariant: an entry missing from the store is restored at the ticket's
 -- score only when the epoch is newer than the score (the store was wiped; a
 -- hold of pass_ttl starts) or the score is younger than abandon_after (a
--- write lost in a failover). A waiter still in line keeps its place: ghosts
--- are dropped by arrive and admit_tick.
+-- write lost in a failover), and never for a no-show (admitted, did not come
+-- within arrival_grace: a tombstone in seen, or its expired .5 expiry). A
+-- waiter still in line keeps its place: ghosts are dropped by arrive and
+-- admit_tick.
 
 local id = ARGV[1]
 local ticket_us = tonumber(ARGV[2])
@@ -28,6 +30,10 @@ end
 if is_active(id) then
   redis.call('ZADD', active_key, int(now_ms + session_ttl_ms), id)
   return {1}
+end
+
+if is_no_show(id) then
+  return {0}
 end
 
 local wiped = epoch_us > ticket_us

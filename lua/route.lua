@@ -4,7 +4,10 @@
 -- KEYS (the same five, in this order, for every script; one `{route}` hash
 -- tag, so they share a Cluster slot):
 --   KEYS[1] qg:{route}:waiting  ZSET  id -> join score (store time, µs)
---   KEYS[2] qg:{route}:seen     ZSET  id -> last poll (ms); only ids in line
+--   KEYS[2] qg:{route}:seen     ZSET  id -> last poll (ms) of an id in line,
+--                                      or -expiry (ms) of a purged no-show
+--                                      (a tombstone, negative so no poll
+--                                      time is ever one; kept abandon_after)
 --   KEYS[3] qg:{route}:active   ZSET  id -> expiry (ms); an expiry ending in
 --                                      .5 marks a waiter admitted from the
 --                                      line who has not shown up yet
@@ -123,9 +126,9 @@ local function admit_rate()
 end
 
 -- Drops up to `limit` waiters whose last poll is before now - abandon_after
--- (the oldest first); returns how many.
+-- (the oldest first); returns how many. Tombstones (negative) are not waiters.
 local function drop_ghosts(abandon_after_ms, limit)
-  local ghosts = redis.call('ZRANGEBYSCORE', seen_key, '-inf',
+  local ghosts = redis.call('ZRANGEBYSCORE', seen_key, 0,
     '(' .. int(now_ms - abandon_after_ms), 'LIMIT', 0, limit)
   if #ghosts > 0 then
     redis.call('ZREM', waiting_key, unpack(ghosts))
@@ -138,7 +141,32 @@ end
 -- so a lost heartbeat never costs a place).
 local function is_ghost(id, abandon_after_ms)
   local seen = tonumber(redis.call('ZSCORE', seen_key, id))
-  return seen ~= nil and seen < now_ms - abandon_after_ms
+  return seen ~= nil and seen >= 0 and seen < now_ms - abandon_after_ms
+end
+
+-- A no-show, admitted at `expiry_ms` - arrival_grace, was purged: a tombstone
+-- in `seen` tells its ticket from a lost write (see poll.lua). NX: an id that
+-- joined the line again keeps its poll time.
+local function bury_no_show(id, expiry_ms)
+  redis.call('ZADD', seen_key, 'NX', int(-math.floor(expiry_ms)), id)
+end
+
+-- Whether `id` was admitted and never came: a tombstone, or a pending expiry
+-- (ending in .5) that ran out and awaits the tick's purge.
+local function is_no_show(id)
+  local seen = tonumber(redis.call('ZSCORE', seen_key, id))
+  if seen ~= nil and seen < 0 then
+    return true
+  end
+  local expiry = tonumber(redis.call('ZSCORE', active_key, id))
+  return expiry ~= nil and expiry <= now_ms and expiry % 1 ~= 0
+end
+
+-- Forgets tombstones of no-shows that expired before now - abandon_after: by
+-- then every ticket they could meet is too old for the lost-write rule.
+local function forget_no_shows(abandon_after_ms)
+  redis.call('ZREMRANGEBYSCORE', seen_key,
+    '(' .. int(abandon_after_ms - now_ms), '(0')
 end
 
 -- The reply for a visitor in line: {2, join score, position, waiting total}.

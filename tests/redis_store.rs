@@ -616,3 +616,64 @@ async fn ghosts_dropped_by_an_arrival_are_counted_by_the_next_tick() {
     let back = waiting(s.arrive("r", &id(1), &l, false).await.unwrap());
     assert!(back.score_us > a.score_us);
 }
+
+#[tokio::test]
+async fn purged_no_shows_leave_tombstones_in_seen_until_abandon_after() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let l = Limits {
+        capacity: 2,
+        tick: Duration::from_millis(100),
+        arrival_grace: Duration::from_millis(200),
+        abandon_after: Duration::from_millis(1_500),
+        ..limits()
+    };
+    let seen_key = "qg:{r}:seen";
+    let a = waiting(s.arrive("r", &id(1), &l, false).await.unwrap());
+    let b = waiting(s.arrive("r", &id(2), &l, false).await.unwrap());
+    let first = tick_that_runs(&s, "r", &l).await;
+    assert_eq!(first.admitted_scores, vec![a.score_us, b.score_us]);
+    let mut no_shows = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while no_shows < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "no no-show counted");
+        let tick = tick_that_runs(&s, "r", &l).await;
+        assert_eq!(tick.abandoned, 0, "a tombstone is no ghost");
+        no_shows += tick.no_shows;
+    }
+    assert_eq!(no_shows, 2);
+    // From here on nobody is admitted, so visitor 2 stays in line.
+    let l = Limits { capacity: 0, ..l };
+
+    // One tombstone per no-show: the raw id, scored by its negated expiry.
+    let buried: Vec<(Vec<u8>, f64)> = server.query(&["ZRANGE", seen_key, "0", "-1", "WITHSCORES"]);
+    assert_eq!(buried.len(), 2);
+    assert!(buried
+        .iter()
+        .all(|(m, score)| m.len() == 16 && *score < 0.0));
+    assert_eq!(
+        s.poll("r", &id(1), a.score_us, &l).await.unwrap(),
+        Poll::Gone
+    );
+    // Joining again replaces the tombstone with a poll time.
+    let again = waiting(s.arrive("r", &id(2), &l, false).await.unwrap());
+    assert!(again.score_us > b.score_us);
+    let id2_seen: Vec<(Vec<u8>, f64)> =
+        server.query(&["ZRANGEBYSCORE", seen_key, "0", "+inf", "WITHSCORES"]);
+    assert_eq!(id2_seen.len(), 1);
+    assert_eq!(id2_seen[0].0, id(2).to_vec());
+
+    // Past abandon_after the tick forgets the remaining tombstone.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        polled_place(s.poll("r", &id(2), again.score_us, &l).await.unwrap());
+        tick_that_runs(&s, "r", &l).await;
+        let left: u64 = server.query(&["ZCOUNT", seen_key, "-inf", "(0"]);
+        if left == 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "tombstone kept");
+    }
+    let seen: u64 = server.query(&["ZCARD", seen_key]);
+    assert_eq!(seen, 1, "the waiter's own poll time stays");
+}

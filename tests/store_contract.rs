@@ -489,6 +489,57 @@ async fn no_show_frees_slot_after_arrival_grace<H: Harness>(h: &mut H) {
     assert_eq!(stats(h, &route, &limits).await.active, 1);
 }
 
+async fn purged_no_show_rejoins_at_the_back<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    // A no-show's ticket is still younger than `abandon_after` when it polls
+    // again: only the purge can tell it from a write lost in a failover.
+    let limits = Limits {
+        capacity: 1,
+        abandon_after: Duration::from_secs(30),
+        ..limits()
+    };
+    assert_eq!(arrive(h, &route, 1, &limits, true).await, Arrival::Admitted);
+    let b = join(h, &route, 2, &limits).await;
+    leave(h, &route, 1).await;
+    assert_eq!(tick(h, &route, &limits).await, vec![b.score_us]);
+    // Visitor 2 never shows up within the arrival grace.
+    h.advance(limits.arrival_grace + Duration::from_millis(200))
+        .await;
+    assert_eq!(
+        poll(h, &route, 2, b.score_us, &limits).await,
+        Poll::Gone,
+        "a no-show past its grace is gone, purged or not"
+    );
+    let purge = h
+        .store()
+        .admit_tick(&route, &limits, None)
+        .await
+        .expect("tick");
+    assert_eq!((purge.no_shows, purge.abandoned), (1, 0));
+    assert_eq!(stats(h, &route, &limits).await.active, 0);
+
+    let c = join(h, &route, 3, &limits).await;
+    assert_eq!(c.position, 1);
+    assert_eq!(
+        poll(h, &route, 2, b.score_us, &limits).await,
+        Poll::Gone,
+        "a purged no-show is not restored at its old score"
+    );
+    let b_again = join(h, &route, 2, &limits).await;
+    assert!(b_again.score_us > c.score_us);
+    assert_eq!((b_again.position, b_again.waiting_total), (2, 2));
+    let Poll::Waiting(c_now) = poll(h, &route, 3, c.score_us, &limits).await else {
+        panic!("visitor 3 should still wait");
+    };
+    assert_eq!(c_now.position, 1);
+    let Poll::Waiting(b_now) = poll(h, &route, 2, b_again.score_us, &limits).await else {
+        panic!("visitor 2 waits again with its new ticket");
+    };
+    assert_eq!(b_now, b_again);
+    h.advance(limits.tick).await;
+    assert_eq!(tick(h, &route, &limits).await, vec![c.score_us]);
+}
+
 async fn poll_after_admission_extends_session<H: Harness>(h: &mut H) {
     let route = h.fresh_route();
     let limits = Limits {
@@ -891,6 +942,7 @@ macro_rules! contract_suite {
                 per_tick_budget_shared_by_admit_now_and_tick,
                 ghosts_dropped_not_admitted,
                 no_show_frees_slot_after_arrival_grace,
+                purged_no_show_rejoins_at_the_back,
                 poll_after_admission_extends_session,
                 same_id_keeps_one_place,
                 leave_frees_slot_and_place,

@@ -8,6 +8,9 @@
 //!   order-statistics tree so a waiter's place is found in O(log n);
 //! - `seen`: id → last poll (ms), with an index by time so ghosts are dropped
 //!   from the oldest without scanning the line;
+//! - `no_shows`: admitted waiters purged for not showing up, by expiry (ms),
+//!   kept for `abandon_after` so their young tickets are not restored as lost
+//!   writes (the tombstones Redis keeps in `seen`);
 //! - `active`: id → expiry (ms), with an index by expiry; expired sessions are
 //!   purged at the start of every operation, so the active count is the number
 //!   of unexpired expiries, never a counter;
@@ -130,6 +133,7 @@ struct Route {
     epoch_us: u64,
     line: Line,
     sessions: Sessions,
+    no_shows: NoShows,
     /// The last join score handed out, so scores strictly increase.
     last_score_us: u64,
     /// Nobody new is admitted before this (µs); 0 when no hold was started.
@@ -157,6 +161,7 @@ impl Route {
             epoch_us,
             line: Line::default(),
             sessions: Sessions::default(),
+            no_shows: NoShows::default(),
             last_score_us: 0,
             hold_until_us: 0,
             loss_noticed: false,
@@ -170,9 +175,15 @@ impl Route {
         }
     }
 
-    /// Purges expired sessions (remembering no-shows for the next tick).
+    /// Purges expired sessions, remembering the no-shows among them for the
+    /// next tick and, unless they joined the line again, for `poll`.
     fn purge_sessions(&mut self, now: Now) {
-        self.pending_no_shows += self.sessions.purge(now.ms);
+        for (expiry_ms, id) in self.sessions.purge(now.ms) {
+            self.pending_no_shows += 1;
+            if !self.line.contains(&id) {
+                self.no_shows.bury(id, expiry_ms);
+            }
+        }
     }
 
     /// Drops waiters silent for `abandon_after` (remembered for the next tick).
@@ -242,6 +253,7 @@ impl Route {
         }
         let score_us = now.us.max(self.last_score_us.saturating_add(1));
         self.last_score_us = score_us;
+        self.no_shows.forget(id);
         Arrival::Waiting(self.line.join(*id, score_us, now.ms))
     }
 
@@ -254,6 +266,10 @@ impl Route {
             let session_end = now.ms.saturating_add(as_ms(limits.session_ttl));
             self.sessions.extend(id, session_end);
             return Poll::Admitted;
+        }
+        // Admitted and never came: gone, however young the ticket.
+        if self.no_shows.contains(id) {
+            return Poll::Gone;
         }
         let store_lost = self.epoch_us > ticket_score_us;
         let write_lost = now.us.saturating_sub(ticket_score_us) < as_us(limits.abandon_after);
@@ -279,6 +295,7 @@ impl Route {
             return false;
         }
         self.line.remove(id);
+        self.no_shows.forget(id);
         self.sessions.start(*id, session_end, false);
         self.notice_loss(now, limits);
         true
@@ -287,6 +304,7 @@ impl Route {
     fn leave(&mut self, now: Now, id: &VisitorId) {
         self.purge_sessions(now);
         self.line.remove(id);
+        self.no_shows.forget(id);
         self.sessions.remove(id);
     }
 
@@ -308,6 +326,8 @@ impl Route {
         }
         self.ticked_window = Some(window);
         tick.ran = true;
+        self.no_shows
+            .forget_expired_before(now.ms.saturating_sub(as_ms(limits.abandon_after)));
         self.purge_sessions(now);
         self.drop_ghosts(now, limits);
         tick.abandoned = std::mem::take(&mut self.pending_abandoned);
@@ -364,6 +384,10 @@ impl Line {
 
     fn is_empty(&self) -> bool {
         self.order.is_empty()
+    }
+
+    fn contains(&self, id: &VisitorId) -> bool {
+        self.scores.contains_key(id)
     }
 
     /// The place of a waiter whose join score is `score_us`.
@@ -456,17 +480,17 @@ impl Sessions {
         self.by_id.get(id).is_some_and(|s| s.expiry_ms > now_ms)
     }
 
-    /// Removes sessions whose expiry is not after `now_ms`; returns how many of
-    /// them were admitted waiters that never showed up.
-    fn purge(&mut self, now_ms: u64) -> u64 {
-        let mut no_shows = 0;
+    /// Removes sessions whose expiry is not after `now_ms`; returns the
+    /// admitted waiters among them that never showed up, with their expiry.
+    fn purge(&mut self, now_ms: u64) -> Vec<(u64, VisitorId)> {
+        let mut no_shows = Vec::new();
         while let Some(&(expiry_ms, id)) = self.expiries.first() {
             if expiry_ms > now_ms {
                 break;
             }
             self.expiries.pop_first();
             if self.by_id.remove(&id).is_some_and(|s| s.arriving) {
-                no_shows += 1;
+                no_shows.push((expiry_ms, id));
             }
         }
         no_shows
@@ -493,6 +517,53 @@ impl Sessions {
         if let Some(session) = self.by_id.remove(id) {
             self.expiries.remove(&(session.expiry_ms, *id));
         }
+    }
+}
+
+/// Tombstones of admitted waiters that never showed up: a poll with such a
+/// visitor's ticket answers `Gone` instead of restoring it as a lost write.
+/// Kept until `abandon_after` past the expiry, when the lost-write rule no
+/// longer applies to any ticket they could meet.
+#[derive(Default)]
+struct NoShows {
+    by_id: HashMap<VisitorId, u64>,
+    /// (expiry ms, id), oldest first.
+    by_expiry: BTreeSet<(u64, VisitorId)>,
+}
+
+impl NoShows {
+    /// Records a tombstone; one already there stays (as `ZADD NX` in Redis).
+    fn bury(&mut self, id: VisitorId, expiry_ms: u64) {
+        if self.contains(&id) {
+            return;
+        }
+        self.by_id.insert(id, expiry_ms);
+        self.by_expiry.insert((expiry_ms, id));
+    }
+
+    fn contains(&self, id: &VisitorId) -> bool {
+        self.by_id.contains_key(id)
+    }
+
+    fn forget(&mut self, id: &VisitorId) {
+        if let Some(expiry_ms) = self.by_id.remove(id) {
+            self.by_expiry.remove(&(expiry_ms, *id));
+        }
+    }
+
+    fn forget_expired_before(&mut self, cutoff_ms: u64) {
+        while let Some(&(expiry_ms, id)) = self.by_expiry.first() {
+            if expiry_ms >= cutoff_ms {
+                break;
+            }
+            self.by_expiry.pop_first();
+            self.by_id.remove(&id);
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.by_id.len()
     }
 }
 
@@ -690,6 +761,51 @@ mod tests {
         tokio::time::advance(limits.tick).await;
         let tick = store.admit_tick("r", &limits, None).await.unwrap();
         assert_eq!(tick.no_shows, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_show_tombstones_are_forgotten_after_abandon_after() {
+        let store = store();
+        let limits = Limits {
+            arrival_grace: Duration::from_secs(1),
+            abandon_after: Duration::from_secs(30),
+            ..limits()
+        };
+        let mut tickets = Vec::new();
+        for n in 0..3 {
+            let Arrival::Waiting(place) = store
+                .arrive("r", &visitor(n), &limits, false)
+                .await
+                .unwrap()
+            else {
+                panic!("visitor {n} should wait");
+            };
+            tickets.push(place.score_us);
+        }
+        let tick = store.admit_tick("r", &limits, None).await.unwrap();
+        assert_eq!(tick.admitted_scores, tickets);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let tick = store.admit_tick("r", &limits, None).await.unwrap();
+        assert_eq!(tick.no_shows, 3);
+        let tombstones = |store: &MemoryStore| store.route("r").lock().unwrap().no_shows.len();
+        assert_eq!(tombstones(&store), 3);
+        // Visitor 0 joins again: its tombstone goes with the new ticket.
+        store
+            .arrive("r", &visitor(0), &limits, false)
+            .await
+            .unwrap();
+        assert_eq!(tombstones(&store), 2);
+        assert_eq!(
+            store
+                .poll("r", &visitor(1), tickets[1], &limits)
+                .await
+                .unwrap(),
+            Poll::Gone
+        );
+        // 30 s past the expiry the rest are forgotten by the next tick.
+        tokio::time::advance(Duration::from_secs(30)).await;
+        store.admit_tick("r", &limits, None).await.unwrap();
+        assert_eq!(tombstones(&store), 0);
     }
 
     #[tokio::test(start_paused = true)]

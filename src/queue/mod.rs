@@ -27,6 +27,10 @@
 //! - Expired sessions may be purged by any operation; the admitted waiters
 //!   among them that never showed up are reported as `no_shows` by the next
 //!   tick that runs, and ghosts dropped outside a tick as `abandoned`.
+//! - A no-show is not restored: once its arrival grace ran out, a poll with
+//!   its ticket answers `Gone` however young the ticket is (the store keeps a
+//!   tombstone until the ticket is too old for the lost-write rule), so it
+//!   joins again at the back.
 //! - Admissions in one tick window (`floor(now / tick)`), by the admitter and
 //!   by admit-now together, never exceed `max_admit_per_tick`.
 
@@ -171,7 +175,9 @@ pub trait QueueStore: Send + Sync {
     /// A waiter polls (a heartbeat). `ticket_score_us` is the join score its
     /// ticket carries: an entry missing from the store is restored at it when
     /// the route's epoch is newer than the score (the store was wiped) or the
-    /// score is younger than `abandon_after` (a write lost in a failover).
+    /// score is younger than `abandon_after` (a write lost in a failover),
+    /// but never for a waiter admitted who did not show up within
+    /// `arrival_grace` (a no-show).
     fn poll(
         &self,
         route: &str,
