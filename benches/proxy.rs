@@ -256,13 +256,14 @@ fn measure(
     )?;
     let after = target.server.process.cpu_ticks()?;
     target.server.process.ensure_running()?;
-    let cpu_seconds = after.saturating_sub(before) as f64 / clock_ticks;
+    let (user_seconds, cpu_seconds) = after.since(before, clock_ticks);
     Ok(Sample {
         round,
         path,
         connections,
         target: target.name,
         cpu_us_per_request: cpu_seconds * 1e6 / run.requests as f64,
+        user_us_per_request: user_seconds * 1e6 / run.requests as f64,
         run,
     })
 }

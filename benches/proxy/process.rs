@@ -91,14 +91,15 @@ impl Process {
         pids
     }
 
-    /// CPU time (user + system, in clock ticks) used so far by the process
-    /// and its children, all threads included.
-    pub fn cpu_ticks(&mut self) -> Result<u64> {
-        let mut total = 0;
+    /// CPU time (in clock ticks) used so far by the process and its
+    /// children, all threads included.
+    pub fn cpu_ticks(&mut self) -> Result<CpuTicks> {
+        let mut total = CpuTicks::default();
         for pid in self.pids() {
             let stat = ProcStat::read(pid)
                 .with_context(|| format!("reading CPU time of {} (pid {pid})", self.name))?;
-            total += stat.utime + stat.stime;
+            total.user += stat.utime;
+            total.system += stat.stime;
         }
         Ok(total)
     }
@@ -140,6 +141,23 @@ fn signal(pid: u32, name: &str) {
         .arg(format!("-{name}"))
         .arg(pid.to_string())
         .status();
+}
+
+/// CPU time in clock ticks: in user space, and in the kernel on the
+/// process's behalf (system calls, and the TCP work they do on loopback).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuTicks {
+    pub user: u64,
+    pub system: u64,
+}
+
+impl CpuTicks {
+    /// The time used since `before`, in seconds: (user, total).
+    pub fn since(self, before: CpuTicks, clock_ticks: f64) -> (f64, f64) {
+        let user = self.user.saturating_sub(before.user) as f64 / clock_ticks;
+        let system = self.system.saturating_sub(before.system) as f64 / clock_ticks;
+        (user, user + system)
+    }
 }
 
 /// The fields of `/proc/<pid>/stat` the harness uses.

@@ -24,6 +24,8 @@ pub struct Sample {
     pub run: WrkRun,
     /// Server CPU time (user + system, all its processes) per completed request.
     pub cpu_us_per_request: f64,
+    /// The user-space part of it.
+    pub user_us_per_request: f64,
 }
 
 /// The medians of one (path, connections, target) cell.
@@ -32,6 +34,7 @@ struct Median {
     p50_us: f64,
     p99_us: f64,
     cpu_us_per_request: f64,
+    user_us_per_request: f64,
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -58,6 +61,7 @@ fn cell(samples: &[Sample], path: &str, connections: u32, target: &str) -> Optio
         p50_us: of(|s| s.run.p50_us),
         p99_us: of(|s| s.run.p99_us),
         cpu_us_per_request: of(|s| s.cpu_us_per_request),
+        user_us_per_request: of(|s| s.user_us_per_request),
     })
 }
 
@@ -68,13 +72,13 @@ fn ms(us: f64) -> String {
 /// Every run, in the order it ran.
 pub fn runs_table(samples: &[Sample]) -> String {
     let mut out = String::from(
-        "| round | path | conns | server | req/s | p50 ms | p99 ms | CPU µs/req | B/resp | errors |\n\
-         |---:|---|---:|---|---:|---:|---:|---:|---:|---:|\n",
+        "| round | path | conns | server | req/s | p50 ms | p99 ms | CPU µs/req | user µs/req | B/resp | errors |\n\
+         |---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for s in samples {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {:.0} | {} | {} | {:.1} | {:.0} | {} |",
+            "| {} | {} | {} | {} | {:.0} | {} | {} | {:.1} | {:.1} | {:.0} | {} |",
             s.round,
             s.path,
             s.connections,
@@ -83,6 +87,7 @@ pub fn runs_table(samples: &[Sample]) -> String {
             ms(s.run.p50_us),
             ms(s.run.p99_us),
             s.cpu_us_per_request,
+            s.user_us_per_request,
             s.run.bytes_per_request,
             s.run.errors,
         );
@@ -98,8 +103,8 @@ pub fn summary(
     targets: &[&'static str],
 ) -> String {
     let mut out = String::from(
-        "| path | conns | server | req/s | p50 ms | p99 ms | CPU µs/req |\n\
-         |---|---:|---|---:|---:|---:|---:|\n",
+        "| path | conns | server | req/s | p50 ms | p99 ms | CPU µs/req | user µs/req |\n\
+         |---|---:|---|---:|---:|---:|---:|---:|\n",
     );
     for &path in paths {
         for &conns in connections {
@@ -107,11 +112,12 @@ pub fn summary(
                 if let Some(m) = cell(samples, path, conns, target) {
                     let _ = writeln!(
                         out,
-                        "| {path} | {conns} | {target} | {:.0} | {} | {} | {:.1} |",
+                        "| {path} | {conns} | {target} | {:.0} | {} | {} | {:.1} | {:.1} |",
                         m.requests_per_second,
                         ms(m.p50_us),
                         ms(m.p99_us),
                         m.cpu_us_per_request,
+                        m.user_us_per_request,
                     );
                 }
             }
@@ -120,8 +126,8 @@ pub fn summary(
     if targets.contains(&"queuegate") && targets.contains(&"nginx") {
         out.push_str(
             "\nqueuegate ÷ nginx (of the medians; req/s above 1 is better, p99 and CPU below 1 are better):\n\n\
-             | path | conns | req/s ratio | p99 ratio | CPU ratio |\n\
-             |---|---:|---:|---:|---:|\n",
+             | path | conns | req/s ratio | p99 ratio | CPU ratio | user CPU ratio |\n\
+             |---|---:|---:|---:|---:|---:|\n",
         );
         for &path in paths {
             for &conns in connections {
@@ -133,10 +139,11 @@ pub fn summary(
                 };
                 let _ = writeln!(
                     out,
-                    "| {path} | {conns} | {:.2} | {:.2} | {:.2} |",
+                    "| {path} | {conns} | {:.2} | {:.2} | {:.2} | {:.2} |",
                     q.requests_per_second / n.requests_per_second,
                     q.p99_us / n.p99_us,
                     q.cpu_us_per_request / n.cpu_us_per_request,
+                    q.user_us_per_request / n.user_us_per_request,
                 );
             }
         }
