@@ -97,6 +97,8 @@ pub struct Activity {
     requests: AtomicU64,
     /// Bytes were read or written since the last look.
     moved: AtomicBool,
+    /// Bytes were read since the current hyper connection began.
+    read_lately: AtomicBool,
     /// The last write or flush could not complete.
     write_blocked: AtomicBool,
     /// The bytes read so far end at a request boundary.
@@ -114,6 +116,7 @@ impl Activity {
             in_flight: AtomicU32::new(0),
             requests: AtomicU64::new(0),
             moved: AtomicBool::new(false),
+            read_lately: AtomicBool::new(false),
             write_blocked: AtomicBool::new(false),
             between_requests: AtomicBool::new(true),
             parking: AtomicBool::new(false),
@@ -134,10 +137,18 @@ impl Activity {
 
     /// Whether hyper is between requests with everything written, and
     /// nothing moved since the last look (which this look resets).
-    fn may_park(&self) -> bool {
+    ///
+    /// hyper ends an idle connection silently only once it has answered a
+    /// request (before that it would finish reading a head it has begun,
+    /// and answer it with `Connection: close`), or while it has read
+    /// nothing at all: `requests_before` is the count when the current
+    /// hyper connection began.
+    fn may_park(&self, requests_before: u64) -> bool {
         let quiet = !self.moved.swap(false, Ordering::Relaxed);
+        let requests = self.requests();
         quiet
-            && self.requests() > 0
+            && requests > 0
+            && (requests > requests_before || !self.read_lately.load(Ordering::Relaxed))
             && self.in_flight.load(Ordering::Relaxed) == 0
             && self.between_requests.load(Ordering::Relaxed)
             && !self.write_blocked.load(Ordering::Relaxed)
@@ -269,6 +280,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Parkable<S> {
             if this.replay.is_empty() {
                 this.replay = Bytes::new();
             }
+            this.activity.read_lately.store(true, Ordering::Relaxed);
             return Poll::Ready(Ok(()));
         }
         let before = buf.filled().len();
@@ -276,6 +288,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Parkable<S> {
         if let Poll::Ready(Ok(())) = polled {
             if buf.filled().len() > before {
                 this.activity.moved.store(true, Ordering::Relaxed);
+                this.activity.read_lately.store(true, Ordering::Relaxed);
             }
             this.activity
                 .between_requests
@@ -371,6 +384,7 @@ pub async fn serve_h1<S, Svc, B>(
     let mut resumed = false;
     loop {
         let requests_before = activity.requests();
+        activity.read_lately.store(false, Ordering::Relaxed);
         let head_deadline = activity.head_deadline(http1.head_timeout);
         // Boxed: parked, the connection's task keeps only a pointer's worth.
         let mut conn = Box::pin(
@@ -400,7 +414,7 @@ pub async fn serve_h1<S, Svc, B>(
                     conn.as_mut().graceful_shutdown();
                 }
                 _ = look.tick(), if !park && !draining => {
-                    if activity.may_park() {
+                    if activity.may_park(requests_before) {
                         park = true;
                         activity.parking.store(true, Ordering::Relaxed);
                         // Idle, hyper closes without writing anything.
