@@ -404,8 +404,6 @@ pub async fn serve_h1<S, Svc, B>(
         // resumed connection is now: the first head after a park is held
         // to the deadline that ran from when the connection went idle.
         let mut head_due = resumed;
-        let late = tokio::time::sleep_until(head_deadline);
-        tokio::pin!(late);
         let ended = loop {
             tokio::select! {
                 ended = conn.as_mut() => break ended,
@@ -421,7 +419,7 @@ pub async fn serve_h1<S, Svc, B>(
                         conn.as_mut().graceful_shutdown();
                     }
                 }
-                () = &mut late, if head_due && !park => {
+                () = tokio::time::sleep_until(head_deadline), if head_due && !park => {
                     if activity.requests() == requests_before {
                         tracing::debug!(%remote, "no request head in time after a park: closing");
                         return;
@@ -430,6 +428,8 @@ pub async fn serve_h1<S, Svc, B>(
                 }
             }
         };
+        // Its timer would go on waking a parked connection.
+        drop(look);
         if let Err(err) = ended {
             tracing::debug!(%remote, error = %err, "connection ended with an error");
             return;
