@@ -74,6 +74,18 @@ impl<IO> Watched<IO> {
     pub fn watch(&self) -> FramingWatch {
         self.scan.watch.clone()
     }
+
+    /// The stream underneath.
+    pub fn get_ref(&self) -> &IO {
+        &self.io
+    }
+
+    /// Whether every byte read so far ends a request (or begins the next
+    /// head): false inside a body, and once the watch has stopped (HTTP/2,
+    /// an upgrade, an ambiguous or unreadable head).
+    pub fn between_requests(&self) -> bool {
+        self.scan.state == State::Head
+    }
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {

@@ -11,6 +11,7 @@
 //! - `admitter`: the per-route tick loop.
 //! - `waiting`: the waiting page, status JSON and leave.
 //! - `framing`: watches raw HTTP/1 heads for ambiguous framing hyper would resolve.
+//! - `idle`: parks idle HTTP/1 keep-alive connections down to their socket.
 //! - `proxy`: the pooled upstream client, header rewriting, upgrades.
 //! - `response`: the one body type and every response queuegate makes.
 //! - `metrics`: every exported Prometheus metric, one `Metrics` struct.
@@ -32,6 +33,7 @@ pub mod config;
 pub mod demo;
 pub mod framing;
 pub mod gate;
+pub mod idle;
 pub mod metrics;
 pub mod proxy;
 pub mod queue;

@@ -1,6 +1,6 @@
 //! Accept loops: the connection limit, the TLS handshake on TLS listeners,
-//! hyper-util's auto builder (HTTP/1.1, and HTTP/2 by ALPN or prior
-//! knowledge), header limits, and the graceful drain.
+//! hyper's HTTP/1.1 (parked when idle, see `idle`) and HTTP/2 (by ALPN or
+//! prior knowledge) connections, header limits, and the graceful drain.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -9,12 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinSet;
@@ -22,6 +20,7 @@ use tokio::task::JoinSet;
 use crate::app::App;
 use crate::config::{Config, ServerLimits};
 use crate::framing::Watched;
+use crate::idle::{self, Http1, Parkable, Parking, Socket, Tracked};
 use crate::proxy::Peer;
 use crate::tls;
 
@@ -102,12 +101,29 @@ pub async fn serve(
     limits: &ServerLimits,
     shutdown: impl Future<Output = ()>,
 ) {
+    serve_parking(app, public, limits, Parking::default(), shutdown).await;
+}
+
+/// [`serve`], parking idle HTTP/1 connections as `parking` says.
+pub async fn serve_parking(
+    app: Arc<App>,
+    public: Vec<PublicListener>,
+    limits: &ServerLimits,
+    parking: Parking,
+    shutdown: impl Future<Output = ()>,
+) {
+    let (drain, _) = watch::channel(false);
     let shared = Shared {
         app: app.clone(),
-        builder: Arc::new(connection_builder(limits)),
+        http1: Arc::new(Http1 {
+            builder: http1_builder(limits),
+            parking,
+            head_timeout: limits.header_timeout,
+        }),
+        http2: Arc::new(http2_builder(limits)),
         h1_buf_size: h1_buf_size(limits),
         handshake_timeout: limits.header_timeout,
-        graceful: Arc::new(GracefulShutdown::new()),
+        drain: Arc::new(drain),
         connections: Arc::new(Semaphore::new(limits.max_connections)),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -127,7 +143,7 @@ pub async fn serve(
     shutdown.await;
     app.start_draining();
     tracing::info!(
-        in_flight_connections = shared.graceful.count(),
+        in_flight_connections = shared.drain.receiver_count(),
         "shutting down: no longer accepting, draining"
     );
     let _ = stop_tx.send(true);
@@ -141,11 +157,9 @@ pub async fn serve(
             Some(workers)
         }
     };
-    // Every accept loop has ended, so this is the last handle.
-    let Ok(graceful) = Arc::try_unwrap(shared.graceful) else {
-        return;
-    };
-    match tokio::time::timeout(limits.drain_timeout, graceful.shutdown()).await {
+    // Every connection holds a receiver until it ends.
+    shared.drain.send_replace(true);
+    match tokio::time::timeout(limits.drain_timeout, shared.drain.closed()).await {
         Ok(()) => tracing::info!("drained: every connection finished"),
         Err(_) => tracing::warn!(
             drain_timeout = ?limits.drain_timeout,
@@ -161,10 +175,12 @@ pub async fn serve(
 #[derive(Clone)]
 struct Shared {
     app: Arc<App>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    http1: Arc<Http1>,
+    http2: Arc<http2::Builder<TokioExecutor>>,
     h1_buf_size: usize,
     handshake_timeout: Duration,
-    graceful: Arc<GracefulShutdown>,
+    /// Turns true when the server drains; every connection holds a receiver.
+    drain: Arc<watch::Sender<bool>>,
     connections: Arc<Semaphore>,
 }
 
@@ -172,7 +188,8 @@ impl Shared {
     fn connections(&self, worker: usize) -> Connections {
         Connections {
             app: self.app.clone(),
-            builder: self.builder.clone(),
+            http1: self.http1.clone(),
+            http2: self.http2.clone(),
             h1_buf_size: self.h1_buf_size,
             handshake_timeout: self.handshake_timeout,
             worker,
@@ -197,7 +214,7 @@ fn accept_here(
         loops.spawn(accept_loop(
             listener,
             shared.connections(0),
-            shared.graceful.clone(),
+            shared.drain.clone(),
             shared.connections.clone(),
             stop.clone(),
         ));
@@ -283,12 +300,11 @@ impl Workers {
                         loops.spawn(accept_loop(
                             PublicListener { listener, tls },
                             shared.connections(worker),
-                            shared.graceful.clone(),
+                            shared.drain.clone(),
                             shared.connections.clone(),
                             stop.clone(),
                         ));
                     }
-                    // The drain needs the last handle on `graceful`.
                     drop(shared);
                     while loops.join_next().await.is_some() {}
                     drop(accepting_tx);
@@ -330,15 +346,18 @@ fn h1_buf_size(limits: &ServerLimits) -> usize {
     limits.max_header_bytes.max(MIN_BUF_SIZE)
 }
 
-fn connection_builder(limits: &ServerLimits) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+fn http1_builder(limits: &ServerLimits) -> http1::Builder {
+    let mut builder = http1::Builder::new();
     builder
-        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
         .max_buf_size(h1_buf_size(limits));
     builder
-        .http2()
+}
+
+fn http2_builder(limits: &ServerLimits) -> http2::Builder<TokioExecutor> {
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
     builder
@@ -348,7 +367,8 @@ fn connection_builder(limits: &ServerLimits) -> auto::Builder<TokioExecutor> {
 #[derive(Clone)]
 struct Connections {
     app: Arc<App>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    http1: Arc<Http1>,
+    http2: Arc<http2::Builder<TokioExecutor>>,
     h1_buf_size: usize,
     /// A TLS handshake must finish within this (the request-head timeout).
     handshake_timeout: Duration,
@@ -358,44 +378,68 @@ struct Connections {
 
 impl Connections {
     /// Serves one connection (plain, or already decrypted) until it ends.
-    /// `tls` says whether the client reached us over TLS; `watcher` ties
-    /// the connection to the graceful drain.
-    fn serve<IO>(
-        &self,
-        stream: IO,
+    /// `tls` says whether the client reached us over TLS, `h2` whether it
+    /// chose HTTP/2 by ALPN; `drain` turns true when the server drains.
+    async fn serve<S: Socket>(
+        self,
+        stream: S,
         remote: SocketAddr,
         tls: bool,
-        watcher: Watcher,
-    ) -> impl Future<Output = ()> + Send + 'static
-    where
-        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    {
+        h2: bool,
+        mut drain: watch::Receiver<bool>,
+    ) {
         // hyper resolves ambiguous framing before the service sees the
         // headers; the watch reports it per request from the raw bytes.
         let stream = Watched::new(stream, self.h1_buf_size);
         let framing = stream.watch();
-        let app = self.app.clone();
+        let mut stream = Parkable::new(stream);
+        let h2 = h2 || {
+            match stream.sniff_h2(self.handshake_timeout).await {
+                Some(h2) => h2,
+                None => return,
+            }
+        };
+        let activity = stream.activity();
+        let app = self.app;
         let peer = Peer::new(remote).on_worker(self.worker);
         let service = service_fn(move |mut req: Request<Incoming>| {
             if let Some(head) = framing.next_request() {
                 req.extensions_mut().insert(head);
             }
+            let in_flight = activity.request();
             let app = app.clone();
             let peer = peer.clone();
             // Boxed: hyper keeps a slot the size of the service's future
             // for the life of the connection, so an unboxed future of a few
             // kilobytes would stay allocated on every idle keep-alive
             // connection. Boxed, it lives only while the request does.
-            Box::pin(async move { Ok::<_, Infallible>(app.handle(req, peer, tls).await) })
+            Box::pin(async move {
+                let resp = app.handle(req, peer, tls).await;
+                Ok::<_, Infallible>(resp.map(|body| Tracked::new(body, in_flight)))
+            })
         });
-        let conn = self
-            .builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
-        let conn = watcher.watch(conn);
-        async move {
-            if let Err(err) = conn.await {
-                tracing::debug!(%remote, error = %err, "connection ended with an error");
+        if !h2 {
+            idle::serve_h1(&self.http1, stream, || service.clone(), drain, remote).await;
+            return;
+        }
+        let conn = self.http2.serve_connection(TokioIo::new(stream), service);
+        tokio::pin!(conn);
+        let mut draining = *drain.borrow_and_update();
+        if draining {
+            conn.as_mut().graceful_shutdown();
+        }
+        loop {
+            tokio::select! {
+                ended = conn.as_mut() => {
+                    if let Err(err) = ended {
+                        tracing::debug!(%remote, error = %err, "connection ended with an error");
+                    }
+                    return;
+                }
+                _ = drain.changed(), if !draining => {
+                    draining = true;
+                    conn.as_mut().graceful_shutdown();
+                }
             }
         }
     }
@@ -404,7 +448,7 @@ impl Connections {
 async fn accept_loop(
     public: PublicListener,
     shared: Connections,
-    graceful: Arc<GracefulShutdown>,
+    drain: Arc<watch::Sender<bool>>,
     connections: Arc<Semaphore>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -434,10 +478,10 @@ async fn accept_loop(
         let _ = stream.set_nodelay(true);
         // Taken here, so the drain also waits for connections still in
         // their TLS handshake.
-        let watcher = graceful.watcher();
+        let drained = drain.subscribe();
         match &tls {
             None => {
-                let conn = shared.serve(stream, remote, false, watcher);
+                let conn = shared.clone().serve(stream, remote, false, false, drained);
                 tokio::spawn(async move {
                     conn.await;
                     drop(permit);
@@ -451,7 +495,10 @@ async fn accept_loop(
                 let shared = shared.clone();
                 tokio::spawn(async move {
                     match tokio::time::timeout(timeout, handshake).await {
-                        Ok(Ok(stream)) => shared.serve(stream, remote, true, watcher).await,
+                        Ok(Ok(stream)) => {
+                            let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                            shared.serve(stream, remote, true, h2, drained).await;
+                        }
                         Ok(Err(err)) => {
                             tracing::debug!(%remote, error = %err, "TLS handshake failed");
                         }

@@ -1,0 +1,479 @@
+//! Parking of idle HTTP/1 keep-alive connections: once a connection has
+//! nothing in flight and no bytes moved for a while, hyper's connection (its
+//! read and write buffers, cached headers and state) is ended without the
+//! client seeing anything, only the socket is kept, and a fresh hyper
+//! connection picks the socket up again when the client sends more, first
+//! replaying what hyper had already read. nginx frees a keep-alive
+//! connection's request buffers the same way.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::HttpService;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::framing::Watched;
+
+/// How long an HTTP/1 connection stays quiet (nothing in flight, no bytes
+/// read or written) before it is parked: between this and twice this.
+pub const PARK_AFTER: Duration = Duration::from_secs(1);
+
+/// What a parked connection keeps: its socket, and a way to wait for it.
+pub trait Socket: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// The TCP socket underneath, whose readiness wakes a parked connection.
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl Socket for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+impl Socket for tokio_rustls::server::TlsStream<TcpStream> {
+    fn tcp(&self) -> &TcpStream {
+        self.get_ref().0
+    }
+}
+
+/// When idle connections are parked, and how often that happened.
+#[derive(Clone, Debug)]
+pub struct Parking {
+    after: Duration,
+    counts: Arc<Counts>,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    parked: AtomicU64,
+    resumed: AtomicU64,
+}
+
+impl Parking {
+    /// Parks connections that have been quiet for `after` (up to twice that).
+    pub fn after(after: Duration) -> Parking {
+        Parking {
+            after: after.max(Duration::from_millis(1)),
+            counts: Arc::default(),
+        }
+    }
+
+    /// How many times a connection was parked.
+    pub fn parked(&self) -> u64 {
+        self.counts.parked.load(Ordering::Relaxed)
+    }
+
+    /// How many times a parked connection was picked up again by a request.
+    pub fn resumed(&self) -> u64 {
+        self.counts.resumed.load(Ordering::Relaxed)
+    }
+}
+
+impl Default for Parking {
+    fn default() -> Parking {
+        Parking::after(PARK_AFTER)
+    }
+}
+
+/// One connection's activity, seen by its stream and its service.
+#[derive(Debug)]
+pub struct Activity {
+    /// Requests handed to the service whose response body is not yet done.
+    in_flight: AtomicU32,
+    /// Requests handed to the service so far.
+    requests: AtomicU64,
+    /// Bytes were read or written since the last look.
+    moved: AtomicBool,
+    /// Bytes were read since the current hyper connection began.
+    read_lately: AtomicBool,
+    /// The last write or flush could not complete.
+    write_blocked: AtomicBool,
+    /// The bytes read so far end at a request boundary.
+    between_requests: AtomicBool,
+    /// hyper is being ended to park: its shutdown must not reach the socket.
+    parking: AtomicBool,
+    /// When the connection last had nothing in flight: the next request
+    /// head is due within the head timeout of this.
+    idle_since: Mutex<Instant>,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            in_flight: AtomicU32::new(0),
+            requests: AtomicU64::new(0),
+            moved: AtomicBool::new(false),
+            read_lately: AtomicBool::new(false),
+            write_blocked: AtomicBool::new(false),
+            between_requests: AtomicBool::new(true),
+            parking: AtomicBool::new(false),
+            idle_since: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// Call when the service is handed a request; the guard ends it.
+    pub fn request(self: &Arc<Self>) -> InFlight {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(self.clone())
+    }
+
+    fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Whether hyper is between requests with everything written, and
+    /// nothing moved since the last look (which this look resets).
+    ///
+    /// hyper ends an idle connection silently only once it has answered a
+    /// request (before that it would finish reading a head it has begun,
+    /// and answer it with `Connection: close`), or while it has read
+    /// nothing at all: `requests_before` is the count when the current
+    /// hyper connection began.
+    fn may_park(&self, requests_before: u64) -> bool {
+        let quiet = !self.moved.swap(false, Ordering::Relaxed);
+        let requests = self.requests();
+        quiet
+            && requests > 0
+            && (requests > requests_before || !self.read_lately.load(Ordering::Relaxed))
+            && self.in_flight.load(Ordering::Relaxed) == 0
+            && self.between_requests.load(Ordering::Relaxed)
+            && !self.write_blocked.load(Ordering::Relaxed)
+    }
+
+    /// When the next request head is due.
+    fn head_deadline(&self, head_timeout: Duration) -> Instant {
+        let since = match self.idle_since.lock() {
+            Ok(since) => *since,
+            Err(poisoned) => *poisoned.into_inner(),
+        };
+        since + head_timeout
+    }
+}
+
+/// A request in flight: ends when dropped (with the response body).
+#[derive(Debug)]
+pub struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::Relaxed) == 1 {
+            if let Ok(mut since) = self.0.idle_since.lock() {
+                *since = Instant::now();
+            }
+        }
+    }
+}
+
+/// A response body that keeps its request in flight until it is finished
+/// or dropped.
+#[derive(Debug)]
+pub struct Tracked<B> {
+    body: B,
+    _in_flight: InFlight,
+}
+
+impl<B> Tracked<B> {
+    pub fn new(body: B, in_flight: InFlight) -> Tracked<B> {
+        Tracked {
+            body,
+            _in_flight: in_flight,
+        }
+    }
+}
+
+impl<B: HttpBody + Unpin> HttpBody for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// An accepted stream as hyper sees it: bytes to replay first (what an
+/// earlier hyper connection or the version check had read), then the
+/// watched stream; reads and writes are noted in the connection's activity.
+pub struct Parkable<S> {
+    replay: Bytes,
+    io: Watched<S>,
+    activity: Arc<Activity>,
+}
+
+impl<S: Socket> Parkable<S> {
+    pub fn new(io: Watched<S>) -> Parkable<S> {
+        Parkable {
+            replay: Bytes::new(),
+            io,
+            activity: Arc::new(Activity::new()),
+        }
+    }
+
+    /// The connection's activity, for its service.
+    pub fn activity(&self) -> Arc<Activity> {
+        self.activity.clone()
+    }
+
+    /// Reads the first bytes to tell an HTTP/2 prior-knowledge preface from
+    /// HTTP/1, within `timeout`; they are replayed to hyper. `None` when the
+    /// client closed, failed or said nothing in time.
+    pub async fn sniff_h2(&mut self, timeout: Duration) -> Option<bool> {
+        const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        let mut first = BytesMut::with_capacity(PREFACE.len());
+        let read = async {
+            while first.len() < PREFACE.len() {
+                match self.read_buf(&mut first).await {
+                    Ok(0) | Err(_) => return None,
+                    Ok(_) if !PREFACE.starts_with(&first) => return Some(false),
+                    Ok(_) => {}
+                }
+            }
+            Some(true)
+        };
+        let h2 = tokio::time::timeout(timeout, read).await.ok().flatten();
+        self.replay = first.freeze();
+        h2
+    }
+
+    /// Shuts the socket down, as hyper does when it ends a connection.
+    async fn close(mut self) {
+        self.activity.parking.store(false, Ordering::Relaxed);
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.shutdown()).await;
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Parkable<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if !this.replay.is_empty() && buf.remaining() > 0 {
+            let n = this.replay.len().min(buf.remaining());
+            buf.put_slice(&this.replay[..n]);
+            this.replay.advance(n);
+            if this.replay.is_empty() {
+                this.replay = Bytes::new();
+            }
+            this.activity.read_lately.store(true, Ordering::Relaxed);
+            return Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = polled {
+            if buf.filled().len() > before {
+                this.activity.moved.store(true, Ordering::Relaxed);
+                this.activity.read_lately.store(true, Ordering::Relaxed);
+            }
+            this.activity
+                .between_requests
+                .store(this.io.between_requests(), Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> Parkable<S> {
+    fn note_write<T>(&self, polled: &Poll<io::Result<T>>) {
+        let blocked = polled.is_pending();
+        self.activity
+            .write_blocked
+            .store(blocked, Ordering::Relaxed);
+        if !blocked {
+            self.activity.moved.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Parkable<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.note_write(&polled);
+        polled
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.note_write(&polled);
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.io).poll_flush(cx);
+        self.activity
+            .write_blocked
+            .store(polled.is_pending(), Ordering::Relaxed);
+        polled
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.activity.parking.load(Ordering::Relaxed) {
+            // hyper flushed what it had buffered before asking for this.
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// What every HTTP/1 connection of a server shares.
+#[derive(Clone, Debug)]
+pub struct Http1 {
+    pub builder: http1::Builder,
+    pub parking: Parking,
+    /// A request head must arrive within this of the connection going idle.
+    pub head_timeout: Duration,
+}
+
+/// Serves an HTTP/1 connection until it ends, parking it whenever it is
+/// idle. `make_service` is called for each stretch between parks; `drain`
+/// turns true when the server drains.
+pub async fn serve_h1<S, Svc, B>(
+    http1: &Http1,
+    mut io: Parkable<S>,
+    make_service: impl Fn() -> Svc,
+    mut drain: watch::Receiver<bool>,
+    remote: SocketAddr,
+) where
+    S: Socket,
+    Svc: HttpService<Incoming, ResBody = B> + Unpin + Send + 'static,
+    Svc::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    Svc::Future: Send,
+    B: HttpBody + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let activity = io.activity();
+    let parking = &http1.parking;
+    let mut resumed = false;
+    loop {
+        let requests_before = activity.requests();
+        activity.read_lately.store(false, Ordering::Relaxed);
+        let head_deadline = activity.head_deadline(http1.head_timeout);
+        // Boxed: parked, the connection's task keeps only a pointer's worth.
+        let mut conn = Box::pin(
+            http1
+                .builder
+                .serve_connection(TokioIo::new(io), make_service())
+                .with_upgrades(),
+        );
+        let mut draining = *drain.borrow_and_update();
+        if draining {
+            conn.as_mut().graceful_shutdown();
+        }
+        let mut park = false;
+        let mut look = tokio::time::interval_at(Instant::now() + parking.after, parking.after);
+        look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // hyper times a head from when it starts reading one, which for a
+        // resumed connection is now: the first head after a park is held
+        // to the deadline that ran from when the connection went idle.
+        let mut head_due = resumed;
+        let ended = loop {
+            tokio::select! {
+                ended = conn.as_mut() => break ended,
+                _ = drain.changed(), if !draining => {
+                    draining = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+                _ = look.tick(), if !park && !draining => {
+                    if activity.may_park(requests_before) {
+                        park = true;
+                        activity.parking.store(true, Ordering::Relaxed);
+                        // Idle, hyper closes without writing anything.
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+                () = tokio::time::sleep_until(head_deadline), if head_due && !park => {
+                    if activity.requests() == requests_before {
+                        tracing::debug!(%remote, "no request head in time after a park: closing");
+                        return;
+                    }
+                    head_due = false;
+                }
+            }
+        };
+        // Its timer would go on waking a parked connection.
+        drop(look);
+        if let Err(err) = ended {
+            tracing::debug!(%remote, error = %err, "connection ended with an error");
+            return;
+        }
+        if !park {
+            return;
+        }
+        // `None`: upgraded (cannot happen while idle, but then it is over).
+        let Some(parts) = Pin::into_inner(conn).into_parts() else {
+            return;
+        };
+        let http1::Parts {
+            io: stream,
+            read_buf,
+            ..
+        } = parts;
+        io = stream.into_inner();
+        io.activity.parking.store(false, Ordering::Relaxed);
+        if draining {
+            io.close().await;
+            return;
+        }
+        // Copied out: the frozen buffer would keep hyper's whole allocation.
+        let unread = std::mem::take(&mut io.replay);
+        io.replay = if read_buf.is_empty() {
+            unread
+        } else {
+            [&read_buf[..], &unread[..]].concat().into()
+        };
+        drop(read_buf);
+        parking.counts.parked.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(%remote, "connection parked");
+        let deadline = activity.head_deadline(http1.head_timeout);
+        let woken = tokio::select! {
+            ready = io.io.get_ref().tcp().readable() => ready.is_ok(),
+            _ = drain.changed() => false,
+            () = tokio::time::sleep_until(deadline) => false,
+        };
+        if !woken {
+            io.close().await;
+            return;
+        }
+        parking.counts.resumed.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(%remote, "connection resumed");
+        resumed = true;
+    }
+}
