@@ -386,7 +386,7 @@ impl Connections {
         remote: SocketAddr,
         tls: bool,
         h2: bool,
-        mut drain: watch::Receiver<bool>,
+        drain: watch::Receiver<bool>,
     ) {
         // hyper resolves ambiguous framing before the service sees the
         // headers; the watch reports it per request from the raw bytes.
@@ -422,24 +422,53 @@ impl Connections {
             idle::serve_h1(&self.http1, stream, || service.clone(), drain, remote).await;
             return;
         }
-        let conn = self.http2.serve_connection(TokioIo::new(stream), service);
-        tokio::pin!(conn);
-        let mut draining = *drain.borrow_and_update();
-        if draining {
-            conn.as_mut().graceful_shutdown();
-        }
-        loop {
-            tokio::select! {
-                ended = conn.as_mut() => {
-                    if let Err(err) = ended {
-                        tracing::debug!(%remote, error = %err, "connection ended with an error");
-                    }
-                    return;
+        // Boxed: HTTP/2's connection future is large, and unboxed it would
+        // set the size of every HTTP/1 connection's task too.
+        Box::pin(serve_h2(
+            &self.http2,
+            TokioIo::new(stream),
+            service,
+            drain,
+            remote,
+        ))
+        .await;
+    }
+}
+
+/// Serves an HTTP/2 connection until it ends, shutting it down gracefully
+/// when the server drains.
+async fn serve_h2<S, Svc, B>(
+    builder: &http2::Builder<TokioExecutor>,
+    stream: S,
+    service: Svc,
+    mut drain: watch::Receiver<bool>,
+    remote: SocketAddr,
+) where
+    S: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    Svc: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
+    Svc::Future: Send + 'static,
+    Svc::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let conn = builder.serve_connection(stream, service);
+    tokio::pin!(conn);
+    let mut draining = *drain.borrow_and_update();
+    if draining {
+        conn.as_mut().graceful_shutdown();
+    }
+    loop {
+        tokio::select! {
+            ended = conn.as_mut() => {
+                if let Err(err) = ended {
+                    tracing::debug!(%remote, error = %err, "connection ended with an error");
                 }
-                _ = drain.changed(), if !draining => {
-                    draining = true;
-                    conn.as_mut().graceful_shutdown();
-                }
+                return;
+            }
+            _ = drain.changed(), if !draining => {
+                draining = true;
+                conn.as_mut().graceful_shutdown();
             }
         }
     }
