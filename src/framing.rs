@@ -45,6 +45,11 @@ impl FramingWatch {
             .filter(|head| head.request == index)
             .copied()
     }
+
+    /// How many requests hyper has handed to the service so far.
+    pub fn requests(&self) -> u64 {
+        self.0.requests.load(Ordering::Relaxed)
+    }
 }
 
 /// An accepted stream whose reads are watched; reads and writes go straight

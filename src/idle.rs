@@ -25,7 +25,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::framing::Watched;
+use crate::framing::{FramingWatch, Watched};
 
 /// How long an HTTP/1 connection stays quiet (nothing in flight, no bytes
 /// read or written) before it is parked: between this and twice this.
@@ -93,8 +93,8 @@ impl Default for Parking {
 pub struct Activity {
     /// Requests handed to the service whose response body is not yet done.
     in_flight: AtomicU32,
-    /// Requests handed to the service so far.
-    requests: AtomicU64,
+    /// Counts the requests handed to the service.
+    framing: FramingWatch,
     /// Bytes were read or written since the last look.
     moved: AtomicBool,
     /// Bytes were read since the current hyper connection began.
@@ -111,10 +111,10 @@ pub struct Activity {
 }
 
 impl Activity {
-    fn new() -> Activity {
+    fn new(framing: FramingWatch) -> Activity {
         Activity {
             in_flight: AtomicU32::new(0),
-            requests: AtomicU64::new(0),
+            framing,
             moved: AtomicBool::new(false),
             read_lately: AtomicBool::new(false),
             write_blocked: AtomicBool::new(false),
@@ -124,15 +124,15 @@ impl Activity {
         }
     }
 
-    /// Call when the service is handed a request; the guard ends it.
+    /// Call when the service is handed a request (after the framing watch
+    /// has counted it); the guard ends it.
     pub fn request(self: &Arc<Self>) -> InFlight {
-        self.requests.fetch_add(1, Ordering::Relaxed);
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         InFlight(self.clone())
     }
 
     fn requests(&self) -> u64 {
-        self.requests.load(Ordering::Relaxed)
+        self.framing.requests()
     }
 
     /// Whether hyper is between requests with everything written, and
@@ -226,10 +226,11 @@ pub struct Parkable<S> {
 
 impl<S: Socket> Parkable<S> {
     pub fn new(io: Watched<S>) -> Parkable<S> {
+        let activity = Arc::new(Activity::new(io.watch()));
         Parkable {
             replay: Bytes::new(),
             io,
-            activity: Arc::new(Activity::new()),
+            activity,
         }
     }
 

@@ -124,7 +124,7 @@ pub async fn serve_parking(
         h1_buf_size: h1_buf_size(limits),
         handshake_timeout: limits.header_timeout,
         drain: Arc::new(drain),
-        connections: Arc::new(Semaphore::new(limits.max_connections)),
+        slots: Arc::new(Semaphore::new(limits.max_connections)),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let workers = limits.worker_count();
@@ -171,27 +171,26 @@ pub async fn serve_parking(
     }
 }
 
-/// What the accept loops of every worker share.
+/// What the accept loops and connections of every worker share.
 #[derive(Clone)]
 struct Shared {
     app: Arc<App>,
     http1: Arc<Http1>,
     http2: Arc<http2::Builder<TokioExecutor>>,
     h1_buf_size: usize,
+    /// A TLS handshake must finish within this (the request-head timeout).
     handshake_timeout: Duration,
     /// Turns true when the server drains; every connection holds a receiver.
     drain: Arc<watch::Sender<bool>>,
-    connections: Arc<Semaphore>,
+    /// One permit per open client connection (`limits.max_connections`).
+    slots: Arc<Semaphore>,
 }
 
 impl Shared {
-    fn connections(&self, worker: usize) -> Connections {
+    /// What worker thread `worker` serves its connections with.
+    fn on_worker(&self, worker: usize) -> Connections {
         Connections {
-            app: self.app.clone(),
-            http1: self.http1.clone(),
-            http2: self.http2.clone(),
-            h1_buf_size: self.h1_buf_size,
-            handshake_timeout: self.handshake_timeout,
+            shared: self.clone(),
             worker,
         }
     }
@@ -211,13 +210,7 @@ fn accept_here(
 ) -> JoinSet<()> {
     let mut loops = JoinSet::new();
     for listener in public {
-        loops.spawn(accept_loop(
-            listener,
-            shared.connections(0),
-            shared.drain.clone(),
-            shared.connections.clone(),
-            stop.clone(),
-        ));
+        loops.spawn(accept_loop(listener, shared.on_worker(0), stop.clone()));
     }
     loops
 }
@@ -299,9 +292,7 @@ impl Workers {
                         };
                         loops.spawn(accept_loop(
                             PublicListener { listener, tls },
-                            shared.connections(worker),
-                            shared.drain.clone(),
-                            shared.connections.clone(),
+                            shared.on_worker(worker),
                             stop.clone(),
                         ));
                     }
@@ -363,15 +354,10 @@ fn http2_builder(limits: &ServerLimits) -> http2::Builder<TokioExecutor> {
     builder
 }
 
-/// What every connection of a listener shares.
+/// The connections of one worker thread.
 #[derive(Clone)]
 struct Connections {
-    app: Arc<App>,
-    http1: Arc<Http1>,
-    http2: Arc<http2::Builder<TokioExecutor>>,
-    h1_buf_size: usize,
-    /// A TLS handshake must finish within this (the request-head timeout).
-    handshake_timeout: Duration,
+    shared: Shared,
     /// The worker thread serving these connections.
     worker: usize,
 }
@@ -390,18 +376,19 @@ impl Connections {
     ) {
         // hyper resolves ambiguous framing before the service sees the
         // headers; the watch reports it per request from the raw bytes.
-        let stream = Watched::new(stream, self.h1_buf_size);
+        let Connections { shared, worker } = self;
+        let stream = Watched::new(stream, shared.h1_buf_size);
         let framing = stream.watch();
         let mut stream = Parkable::new(stream);
         let h2 = h2 || {
-            match stream.sniff_h2(self.handshake_timeout).await {
+            match stream.sniff_h2(shared.handshake_timeout).await {
                 Some(h2) => h2,
                 None => return,
             }
         };
         let activity = stream.activity();
-        let app = self.app;
-        let peer = Peer::new(remote).on_worker(self.worker);
+        let app = shared.app;
+        let peer = Peer::new(remote).on_worker(worker);
         let service = service_fn(move |mut req: Request<Incoming>| {
             if let Some(head) = framing.next_request() {
                 req.extensions_mut().insert(head);
@@ -419,13 +406,13 @@ impl Connections {
             })
         });
         if !h2 {
-            idle::serve_h1(&self.http1, stream, || service.clone(), drain, remote).await;
+            idle::serve_h1(&shared.http1, stream, || service.clone(), drain, remote).await;
             return;
         }
         // Boxed: HTTP/2's connection future is large, and unboxed it would
         // set the size of every HTTP/1 connection's task too.
         Box::pin(serve_h2(
-            &self.http2,
+            &shared.http2,
             TokioIo::new(stream),
             service,
             drain,
@@ -476,17 +463,17 @@ async fn serve_h2<S, Svc, B>(
 
 async fn accept_loop(
     public: PublicListener,
-    shared: Connections,
-    drain: Arc<watch::Sender<bool>>,
-    connections: Arc<Semaphore>,
+    connections: Connections,
     mut stop: watch::Receiver<bool>,
 ) {
     let PublicListener { listener, tls } = public;
+    let slots = connections.shared.slots.clone();
+    let drain = connections.shared.drain.clone();
     loop {
         // Take a connection slot before accepting: past the limit, new
         // connections wait in the kernel's backlog instead of being served.
         let permit = tokio::select! {
-            permit = connections.clone().acquire_owned() => match permit {
+            permit = slots.clone().acquire_owned() => match permit {
                 Ok(permit) => permit,
                 Err(_) => return,
             },
@@ -510,7 +497,9 @@ async fn accept_loop(
         let drained = drain.subscribe();
         match &tls {
             None => {
-                let conn = shared.clone().serve(stream, remote, false, false, drained);
+                let conn = connections
+                    .clone()
+                    .serve(stream, remote, false, false, drained);
                 tokio::spawn(async move {
                     conn.await;
                     drop(permit);
@@ -520,13 +509,13 @@ async fn accept_loop(
                 // The handshake runs in the connection's task, bounded by the
                 // head timeout, so a slow client never stalls the accept loop.
                 let handshake = acceptor.accept(stream);
-                let timeout = shared.handshake_timeout;
-                let shared = shared.clone();
+                let timeout = connections.shared.handshake_timeout;
+                let connections = connections.clone();
                 tokio::spawn(async move {
                     match tokio::time::timeout(timeout, handshake).await {
                         Ok(Ok(stream)) => {
                             let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
-                            shared.serve(stream, remote, true, h2, drained).await;
+                            connections.serve(stream, remote, true, h2, drained).await;
                         }
                         Ok(Err(err)) => {
                             tracing::debug!(%remote, error = %err, "TLS handshake failed");
