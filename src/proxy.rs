@@ -3,6 +3,7 @@
 //!
 //! It does not decide whether a request may pass: the gate does, before this.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
@@ -138,15 +139,49 @@ impl Upstream {
 
     /// Forwards `req` to the origin and streams the answer back. `tls` says
     /// whether the client reached us over TLS (for `X-Forwarded-Proto`).
-    pub async fn forward(
+    ///
+    /// The request is rewritten and handed to the pooled client before this
+    /// returns, so the future holds only the exchange in flight, not the
+    /// request: it is part of every proxied request's future, which is moved
+    /// into place once per request.
+    pub fn forward(
         &self,
         mut req: Request<Incoming>,
         peer: &Peer,
         tls: bool,
-    ) -> Result<Response<Body>, RequestError> {
+    ) -> impl Future<Output = Result<Response<Body>, RequestError>> + Send + 'static {
         let upgrade = upgrade_protocol(&req);
         let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
+        let prepared = self.rewrite(req, peer, tls, upgrade.as_ref()).map(|req| {
+            let client = &self.clients[peer.worker % self.clients.len()];
+            tokio::time::timeout(self.timeout, client.request(req))
+        });
+        async move {
+            let resp = match prepared?.await {
+                Ok(Ok(resp)) => resp,
+                Ok(Err(err)) => return Err(RequestError::Upstream(error_chain(&err))),
+                Err(_) => return Err(RequestError::UpstreamTimeout),
+            };
+            if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+                if let Some(client_upgrade) = client_upgrade {
+                    return Ok(switch_protocols(resp, client_upgrade));
+                }
+            }
+            let mut resp = resp.map(Body::Upstream);
+            strip_hop_by_hop(resp.headers_mut());
+            Ok(resp)
+        }
+    }
 
+    /// The request as the origin gets it: origin URL, HTTP/1.1, hop-by-hop
+    /// headers removed, forwarding headers set.
+    fn rewrite(
+        &self,
+        mut req: Request<Incoming>,
+        peer: &Peer,
+        tls: bool,
+        upgrade: Option<&HeaderValue>,
+    ) -> Result<Request<Incoming>, RequestError> {
         let original_host = original_host(&req);
         let path = req
             .uri()
@@ -179,26 +214,11 @@ impl Upstream {
                 }
             }
         }
-        if let Some(protocol) = &upgrade {
+        if let Some(protocol) = upgrade {
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
             headers.insert(header::UPGRADE, protocol.clone());
         }
-
-        let client = &self.clients[peer.worker % self.clients.len()];
-        let resp = match tokio::time::timeout(self.timeout, client.request(req)).await {
-            Ok(Ok(resp)) => resp,
-            Ok(Err(err)) => return Err(RequestError::Upstream(error_chain(&err))),
-            Err(_) => return Err(RequestError::UpstreamTimeout),
-        };
-
-        if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-            if let Some(client_upgrade) = client_upgrade {
-                return Ok(switch_protocols(resp, client_upgrade));
-            }
-        }
-        let mut resp = resp.map(Body::Upstream);
-        strip_hop_by_hop(resp.headers_mut());
-        Ok(resp)
+        Ok(req)
     }
 }
 
@@ -288,11 +308,19 @@ pub fn check_framing(headers: &HeaderMap) -> Result<(), RequestError> {
 /// header names, except those queuegate sets itself afterwards.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most messages carry none, or only `Connection: keep-alive`: one look
-    // over the names instead of a lookup for each hop-by-hop header.
-    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+    // over the names, noting which hop-by-hop headers are there, instead of
+    // a lookup for each of them.
+    let mut present = 0u8;
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present |= 1 << i;
+        }
+    }
+    if present == 0 {
         return;
     }
-    if headers.contains_key(header::CONNECTION) {
+    if present & 1 != 0 {
+        // `Connection` is first in HOP_BY_HOP.
         let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
             .iter()
@@ -313,8 +341,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(name);
         }
     }
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(name);
+        }
     }
 }
 
