@@ -3,6 +3,7 @@
 //! or forward.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,7 +17,7 @@ use crate::admission::KeyRing;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::framing::AmbiguousHead;
-use crate::gate::{self, Admitted, Decision, Gate, RouteLive, RouteRt, Settings};
+use crate::gate::{self, Admitted, CookieMemo, Decision, Gate, RouteLive, RouteRt, Settings};
 use crate::metrics::{Metrics, Outcome, UpstreamFailure};
 use crate::proxy::{self, Peer, Upstream};
 use crate::queue::{BreakerConfig, Guarded, Store};
@@ -71,10 +72,10 @@ impl App {
     /// Answers one request. The server marks a request whose raw head was
     /// ambiguous with an [`AmbiguousHead`] extension; the header check
     /// catches what reaches the service some other way.
-    pub async fn handle(&self, req: Request<Incoming>, peer: Peer, tls: bool) -> Response<Body> {
+    pub async fn handle(&self, req: Request<Incoming>, conn: &Conn, tls: bool) -> Response<Body> {
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
         let s = self.settings.load();
-        let (route, outcome, resp) = self.answer(&s, req, &peer, tls).await;
+        let (route, outcome, resp) = self.answer(&s, req, conn, tls).await;
         self.metrics.request(outcome);
         if let Some(started) = started {
             tracing::debug!(
@@ -93,9 +94,10 @@ impl App {
         &self,
         s: &'s Settings,
         req: Request<Incoming>,
-        peer: &Peer,
+        conn: &Conn,
         tls: bool,
     ) -> (Option<&'s str>, Outcome, Response<Body>) {
+        let peer = &conn.peer;
         let framing = match req.extensions().get::<AmbiguousHead>() {
             Some(head) => Err(RequestError::AmbiguousFraming(head.reason)),
             None => proxy::check_framing(req.headers()),
@@ -111,7 +113,7 @@ impl App {
                 Outcome::Reserved,
                 // Boxed so the waiting room's larger future does not set the
                 // size of every request's future (see `Gate::decide`).
-                Box::pin(waiting::serve(self, s, req, tls)).await,
+                Box::pin(waiting::serve(self, s, req, tls, &conn.cookies)).await,
             );
         }
         // Bypass rules and routes see the same normalised path, so
@@ -133,7 +135,10 @@ impl App {
             );
         };
         let route = &s.routes[index];
-        let decision = self.gate.decide(s, route, req.headers(), tls).await;
+        let decision = self
+            .gate
+            .decide(s, index, req.headers(), tls, &conn.cookies)
+            .await;
         let outcome = outcome_of(&decision);
         route.metrics.request(outcome);
         let resp = match decision {
@@ -143,36 +148,58 @@ impl App {
         (Some(route.name()), outcome, resp)
     }
 
-    async fn forward(
+    /// Forwards an admitted or ungated request. The request is handed to
+    /// the upstream before this returns (see [`Upstream::forward`]).
+    fn forward(
         &self,
         mut req: Request<Incoming>,
         peer: &Peer,
         tls: bool,
         set_cookie: Option<http::HeaderValue>,
-    ) -> Response<Body> {
+    ) -> impl Future<Output = Response<Body>> + Send + '_ {
         gate::strip_own_cookies(req.headers_mut());
         let started = Instant::now();
-        let forwarded = self.upstream.forward(req, peer, tls).await;
-        let seconds = started.elapsed().as_secs_f64();
-        let mut resp = match forwarded {
-            Ok(resp) => {
-                self.metrics.upstream(seconds, None);
-                resp
+        let forwarded = self.upstream.forward(req, peer, tls);
+        let remote = peer.addr;
+        async move {
+            let forwarded = forwarded.await;
+            let seconds = started.elapsed().as_secs_f64();
+            let mut resp = match forwarded {
+                Ok(resp) => {
+                    self.metrics.upstream(seconds, None);
+                    resp
+                }
+                Err(err) => {
+                    let failure = match err {
+                        RequestError::UpstreamTimeout => UpstreamFailure::Timeout,
+                        _ => UpstreamFailure::Error,
+                    };
+                    self.metrics.upstream(seconds, Some(failure));
+                    tracing::warn!(remote = %remote, error = %err, "origin failed");
+                    response::from_error(&err)
+                }
+            };
+            if let Some(cookie) = set_cookie {
+                resp.headers_mut().append(SET_COOKIE, cookie);
             }
-            Err(err) => {
-                let failure = match err {
-                    RequestError::UpstreamTimeout => UpstreamFailure::Timeout,
-                    _ => UpstreamFailure::Error,
-                };
-                self.metrics.upstream(seconds, Some(failure));
-                tracing::warn!(remote = %peer.addr, error = %err, "origin failed");
-                response::from_error(&err)
-            }
-        };
-        if let Some(cookie) = set_cookie {
-            resp.headers_mut().append(SET_COOKIE, cookie);
+            resp
         }
-        resp
+    }
+}
+
+/// What the requests of one client connection share: who the client is and
+/// the cookies it sent last.
+pub struct Conn {
+    pub peer: Peer,
+    pub cookies: CookieMemo,
+}
+
+impl Conn {
+    pub fn new(peer: Peer) -> Conn {
+        Conn {
+            peer,
+            cookies: CookieMemo::default(),
+        }
     }
 }
 
@@ -227,6 +254,7 @@ pub fn settings_from(
         ));
     }
     Ok(Settings {
+        generation: Settings::next_generation(),
         routes,
         bypass: config.bypass.clone(),
         ring,

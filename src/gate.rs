@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use http::header::{HeaderMap, HeaderValue, COOKIE, HOST};
 use http::Method;
@@ -156,9 +156,19 @@ pub struct Settings {
     pub ring: KeyRing,
     pub reserved_prefix: String,
     pub cookie_domain: Option<String>,
+    /// Different for every `Settings` the process builds (see
+    /// [`Settings::next_generation`]): what a [`CookieMemo`] read under one
+    /// key ring is not reused under another.
+    pub generation: u64,
 }
 
 impl Settings {
+    /// A generation number no earlier `Settings` of this process had.
+    pub fn next_generation() -> u64 {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    }
+
     /// Whether a bypass rule lets the request through at once.
     pub fn bypassed(&self, method: &Method, path: &str) -> bool {
         self.bypass.iter().any(|rule| match rule {
@@ -253,10 +263,12 @@ impl Gate {
     pub async fn decide(
         &self,
         s: &Settings,
-        route: &RouteRt,
+        index: usize,
         headers: &HeaderMap,
         tls: bool,
+        cookies: &CookieMemo,
     ) -> Decision {
+        let route = &s.routes[index];
         match route.cfg.mode {
             Mode::Passthrough => {
                 return Decision::Admit {
@@ -267,7 +279,7 @@ impl Gate {
             Mode::Closed => return Decision::Closed,
             Mode::Gate | Mode::QueueAll => {}
         }
-        let creds = credentials(headers, route.cookie_name(tls), &s.ring, route.name());
+        let creds = cookies.read(s, index, headers, tls);
         if let Some(pass) = creds.pass {
             if let Some(decision) = self.check_pass(s, route, &pass, tls).await {
                 return decision;
@@ -509,6 +521,78 @@ pub fn credentials(headers: &HeaderMap, name: &str, ring: &KeyRing, route: &str)
         }
     }
     found
+}
+
+/// A connection's last `Cookie` header and the credentials read from it for
+/// one route. A browser sends the same cookies with every request on a
+/// keep-alive connection (and on every HTTP/2 stream), so their MACs are
+/// checked when the header changes instead of on every request. The key is
+/// the header's exact bytes, the route and the settings generation (a reload
+/// may bring another key ring), so a remembered answer is the one checking
+/// again would give. Expiry and the store are still consulted per request.
+/// A header longer than [`CookieMemo::MAX_KEPT`] is checked every time
+/// rather than kept on an idle connection.
+#[derive(Default)]
+pub struct CookieMemo(Mutex<Option<Memo>>);
+
+struct Memo {
+    generation: u64,
+    route: usize,
+    tls: bool,
+    cookie: Vec<u8>,
+    found: Credentials,
+}
+
+impl CookieMemo {
+    /// The longest `Cookie` header remembered, in bytes.
+    pub const MAX_KEPT: usize = 2048;
+
+    /// [`credentials`] for route `index` of `s`, remembered for the next
+    /// request whose single `Cookie` header is the same.
+    pub fn read(&self, s: &Settings, index: usize, headers: &HeaderMap, tls: bool) -> Credentials {
+        let route = &s.routes[index];
+        let read = || credentials(headers, route.cookie_name(tls), &s.ring, route.name());
+        let mut values = headers.get_all(COOKIE).iter();
+        let (Some(cookie), None) = (values.next(), values.next()) else {
+            // No cookies: nothing to check. Several headers: rare, not kept.
+            return read();
+        };
+        if cookie.len() > Self::MAX_KEPT {
+            return read();
+        }
+        let cookie = cookie.as_bytes();
+        let mut memo = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(m) = memo.as_ref() {
+            if m.generation == s.generation
+                && m.route == index
+                && m.tls == tls
+                && m.cookie == cookie
+            {
+                return m.found;
+            }
+        }
+        let found = read();
+        match memo.as_mut() {
+            Some(m) => {
+                m.generation = s.generation;
+                m.route = index;
+                m.tls = tls;
+                m.cookie.clear();
+                m.cookie.extend_from_slice(cookie);
+                m.found = found;
+            }
+            None => {
+                *memo = Some(Memo {
+                    generation: s.generation,
+                    route: index,
+                    tls,
+                    cookie: cookie.to_vec(),
+                    found,
+                })
+            }
+        }
+        found
+    }
 }
 
 /// Removes queuegate's own cookies from the `Cookie` headers, so the origin

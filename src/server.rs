@@ -17,7 +17,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::app::App;
+use crate::app::{App, Conn};
 use crate::config::{Config, ServerLimits};
 use crate::framing::Watched;
 use crate::idle::{self, Http1, Parkable, Parking, Socket, Tracked};
@@ -388,20 +388,20 @@ impl Connections {
         };
         let activity = stream.activity();
         let app = shared.app;
-        let peer = Peer::new(remote).on_worker(worker);
+        let conn = Arc::new(Conn::new(Peer::new(remote).on_worker(worker)));
         let service = service_fn(move |mut req: Request<Incoming>| {
             if let Some(head) = framing.next_request() {
                 req.extensions_mut().insert(head);
             }
             let in_flight = activity.request();
             let app = app.clone();
-            let peer = peer.clone();
+            let conn = conn.clone();
             // Boxed: hyper keeps a slot the size of the service's future
             // for the life of the connection, so an unboxed future of a few
             // kilobytes would stay allocated on every idle keep-alive
             // connection. Boxed, it lives only while the request does.
             Box::pin(async move {
-                let resp = app.handle(req, peer, tls).await;
+                let resp = app.handle(req, &conn, tls).await;
                 Ok::<_, Infallible>(resp.map(|body| Tracked::new(body, in_flight)))
             })
         });

@@ -163,7 +163,7 @@ async fn nothing_without_a_valid_pass_reaches_the_origin() {
         ("empty", "qg_tickets=".into()),
         ("no cookie", String::new()),
     ];
-    for (what, cookie) in cases {
+    for (what, cookie) in &cases {
         for nav in [true, false] {
             let mut req = http::Request::get(gate.url("/tickets/secret"));
             if !cookie.is_empty() {
@@ -197,6 +197,28 @@ async fn nothing_without_a_valid_pass_reaches_the_origin() {
         .navigate(&gate.url("/tickets"))
         .await
         .reached_origin());
+
+    // The same, on one keep-alive connection that sends the real pass
+    // between the bad cookies: what it proved once is not lent to them.
+    let mut conn = KeepAlive::connect(gate.addr).await;
+    let real = format!("qg_tickets={pass}");
+    for (what, cookie) in &cases {
+        let (status, head) = conn.get("/tickets/secret", &real).await;
+        assert_eq!(status, StatusCode::OK, "real pass before {what}: {head}");
+        assert!(!head.contains("x-queuegate"), "{what}: {head}");
+        let seen = hits.load(Ordering::SeqCst);
+        let (status, head) = conn.get("/tickets/secret", cookie).await;
+        assert!(
+            status == StatusCode::FOUND || status == StatusCode::SERVICE_UNAVAILABLE,
+            "{what} after the real pass on one connection: got {status}"
+        );
+        assert!(head.contains("x-queuegate"), "{what}: {head}");
+        assert_eq!(
+            hits.load(Ordering::SeqCst),
+            seen,
+            "{what} reached the origin"
+        );
+    }
 }
 
 #[tokio::test]

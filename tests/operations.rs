@@ -298,6 +298,51 @@ async fn raising_capacity_in_the_file_admits_a_waiter_and_a_bad_edit_keeps_the_o
 }
 
 #[tokio::test]
+async fn a_new_key_ring_applies_to_connections_already_open() {
+    let (origin, hits) = counting_origin().await;
+    let dir = ConfigDir::new();
+    dir.write(&config_text(&origin.url(), &dir.key(), 1));
+    let gate = gate_from_file(&dir, None).await;
+
+    // A pass, used twice on one keep-alive connection.
+    let mut conn = KeepAlive::connect(gate.addr).await;
+    let (status, head) = conn.get("/tickets", "").await;
+    assert_eq!(status, StatusCode::OK, "{head}");
+    let pass = head
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: "))
+        .and_then(|c| c.split(';').next())
+        .unwrap_or_else(|| panic!("no pass: {head}"))
+        .to_owned();
+    assert!(pass.starts_with("qg_tickets=v1.a."), "{pass}");
+    let (status, head) = conn.get("/tickets", &pass).await;
+    assert_eq!(status, StatusCode::OK, "{head}");
+    assert!(
+        !head.contains("set-cookie"),
+        "the pass was not taken: {head}"
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+
+    // The key `k1` is replaced by a new secret: the pass it signed no longer
+    // verifies, on the connection that already used it too. Its holder is
+    // a newcomer again, and the one slot is still its old session's.
+    let new_key = dir.dir.path().join("k1-new.key");
+    std::fs::write(&new_key, queuegate::admission::keygen()).unwrap();
+    dir.write(&config_text(&origin.url(), &new_key, 1));
+    scrape_until(&gate, "the new key is loaded", |s| reloads(s, "ok") == 1.0).await;
+    let (status, head) = conn.get("/tickets", &pass).await;
+    // Not a navigation: the API answer, 503 and a ticket for the line.
+    assert_eq!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the old pass still worked: {head}"
+    );
+    assert!(head.contains("x-queuegate: waiting"), "{head}");
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    gate.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn routes_added_by_a_reload_are_gated_and_removed_ones_are_not() {
     let (origin, _hits) = counting_origin().await;
     let dir = ConfigDir::new();

@@ -12,7 +12,7 @@ use rand::Rng;
 use serde_json::json;
 
 use crate::app::App;
-use crate::gate::{self, Decision, RouteRt, Settings};
+use crate::gate::{self, CookieMemo, Decision, RouteRt, Settings};
 use crate::queue::{Place, QueueStore};
 use crate::response::{self, Body};
 use page::{Lang, PageState, PageView, WaitingQuery};
@@ -142,12 +142,20 @@ fn api_answer(s: &Settings, route: &RouteRt, decision: &Decision) -> Response<Bo
 }
 
 /// Serves a path under the reserved prefix.
-pub async fn serve(app: &App, s: &Settings, req: Request<Incoming>, tls: bool) -> Response<Body> {
+pub async fn serve(
+    app: &App,
+    s: &Settings,
+    req: Request<Incoming>,
+    tls: bool,
+    cookies: &CookieMemo,
+) -> Response<Body> {
     let rest = &req.uri().path()[s.reserved_prefix.len()..];
     match (rest, req.method()) {
-        ("/waiting", &Method::GET | &Method::HEAD) => waiting_page(app, s, &req, tls).await,
-        ("/status", &Method::GET) => status(app, s, &req, tls).await,
-        ("/leave", &Method::POST) => leave(app, s, &req, tls).await,
+        ("/waiting", &Method::GET | &Method::HEAD) => {
+            waiting_page(app, s, &req, tls, cookies).await
+        }
+        ("/status", &Method::GET) => status(app, s, &req, tls, cookies).await,
+        ("/leave", &Method::POST) => leave(app, s, &req, tls, cookies).await,
         ("/waiting" | "/status" | "/leave", _) => response::plain(
             StatusCode::METHOD_NOT_ALLOWED,
             "method-not-allowed",
@@ -171,6 +179,7 @@ async fn waiting_page(
     s: &Settings,
     req: &Request<Incoming>,
     tls: bool,
+    cookies: &CookieMemo,
 ) -> Response<Body> {
     let query = WaitingQuery::parse(req.uri().query().unwrap_or(""));
     let Some(index) = s.route_named(&query.route) else {
@@ -178,7 +187,7 @@ async fn waiting_page(
         return response::redirect("not-gated", &query.return_path);
     };
     let route = &s.routes[index];
-    let decision = app.gate.decide(s, route, req.headers(), tls).await;
+    let decision = app.gate.decide(s, index, req.headers(), tls, cookies).await;
     let (state, place, set_cookie) = match decision {
         Decision::Admit { set_cookie, .. } => {
             let mut resp = response::redirect("admitted", &query.return_path);
@@ -255,7 +264,13 @@ fn page_query_value(path: &str) -> String {
 }
 
 /// `GET /status?route=NAME`: always `200` with JSON.
-async fn status(app: &App, s: &Settings, req: &Request<Incoming>, tls: bool) -> Response<Body> {
+async fn status(
+    app: &App,
+    s: &Settings,
+    req: &Request<Incoming>,
+    tls: bool,
+    cookies: &CookieMemo,
+) -> Response<Body> {
     let route_name = query_param(req, "route").unwrap_or("");
     let return_path =
         return_to::sanitize(&WaitingQuery::parse(req.uri().query().unwrap_or("")).return_path);
@@ -266,11 +281,11 @@ async fn status(app: &App, s: &Settings, req: &Request<Incoming>, tls: bool) -> 
         );
     };
     let route = &s.routes[index];
-    let creds = gate::credentials(req.headers(), route.cookie_name(tls), &s.ring, route.name());
+    let creds = cookies.read(s, index, req.headers(), tls);
     let decision = if creds.pass.is_none() && creds.ticket.is_none() {
         None
     } else {
-        Some(app.gate.decide(s, route, req.headers(), tls).await)
+        Some(app.gate.decide(s, index, req.headers(), tls, cookies).await)
     };
     let mut body = json!({"route": route.name(), "return": return_path});
     let mut set_cookie = None;
@@ -315,13 +330,19 @@ fn status_json(body: serde_json::Value, set_cookie: Option<HeaderValue>) -> Resp
 }
 
 /// `POST /leave?route=NAME`: leave the line or free the slot.
-async fn leave(app: &App, s: &Settings, req: &Request<Incoming>, tls: bool) -> Response<Body> {
+async fn leave(
+    app: &App,
+    s: &Settings,
+    req: &Request<Incoming>,
+    tls: bool,
+    cookies: &CookieMemo,
+) -> Response<Body> {
     let route_name = query_param(req, "route").unwrap_or("");
     let Some(index) = s.route_named(route_name) else {
         return status_json(json!({"state": "unknown", "route": route_name}), None);
     };
     let route = &s.routes[index];
-    let creds = gate::credentials(req.headers(), route.cookie_name(tls), &s.ring, route.name());
+    let creds = cookies.read(s, index, req.headers(), tls);
     let mut left = false;
     for claims in [creds.pass, creds.ticket].into_iter().flatten() {
         if let Err(err) = app.gate.store.leave(route.name(), &claims.id).await {

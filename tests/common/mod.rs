@@ -481,3 +481,54 @@ impl Visitor {
         self.jar.get(name).map(String::as_str)
     }
 }
+
+/// One client connection kept open, its requests written by hand, so that
+/// every request goes over the same socket (a pooled client may open others).
+pub struct KeepAlive {
+    stream: tokio::net::TcpStream,
+    pending: Vec<u8>,
+}
+
+impl KeepAlive {
+    pub async fn connect(addr: SocketAddr) -> KeepAlive {
+        KeepAlive {
+            stream: tokio::net::TcpStream::connect(addr).await.unwrap(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// `GET path` with `cookie` as the `Cookie` header (none when empty):
+    /// the status and the head as sent (hyper sends lower-case names). The
+    /// answer must keep the connection open and carry a Content-Length.
+    pub async fn get(&mut self, path: &str, cookie: &str) -> (http::StatusCode, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let cookie = if cookie.is_empty() {
+            String::new()
+        } else {
+            format!("Cookie: {cookie}\r\n")
+        };
+        let req = format!("GET {path} HTTP/1.1\r\nHost: keepalive.test\r\n{cookie}\r\n");
+        self.stream.write_all(req.as_bytes()).await.unwrap();
+        loop {
+            if let Some(end) = self.pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&self.pending[..end]).into_owned();
+                let length: usize = head
+                    .to_ascii_lowercase()
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map(|v| v.trim().parse().unwrap())
+                    .unwrap_or_else(|| panic!("no content-length: {head}"));
+                if self.pending.len() >= end + 4 + length {
+                    self.pending.drain(..end + 4 + length);
+                    assert!(!head.contains("connection: close"), "closed: {head}");
+                    let status = head[9..12].parse::<u16>().unwrap();
+                    return (http::StatusCode::from_u16(status).unwrap(), head);
+                }
+            }
+            let mut chunk = [0u8; 4096];
+            let n = self.stream.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the connection closed before the answer");
+            self.pending.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
