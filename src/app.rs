@@ -187,16 +187,18 @@ impl App {
     }
 }
 
-/// What the requests of one client connection share: who the client is and
-/// the cookies it sent last.
+/// What the requests of one client connection share: the app, who the
+/// client is and the cookies it sent last.
 pub struct Conn {
+    pub app: Arc<App>,
     pub peer: Peer,
     pub cookies: CookieMemo,
 }
 
 impl Conn {
-    pub fn new(peer: Peer) -> Conn {
+    pub fn new(app: Arc<App>, peer: Peer) -> Conn {
         Conn {
+            app,
             peer,
             cookies: CookieMemo::default(),
         }

@@ -387,21 +387,21 @@ impl Connections {
             }
         };
         let activity = stream.activity();
-        let app = shared.app;
-        let conn = Arc::new(Conn::new(Peer::new(remote).on_worker(worker)));
+        // The app is reached through the connection's own `Conn`, so a
+        // request touches no reference count that other threads write.
+        let conn = Arc::new(Conn::new(shared.app, Peer::new(remote).on_worker(worker)));
         let service = service_fn(move |mut req: Request<Incoming>| {
             if let Some(head) = framing.next_request() {
                 req.extensions_mut().insert(head);
             }
             let in_flight = activity.request();
-            let app = app.clone();
             let conn = conn.clone();
             // Boxed: hyper keeps a slot the size of the service's future
             // for the life of the connection, so an unboxed future of a few
             // kilobytes would stay allocated on every idle keep-alive
             // connection. Boxed, it lives only while the request does.
             Box::pin(async move {
-                let resp = app.handle(req, &conn, tls).await;
+                let resp = conn.app.handle(req, &conn, tls).await;
                 Ok::<_, Infallible>(resp.map(|body| Tracked::new(body, in_flight)))
             })
         });
