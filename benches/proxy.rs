@@ -1,5 +1,7 @@
-//! Proxy overhead harness: the same origin served directly, through nginx and through
-//! queuegate's admitted path, measured with wrk for throughput, latency and server CPU.
+//! Proxy overhead harness: the same origin served directly, through nginx, through
+//! queuegate as a plain proxy (no route) and through queuegate's admitted path (a
+//! gated route and a valid pass), measured with wrk for throughput, latency and
+//! server CPU.
 //!
 //! `cargo bench --bench proxy` builds the release binary (`target/release/queuegate`)
 //! and runs everything on 127.0.0.1. Options (environment):
@@ -9,7 +11,8 @@
 //! - `BENCH_CONNECTIONS` (16,64,256): wrk connection counts.
 //! - `BENCH_THREADS` (2): wrk threads.
 //! - `BENCH_PATHS` (/small,/large): request paths.
-//! - `BENCH_SERVERS` (direct,nginx,queuegate): which servers to measure.
+//! - `BENCH_SERVERS` (direct,nginx,plain,queuegate): which servers to measure;
+//!   `plain` is queuegate without a route, `queuegate` its admitted path.
 //! - `BENCH_WRITE` (unset): `1` writes the results into `benches/README.md`.
 //! - `BENCH_NGINX` (/usr/sbin/nginx), `BENCH_WRK` (wrk), `BENCH_QUEUEGATE` (the built binary).
 
@@ -34,7 +37,7 @@ use report::{Sample, Setup};
 use servers::Server;
 
 const ALL_PATHS: [&str; 2] = ["/small", "/large"];
-const ALL_SERVERS: [&str; 3] = ["direct", "nginx", "queuegate"];
+const ALL_SERVERS: [&str; 4] = ["direct", "nginx", "plain", "queuegate"];
 
 struct Options {
     rounds: u32,
@@ -139,24 +142,23 @@ fn main() -> Result<()> {
     } else {
         None
     };
-    let mut queuegate = if options.servers.contains(&"queuegate") {
-        Some(servers::start_queuegate(
-            &options.queuegate,
-            root.path(),
-            origin.addr,
-        )?)
-    } else {
-        None
+    let start_queuegate = |name, gated| -> Result<_> {
+        if !options.servers.contains(&name) {
+            return Ok(None);
+        }
+        let (server, cookie) =
+            servers::start_queuegate(&options.queuegate, root.path(), origin.addr, gated)?;
+        Ok(Some((server, cookie)))
     };
+    let mut plain = start_queuegate("plain", false)?;
+    let mut queuegate = start_queuegate("queuegate", true)?;
+    let addr = |server: Option<&Server>| server.map_or("-".to_string(), |s| s.addr.to_string());
     eprintln!(
-        "origin {}, nginx {}, queuegate {}; temp dir {}",
+        "origin {}, nginx {}, queuegate plain {}, gated {}; temp dir {}",
         origin.addr,
-        nginx
-            .as_ref()
-            .map_or("-".to_string(), |s| s.addr.to_string()),
-        queuegate
-            .as_ref()
-            .map_or("-".to_string(), |(s, _)| s.addr.to_string()),
+        addr(nginx.as_ref()),
+        addr(plain.as_ref().map(|(s, _)| s)),
+        addr(queuegate.as_ref().map(|(s, _)| s)),
         root.path().display()
     );
 
@@ -175,12 +177,14 @@ fn main() -> Result<()> {
             header: None,
         });
     }
-    if let Some((server, cookie)) = queuegate.as_mut() {
-        targets.push(Target {
-            name: "queuegate",
-            server,
-            header: Some(format!("Cookie: {cookie}")),
-        });
+    for (name, started) in [("plain", &mut plain), ("queuegate", &mut queuegate)] {
+        if let Some((server, cookie)) = started.as_mut() {
+            targets.push(Target {
+                name,
+                server,
+                header: cookie.as_ref().map(|c| format!("Cookie: {c}")),
+            });
+        }
     }
 
     let mut samples = Vec::new();

@@ -123,28 +123,35 @@ pub fn summary(
             }
         }
     }
-    if targets.contains(&"queuegate") && targets.contains(&"nginx") {
+    let ours: Vec<&str> = ["plain", "queuegate"]
+        .into_iter()
+        .filter(|t| targets.contains(t))
+        .collect();
+    if !ours.is_empty() && targets.contains(&"nginx") {
         out.push_str(
-            "\nqueuegate ÷ nginx (of the medians; req/s above 1 is better, p99 and CPU below 1 are better):\n\n\
-             | path | conns | req/s ratio | p99 ratio | CPU ratio | user CPU ratio |\n\
-             |---|---:|---:|---:|---:|---:|\n",
+            "\nqueuegate ÷ nginx (of the medians; req/s above 1 is better, p99 and CPU below 1 are better; \
+             `plain` is queuegate without a route, `queuegate` its admitted path):\n\n\
+             | path | conns | server | req/s ratio | p99 ratio | CPU ratio | user CPU ratio |\n\
+             |---|---:|---|---:|---:|---:|---:|\n",
         );
         for &path in paths {
             for &conns in connections {
-                let (Some(q), Some(n)) = (
-                    cell(samples, path, conns, "queuegate"),
-                    cell(samples, path, conns, "nginx"),
-                ) else {
-                    continue;
-                };
-                let _ = writeln!(
-                    out,
-                    "| {path} | {conns} | {:.2} | {:.2} | {:.2} | {:.2} |",
-                    q.requests_per_second / n.requests_per_second,
-                    q.p99_us / n.p99_us,
-                    q.cpu_us_per_request / n.cpu_us_per_request,
-                    q.user_us_per_request / n.user_us_per_request,
-                );
+                for &target in &ours {
+                    let (Some(q), Some(n)) = (
+                        cell(samples, path, conns, target),
+                        cell(samples, path, conns, "nginx"),
+                    ) else {
+                        continue;
+                    };
+                    let _ = writeln!(
+                        out,
+                        "| {path} | {conns} | {target} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                        q.requests_per_second / n.requests_per_second,
+                        q.p99_us / n.p99_us,
+                        q.cpu_us_per_request / n.cpu_us_per_request,
+                        q.user_us_per_request / n.user_us_per_request,
+                    );
+                }
             }
         }
     }

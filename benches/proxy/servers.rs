@@ -138,15 +138,26 @@ http {{
     Ok(server)
 }
 
-/// queuegate with one gated route over everything, plus the admission
-/// cookie (`qg_bench=…`) that lets a client through without a store call.
-pub fn start_queuegate(binary: &Path, root: &Path, origin: SocketAddr) -> Result<(Server, String)> {
+/// queuegate in front of the origin. `gated`: one gated route over
+/// everything, and the admission cookie (`qg_bench=…`) that lets a client
+/// through without a store call is returned with it. Not gated: no route, the
+/// transparent proxy alone.
+pub fn start_queuegate(
+    binary: &Path,
+    root: &Path,
+    origin: SocketAddr,
+    gated: bool,
+) -> Result<(Server, Option<String>)> {
     ensure!(
         binary.is_file(),
         "queuegate binary not found at {}; build it with `cargo build --release`",
         binary.display()
     );
-    let dir = root.join("queuegate");
+    let dir = root.join(if gated {
+        "queuegate"
+    } else {
+        "queuegate-plain"
+    });
     fs::create_dir_all(&dir)?;
     let keygen = Command::new(binary)
         .arg("keygen")
@@ -161,9 +172,26 @@ pub fn start_queuegate(binary: &Path, root: &Path, origin: SocketAddr) -> Result
         );
     }
     let port = free_port()?;
+    // Two instances may run side by side: each gets its own admin port.
+    let admin_port = free_port()?;
+    let routes = if gated {
+        format!(
+            r#"routes:
+  - name: {ROUTE}
+    match: {{ path_prefix: / }}
+    capacity: 100000
+    pass_ttl: 1h
+    session_ttl: 2h
+"#
+        )
+    } else {
+        String::new()
+    };
     let config = format!(
         r#"listen:
   - addr: 127.0.0.1:{port}
+admin:
+  addr: 127.0.0.1:{admin_port}
 limits:
   drain_timeout: 1s
 upstream:
@@ -173,13 +201,7 @@ store:
   backend: memory
 keys:
   - {{ id: bench, env: {KEY_ENV} }}
-routes:
-  - name: {ROUTE}
-    match: {{ path_prefix: / }}
-    capacity: 100000
-    pass_ttl: 1h
-    session_ttl: 2h
-"#
+{routes}"#
     );
     let conf = dir.join("queuegate.yaml");
     fs::write(&conf, config)?;
@@ -197,6 +219,10 @@ routes:
         .with_context(|| format!("starting {}", binary.display()))?;
     let process = Process::new("queuegate", child, vec![log, dir.join("queuegate.err")]);
     let server = ready(process, port)?;
+    if !gated {
+        check_bodies(&server, &[])?;
+        return Ok((server, None));
+    }
 
     let cookie_name = format!("qg_{ROUTE}");
     let first = http::get(server.addr, "/small", &[])?;
@@ -213,7 +239,7 @@ routes:
     );
     let cookie = format!("{cookie_name}={pass}");
     check_bodies(&server, &[format!("Cookie: {cookie}")])?;
-    Ok((server, cookie))
+    Ok((server, Some(cookie)))
 }
 
 fn ready(mut process: Process, port: u16) -> Result<Server> {
