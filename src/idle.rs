@@ -6,15 +6,17 @@
 //! replaying what hyper had already read. nginx frees a keep-alive
 //! connection's request buffers the same way.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
+use futures_util::task::AtomicWaker;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -408,7 +410,7 @@ pub async fn serve_h1<S, Svc, B>(
         let ended = loop {
             tokio::select! {
                 ended = conn.as_mut() => break ended,
-                _ = drain.changed(), if !draining => {
+                _ = WhenWoken::new(drain.changed()), if !draining => {
                     draining = true;
                     conn.as_mut().graceful_shutdown();
                 }
@@ -476,5 +478,100 @@ pub async fn serve_h1<S, Svc, B>(
         parking.counts.resumed.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(%remote, "connection resumed");
         resumed = true;
+    }
+}
+
+/// A future polled only when it asked to be: on its first poll, and after its
+/// own waker fired. A connection's `select!` polls every branch each time the
+/// connection is woken, for every read and write; the drain's `changed()`
+/// takes, on each of those polls, a lock that all the server's connections
+/// share. Wrapped, a poll in between is a flag check on the connection's own
+/// memory.
+pub struct WhenWoken<F> {
+    inner: Pin<Box<F>>,
+    signal: Arc<Signal>,
+}
+
+struct Signal {
+    woken: AtomicBool,
+    outer: AtomicWaker,
+}
+
+impl Wake for Signal {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+        self.outer.wake();
+    }
+}
+
+impl<F: Future> WhenWoken<F> {
+    pub fn new(inner: F) -> WhenWoken<F> {
+        WhenWoken {
+            inner: Box::pin(inner),
+            signal: Arc::new(Signal {
+                woken: AtomicBool::new(true),
+                outer: AtomicWaker::new(),
+            }),
+        }
+    }
+}
+
+impl<F: Future> Future for WhenWoken<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // Registered before the flag is read, so a wake in between is seen.
+        self.signal.outer.register(cx.waker());
+        if !self.signal.woken.swap(false, Ordering::AcqRel) {
+            return Poll::Pending;
+        }
+        let waker = Waker::from(self.signal.clone());
+        self.inner.as_mut().poll(&mut Context::from_waker(&waker))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A waker that counts its wakes.
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_wrapped_future_is_polled_only_after_its_own_wake() {
+        let (tx, mut rx) = tokio::sync::oneshot::channel::<u8>();
+        let polls = AtomicUsize::new(0);
+        let inner = std::future::poll_fn(|cx| {
+            polls.fetch_add(1, Ordering::SeqCst);
+            Pin::new(&mut rx).poll(cx)
+        });
+        let mut wrapped = WhenWoken::new(inner);
+        let outer = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(outer.clone());
+        let mut cx = Context::from_waker(&waker);
+
+        assert!(Pin::new(&mut wrapped).poll(&mut cx).is_pending());
+        assert_eq!(polls.load(Ordering::SeqCst), 1, "the first poll reaches it");
+        for _ in 0..5 {
+            assert!(Pin::new(&mut wrapped).poll(&mut cx).is_pending());
+        }
+        assert_eq!(polls.load(Ordering::SeqCst), 1, "no wake, no poll");
+        assert_eq!(outer.0.load(Ordering::SeqCst), 0);
+
+        tx.send(7).unwrap();
+        assert_eq!(outer.0.load(Ordering::SeqCst), 1, "its wake wakes the task");
+        assert_eq!(Pin::new(&mut wrapped).poll(&mut cx), Poll::Ready(Ok(7)));
+        assert_eq!(polls.load(Ordering::SeqCst), 2);
     }
 }

@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use crate::app::{App, Conn};
 use crate::config::{Config, ServerLimits};
 use crate::framing::Watched;
-use crate::idle::{self, Http1, Parkable, Parking, Socket, Tracked};
+use crate::idle::{self, Http1, Parkable, Parking, Socket, Tracked, WhenWoken};
 use crate::proxy::Peer;
 use crate::tls;
 
@@ -453,7 +453,7 @@ async fn serve_h2<S, Svc, B>(
                 }
                 return;
             }
-            _ = drain.changed(), if !draining => {
+            _ = WhenWoken::new(drain.changed()), if !draining => {
                 draining = true;
                 conn.as_mut().graceful_shutdown();
             }
