@@ -137,7 +137,9 @@ impl App {
         let route = &s.routes[index];
         let decision = self
             .gate
-            .decide(s, index, req.headers(), tls, &conn.cookies)
+            .decide(s, index, tls, || {
+                conn.cookies.read(s, index, req.headers(), tls)
+            })
             .await;
         let outcome = outcome_of(&decision);
         route.metrics.request(outcome);

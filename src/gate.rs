@@ -254,7 +254,10 @@ impl Gate {
         }
     }
 
-    /// Decides a request to gated route `route` (DESIGN §1 step 4).
+    /// Decides a request to gated route `index` of `s` (DESIGN §1 step 4).
+    /// `creds` reads the request's credentials for that route (usually
+    /// [`CookieMemo::read`]); it is not called for a passthrough or closed
+    /// route, which needs none.
     ///
     /// Every branch that calls the store is boxed: a store call's future is
     /// kilobytes, and unboxed it would be the size of every request's
@@ -264,9 +267,8 @@ impl Gate {
         &self,
         s: &Settings,
         index: usize,
-        headers: &HeaderMap,
         tls: bool,
-        cookies: &CookieMemo,
+        creds: impl FnOnce() -> Credentials,
     ) -> Decision {
         let route = &s.routes[index];
         match route.cfg.mode {
@@ -279,7 +281,7 @@ impl Gate {
             Mode::Closed => return Decision::Closed,
             Mode::Gate | Mode::QueueAll => {}
         }
-        let creds = cookies.read(s, index, headers, tls);
+        let creds = creds();
         if let Some(pass) = creds.pass {
             if let Some(decision) = self.check_pass(s, route, &pass, tls).await {
                 return decision;

@@ -187,7 +187,10 @@ async fn waiting_page(
         return response::redirect("not-gated", &query.return_path);
     };
     let route = &s.routes[index];
-    let decision = app.gate.decide(s, index, req.headers(), tls, cookies).await;
+    let decision = app
+        .gate
+        .decide(s, index, tls, || cookies.read(s, index, req.headers(), tls))
+        .await;
     let (state, place, set_cookie) = match decision {
         Decision::Admit { set_cookie, .. } => {
             let mut resp = response::redirect("admitted", &query.return_path);
@@ -285,7 +288,8 @@ async fn status(
     let decision = if creds.pass.is_none() && creds.ticket.is_none() {
         None
     } else {
-        Some(app.gate.decide(s, index, req.headers(), tls, cookies).await)
+        // The credentials just read, not read again.
+        Some(app.gate.decide(s, index, tls, || creds).await)
     };
     let mut body = json!({"route": route.name(), "return": return_path});
     let mut set_cookie = None;
