@@ -19,10 +19,10 @@ use tokio::task::JoinSet;
 
 use crate::app::App;
 use crate::config::{Mode, OnStoreError};
-use crate::gate::RouteRt;
 use crate::metrics::CONTENT_TYPE as METRICS_CONTENT_TYPE;
 use crate::queue::QueueStore;
 use crate::response::{self, Body};
+use crate::route::{self, RouteRt};
 
 /// How often the store is asked while it has not answered yet (or stopped).
 const RECHECK_UNREADY: Duration = Duration::from_secs(1);
@@ -54,7 +54,7 @@ pub async fn probe_store(
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
-        let answered = tokio::time::timeout(PROBE_TIMEOUT, app.gate.store.ready()).await;
+        let answered = tokio::time::timeout(PROBE_TIMEOUT, app.gate.store().ready()).await;
         let ok = matches!(answered, Ok(Ok(())));
         let was_ok = readiness.store_ok.swap(ok, Ordering::SeqCst);
         match (was_ok, ok, answered) {
@@ -126,7 +126,7 @@ pub fn answer(app: &App, readiness: &Readiness, req: &Request<Incoming>) -> Resp
     }
     match req.uri().path() {
         "/metrics" => {
-            app.metrics.observe_store(app.gate.store.breaker());
+            app.metrics.observe_store(app.gate.store().breaker());
             let mut resp = Response::new(Body::full(app.metrics.encode()));
             resp.headers_mut()
                 .insert(CONTENT_TYPE, HeaderValue::from_static(METRICS_CONTENT_TYPE));
@@ -186,7 +186,7 @@ fn route_json(route: &RouteRt) -> serde_json::Value {
         "waiting": waiting,
         "active": live.active.load(Ordering::Relaxed),
         "admit_rate": rate,
-        "eta_seconds": (rate > 0.0).then(|| (waiting as f64 / rate).ceil() as u64),
+        "eta_seconds": route::eta_seconds(waiting, rate),
     })
 }
 

@@ -142,7 +142,7 @@ impl Claims {
     }
 }
 
-/// Why a value was not accepted. Only for metrics and logs: every reason is
+/// Why a value was not accepted. Only for tests and debugging: every reason is
 /// treated as "no value".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reject {
@@ -160,36 +160,12 @@ pub enum Reject {
     BadMac,
 }
 
-impl Reject {
-    /// A short stable name, for metric labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reject::Oversize => "oversize",
-            Reject::Malformed => "malformed",
-            Reject::WrongVersion => "wrong_version",
-            Reject::WrongRoute => "wrong_route",
-            Reject::UnknownKid => "unknown_kid",
-            Reject::BadMac => "bad_mac",
-        }
-    }
-}
-
 /// The outcome of [`KeyRing::verify`]. An invalid value is a verdict, not an
 /// error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
     Valid(Claims),
     Invalid(Reject),
-}
-
-impl Verdict {
-    /// The claims of a valid value.
-    pub fn claims(self) -> Option<Claims> {
-        match self {
-            Verdict::Valid(claims) => Some(claims),
-            Verdict::Invalid(_) => None,
-        }
-    }
 }
 
 /// Why a key ring could not be built. Every message names the key id and,
@@ -572,6 +548,20 @@ mod tests {
     use proptest::prelude::*;
 
     const ROUTE: &str = "tickets";
+
+    /// The claims of a verdict, for assertions.
+    trait ClaimsOf {
+        fn claims(self) -> Option<Claims>;
+    }
+
+    impl ClaimsOf for Verdict {
+        fn claims(self) -> Option<Claims> {
+            match self {
+                Verdict::Valid(claims) => Some(claims),
+                Verdict::Invalid(_) => None,
+            }
+        }
+    }
     const ID: VisitorId = [
         0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee,
         0xff,

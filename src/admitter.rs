@@ -13,8 +13,9 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::config::{Mode, OnStoreError};
-use crate::gate::{Gate, Settings};
+use crate::gate::Gate;
 use crate::queue::QueueStore;
+use crate::route::{self, Settings};
 
 /// Live numbers are refreshed at most this often.
 const STATS_EVERY: Duration = Duration::from_millis(500);
@@ -56,7 +57,7 @@ pub async fn run(
                 0 => None,
                 e => Some(e),
             };
-            match gate.store.admit_tick(&name, &route.limits, known).await {
+            match gate.store().admit_tick(&name, &route.limits, known).await {
                 Ok(t) => {
                     if known.is_some_and(|k| k != t.epoch_us) {
                         tracing::warn!(route = %name, "store lost its state: holding admissions for one pass_ttl");
@@ -73,7 +74,7 @@ pub async fn run(
             }
             if route.cfg.on_store_error == OnStoreError::Local {
                 if let Ok(t) = gate
-                    .local
+                    .local()
                     .admit_tick(&name, &route.local_limits, None)
                     .await
                 {
@@ -83,7 +84,7 @@ pub async fn run(
         }
         if last_stats.is_none_or(|at| at.elapsed() >= STATS_EVERY) {
             last_stats = Some(Instant::now());
-            if let Ok(stats) = gate.store.stats(&name, &route.limits).await {
+            if let Ok(stats) = gate.store().stats(&name, &route.limits).await {
                 // Only the tick moves a known epoch: it is what notices a loss.
                 let _ = live.epoch_us.compare_exchange(
                     0,
@@ -95,10 +96,7 @@ pub async fn run(
                 live.active.store(stats.active, Ordering::Relaxed);
                 live.admit_rate_milli
                     .store((stats.admit_rate * 1000.0) as u64, Ordering::Relaxed);
-                let eta_s = match stats.waiting {
-                    0 => Some(0.0),
-                    n => (stats.admit_rate > 0.0).then(|| n as f64 / stats.admit_rate),
-                };
+                let eta_s = route::eta_seconds(stats.waiting, stats.admit_rate).map(|s| s as f64);
                 route.metrics.live(stats.waiting, stats.active, eta_s);
             }
         }

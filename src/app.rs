@@ -16,13 +16,16 @@ use hyper::body::Incoming;
 use crate::admission::KeyRing;
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::cookie::{self, CookieMemo};
 use crate::framing::AmbiguousHead;
-use crate::gate::{self, Admitted, CookieMemo, Decision, Gate, RouteLive, RouteRt, Settings};
+use crate::gate::{Admitted, Decision, Gate};
 use crate::metrics::{Metrics, Outcome, UpstreamFailure};
 use crate::proxy::{self, Peer, Upstream};
 use crate::queue::{BreakerConfig, Guarded, Store};
 use crate::response::{self, Body, RequestError};
+use crate::route::Settings;
 use crate::waiting;
+use crate::{host, path};
 
 /// Everything a request needs, shared by all connections.
 pub struct App {
@@ -46,7 +49,7 @@ impl App {
     ) -> anyhow::Result<App> {
         let upstream = Upstream::new(&config.upstream, config.limits.worker_count())
             .map_err(anyhow::Error::msg)?;
-        let settings = settings_from(config, ring, &HashMap::new(), &metrics)?;
+        let settings = Settings::new(config, ring, &HashMap::new(), &metrics);
         Ok(App {
             upstream,
             gate: Gate::new(
@@ -72,10 +75,10 @@ impl App {
     /// Answers one request. The server marks a request whose raw head was
     /// ambiguous with an [`AmbiguousHead`] extension; the header check
     /// catches what reaches the service some other way.
-    pub async fn handle(&self, req: Request<Incoming>, conn: &Conn, tls: bool) -> Response<Body> {
+    pub async fn handle(&self, req: Request<Incoming>, conn: &Conn) -> Response<Body> {
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
         let s = self.settings.load();
-        let (route, outcome, resp) = self.answer(&s, req, conn, tls).await;
+        let (route, outcome, resp) = self.answer(&s, req, conn).await;
         self.metrics.request(outcome);
         if let Some(started) = started {
             tracing::debug!(
@@ -95,7 +98,6 @@ impl App {
         s: &'s Settings,
         req: Request<Incoming>,
         conn: &Conn,
-        tls: bool,
     ) -> (Option<&'s str>, Outcome, Response<Body>) {
         let peer = &conn.peer;
         let framing = match req.extensions().get::<AmbiguousHead>() {
@@ -107,44 +109,40 @@ impl App {
             return (None, Outcome::BadRequest, response::from_error(&err));
         }
         let path = req.uri().path();
-        if is_reserved(path, &s.reserved_prefix) {
+        if s.is_reserved(path) {
             return (
                 None,
                 Outcome::Reserved,
                 // Boxed so the waiting room's larger future does not set the
                 // size of every request's future (see `Gate::decide`).
-                Box::pin(waiting::serve(self, s, req, tls, &conn.cookies)).await,
+                Box::pin(waiting::serve(&self.gate, s, req, peer, &conn.cookies)).await,
             );
         }
         // Bypass rules and routes see the same normalised path, so
         // `/static/../tickets` is gated like `/tickets`.
-        let normalized = gate::normalize_path(path);
+        let normalized = path::normalize(path);
         if s.bypassed(req.method(), &normalized) {
-            return (
-                None,
-                Outcome::Bypass,
-                self.forward(req, peer, tls, None).await,
-            );
+            return (None, Outcome::Bypass, self.forward(req, peer, None).await);
         }
-        let host = gate::request_host(req.headers(), req.uri());
+        let host = host::request_host(req.headers(), req.uri());
         let Some(index) = s.route_for(host, &normalized) else {
             return (
                 None,
                 Outcome::Forwarded,
-                self.forward(req, peer, tls, None).await,
+                self.forward(req, peer, None).await,
             );
         };
         let route = &s.routes[index];
         let decision = self
             .gate
-            .decide(s, index, tls, || {
-                conn.cookies.read(s, index, req.headers(), tls)
+            .decide(s, index, peer.tls, || {
+                s.credentials(index, req.headers(), peer.tls, &conn.cookies)
             })
             .await;
         let outcome = outcome_of(&decision);
         route.metrics.request(outcome);
         let resp = match decision {
-            Decision::Admit { set_cookie, .. } => self.forward(req, peer, tls, set_cookie).await,
+            Decision::Admit { set_cookie, .. } => self.forward(req, peer, set_cookie).await,
             other => waiting::held_back(s, route, &req, other),
         };
         (Some(route.name()), outcome, resp)
@@ -156,12 +154,11 @@ impl App {
         &self,
         mut req: Request<Incoming>,
         peer: &Peer,
-        tls: bool,
         set_cookie: Option<http::HeaderValue>,
     ) -> impl Future<Output = Response<Body>> + Send + '_ {
-        gate::strip_own_cookies(req.headers_mut());
+        cookie::strip_own_cookies(req.headers_mut());
         let started = Instant::now();
-        let forwarded = self.upstream.forward(req, peer, tls);
+        let forwarded = self.upstream.forward(req, peer);
         let remote = peer.addr;
         async move {
             let forwarded = forwarded.await;
@@ -190,7 +187,8 @@ impl App {
 }
 
 /// What the requests of one client connection share: the app, who the
-/// client is and the cookies it sent last.
+/// client is (its address, whether it came over TLS, the worker serving it)
+/// and the cookies it sent last.
 pub struct Conn {
     pub app: Arc<App>,
     pub peer: Peer,
@@ -224,45 +222,4 @@ pub fn outcome_of(decision: &Decision) -> Outcome {
         Decision::Closed => Outcome::Closed,
         Decision::Unavailable => Outcome::StoreDown,
     }
-}
-
-/// Whether `path` is one of queuegate's own (`/__queuegate` or below it).
-fn is_reserved(path: &str, prefix: &str) -> bool {
-    match path.strip_prefix(prefix) {
-        Some(rest) => rest.is_empty() || rest.starts_with('/'),
-        None => false,
-    }
-}
-
-/// Compiles the config into request-time settings, keeping each surviving
-/// route's live numbers from `lives`.
-pub fn settings_from(
-    config: &Config,
-    ring: KeyRing,
-    lives: &HashMap<String, Arc<RouteLive>>,
-    metrics: &Metrics,
-) -> anyhow::Result<Settings> {
-    let mut routes = Vec::with_capacity(config.routes.len());
-    for r in &config.routes {
-        let live = lives.get(&r.name).cloned().unwrap_or_default();
-        let template = r.page.template.as_ref().map(|t| t.template.clone());
-        let route_metrics = metrics.route(&r.name);
-        route_metrics.capacity(r.capacity);
-        routes.push(RouteRt::new(
-            r.clone(),
-            &config.cookie,
-            config.store.expected_instances,
-            live,
-            template,
-            route_metrics,
-        ));
-    }
-    Ok(Settings {
-        generation: Settings::next_generation(),
-        routes,
-        bypass: config.bypass.clone(),
-        ring,
-        reserved_prefix: config.reserved_prefix.clone(),
-        cookie_domain: config.cookie.domain.clone(),
-    })
 }

@@ -411,13 +411,9 @@ fn digits(value: &[u8]) -> Option<u64> {
     })
 }
 
+/// One hex digit of a chunk size.
 fn hex(byte: u8) -> Option<u8> {
-    match byte {
-        b'0'..=b'9' => Some(byte - b'0'),
-        b'a'..=b'f' => Some(byte - b'a' + 10),
-        b'A'..=b'F' => Some(byte - b'A' + 10),
-        _ => None,
-    }
+    char::from(byte).to_digit(16).map(|d| d as u8)
 }
 
 #[cfg(test)]

@@ -2,24 +2,34 @@
 //!
 //! # Layout
 //!
-//! - `config`: the YAML file, parsed and validated into a typed `Config`.
+//! Modules are listed from the top down: each imports only modules listed
+//! below it (or beside it, never back).
+//!
 //! - `server`: accept loops, connection limit, HTTP/1.1 and HTTP/2, drain.
-//! - `app`: shared state and the per-request entry point.
-//! - `gate`: the per-request decision (`Decision`), no socket I/O.
-//! - `admission`: signing and verifying tickets and passes.
-//! - `queue`: the `QueueStore` trait and its memory and Redis backends.
-//! - `admitter`: the per-route tick loop.
-//! - `waiting`: the waiting page, status JSON and leave.
-//! - `framing`: watches raw HTTP/1 heads for ambiguous framing hyper would resolve.
 //! - `idle`: parks idle HTTP/1 keep-alive connections down to their socket.
-//! - `proxy`: the pooled upstream client, header rewriting, upgrades.
-//! - `response`: the one body type and every response queuegate makes.
-//! - `metrics`: every exported Prometheus metric, one `Metrics` struct.
+//! - `framing`: watches raw HTTP/1 heads for ambiguous framing hyper would resolve.
+//! - `app`: shared state and the per-request entry point.
 //! - `admin`: the admin listener: /metrics, /healthz, /readyz, /routes.
 //! - `reload`: live config reload (file watch, SIGHUP).
-//! - `shutdown`: SIGTERM/SIGINT.
+//! - `admitter`: the per-route tick loop.
+//! - `waiting`: the waiting page, status JSON and leave.
+//! - `gate`: the per-request decision (`Decision`), no socket I/O.
+//! - `route`: routes ready for requests (`Settings`, `RouteRt`, `RouteLive`):
+//!   matching, live numbers, the ETA.
+//! - `cookie`: cookie names, `Set-Cookie` values, reading credentials, the
+//!   per-connection memo, stripping our cookies before the origin.
+//! - `admission`: signing and verifying tickets and passes.
+//! - `proxy`: the pooled upstream client, header rewriting, upgrades.
+//! - `queue`: the `QueueStore` trait and its memory and Redis backends.
+//! - `metrics`: every exported Prometheus metric, one `Metrics` struct.
+//! - `config`: the YAML file, parsed and validated into a typed `Config`.
+//! - `template`: the waiting page's template language and phrase table.
+//! - `path`: path normalisation and the segment-boundary prefix match.
+//! - `host`: the host a request is for.
+//! - `response`: the one body type and every response queuegate makes.
 //! - `tls`: the TLS listeners' server config and certificate reload.
 //! - `clock`: wall-clock time read through tokio, so tests can pause it.
+//! - `shutdown`: SIGTERM/SIGINT.
 //! - `cli`: the command line; `demo`: the embedded demo origin.
 #![forbid(unsafe_code)]
 
@@ -30,17 +40,22 @@ pub mod app;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod cookie;
 pub mod demo;
 pub mod framing;
 pub mod gate;
+pub mod host;
 pub mod idle;
 pub mod metrics;
+pub mod path;
 pub mod proxy;
 pub mod queue;
 pub mod reload;
 pub mod response;
+pub mod route;
 pub mod server;
 pub mod shutdown;
+pub mod template;
 pub mod tls;
 pub mod waiting;
 

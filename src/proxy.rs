@@ -42,6 +42,8 @@ static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host"
 pub struct Peer {
     /// The client's socket address.
     pub addr: SocketAddr,
+    /// Whether the client reached queuegate over TLS.
+    pub tls: bool,
     forwarded_for: HeaderValue,
     /// The worker thread serving the connection: its requests use that
     /// worker's share of the upstream pool.
@@ -49,15 +51,16 @@ pub struct Peer {
 }
 
 impl Peer {
-    /// Describes the client at `addr` (an IPv4-mapped IPv6 address is
-    /// forwarded as IPv4).
-    pub fn new(addr: SocketAddr) -> Peer {
+    /// Describes the client at `addr`, over TLS or not (an IPv4-mapped IPv6
+    /// address is forwarded as IPv4).
+    pub fn new(addr: SocketAddr, tls: bool) -> Peer {
         let ip = addr.ip().to_canonical().to_string();
         // An IP address in text is always a valid header value.
         let forwarded_for = HeaderValue::from_maybe_shared(bytes::Bytes::from(ip))
             .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
         Peer {
             addr,
+            tls,
             forwarded_for,
             worker: 0,
         }
@@ -137,8 +140,7 @@ impl Upstream {
         })
     }
 
-    /// Forwards `req` to the origin and streams the answer back. `tls` says
-    /// whether the client reached us over TLS (for `X-Forwarded-Proto`).
+    /// Forwards `req` from `peer` to the origin and streams the answer back.
     ///
     /// The request is rewritten and handed to the pooled client before this
     /// returns, so the future holds only the exchange in flight, not the
@@ -148,11 +150,10 @@ impl Upstream {
         &self,
         mut req: Request<Incoming>,
         peer: &Peer,
-        tls: bool,
     ) -> impl Future<Output = Result<Response<Body>, RequestError>> + Send + 'static {
         let upgrade = upgrade_protocol(&req);
         let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
-        let prepared = self.rewrite(req, peer, tls, upgrade.as_ref()).map(|req| {
+        let prepared = self.rewrite(req, peer, upgrade.as_ref()).map(|req| {
             let client = &self.clients[peer.worker % self.clients.len()];
             tokio::time::timeout(self.timeout, client.request(req))
         });
@@ -179,7 +180,6 @@ impl Upstream {
         &self,
         mut req: Request<Incoming>,
         peer: &Peer,
-        tls: bool,
         upgrade: Option<&HeaderValue>,
     ) -> Result<Request<Incoming>, RequestError> {
         let original_host = original_host(&req);
@@ -201,7 +201,7 @@ impl Upstream {
         append_forwarded_for(headers, peer);
         headers.insert(
             X_FORWARDED_PROTO.clone(),
-            HeaderValue::from_static(if tls { "https" } else { "http" }),
+            HeaderValue::from_static(if peer.tls { "https" } else { "http" }),
         );
         if let Some(host) = original_host {
             headers.insert(X_FORWARDED_HOST.clone(), host.clone());
@@ -458,7 +458,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.append("x-forwarded-for", HeaderValue::from_static("1.1.1.1"));
         h.append("x-forwarded-for", HeaderValue::from_static("2.2.2.2"));
-        append_forwarded_for(&mut h, &Peer::new("127.0.0.1:5000".parse().unwrap()));
+        append_forwarded_for(&mut h, &Peer::new("127.0.0.1:5000".parse().unwrap(), false));
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 2.2.2.2, 127.0.0.1");
     }
 }

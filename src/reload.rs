@@ -14,8 +14,9 @@ use tokio::sync::{mpsc, watch};
 
 use crate::admission::KeyRing;
 use crate::admitter::Admitters;
-use crate::app::{self, App};
+use crate::app::App;
 use crate::config::{Config, ConfigErrors};
+use crate::route::Settings;
 
 /// File events closer together than this make one reload: editors write a
 /// file in several steps.
@@ -28,8 +29,6 @@ pub enum ReloadError {
     Invalid(ConfigErrors),
     #[error("keys: {0}")]
     Keys(String),
-    #[error("{0}")]
-    Settings(String),
 }
 
 /// What asked for a reload.
@@ -163,10 +162,7 @@ impl Reloader {
             .iter()
             .map(|r| (r.name().to_owned(), r.live.clone()))
             .collect();
-        let settings = match app::settings_from(&config, ring, &lives, &self.app.metrics) {
-            Ok(settings) => settings,
-            Err(err) => return self.rejected(ReloadError::Settings(format!("{err:#}"))),
-        };
+        let settings = Settings::new(&config, ring, &lives, &self.app.metrics);
         for field in needs_restart(&running, &config) {
             tracing::warn!(
                 field,

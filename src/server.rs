@@ -389,7 +389,10 @@ impl Connections {
         let activity = stream.activity();
         // The app is reached through the connection's own `Conn`, so a
         // request touches no reference count that other threads write.
-        let conn = Arc::new(Conn::new(shared.app, Peer::new(remote).on_worker(worker)));
+        let conn = Arc::new(Conn::new(
+            shared.app,
+            Peer::new(remote, tls).on_worker(worker),
+        ));
         let service = service_fn(move |mut req: Request<Incoming>| {
             if let Some(head) = framing.next_request() {
                 req.extensions_mut().insert(head);
@@ -401,7 +404,7 @@ impl Connections {
             // kilobytes would stay allocated on every idle keep-alive
             // connection. Boxed, it lives only while the request does.
             Box::pin(async move {
-                let resp = conn.app.handle(req, &conn, tls).await;
+                let resp = conn.app.handle(req, &conn).await;
                 Ok::<_, Infallible>(resp.map(|body| Tracked::new(body, in_flight)))
             })
         });

@@ -264,7 +264,7 @@ pub struct PageConfig {
 #[derive(Clone, Debug, PartialEq)]
 pub struct PageTemplate {
     pub path: PathBuf,
-    pub template: std::sync::Arc<crate::waiting::page::Template>,
+    pub template: std::sync::Arc<crate::template::Template>,
 }
 
 impl PageTemplate {
@@ -273,7 +273,7 @@ impl PageTemplate {
     pub fn load(path: &Path) -> Result<PageTemplate, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|err| format!("cannot read {}: {err}", path.display()))?;
-        let template = crate::waiting::page::Template::parse(&text)
+        let template = crate::template::Template::parse(&text)
             .map_err(|err| format!("{}: {err}", path.display()))?;
         Ok(PageTemplate {
             path: path.to_owned(),

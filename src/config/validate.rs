@@ -884,7 +884,7 @@ pub(crate) fn normalise_prefix(prefix: &str) -> Result<String, String> {
         }
     }
     // Normalised exactly as request paths are, so the two always compare.
-    let normalized = crate::gate::normalize_path(prefix);
+    let normalized = crate::path::normalize(prefix);
     let trimmed = normalized.trim_end_matches('/');
     Ok(if trimmed.is_empty() {
         "/".to_owned()

@@ -11,10 +11,12 @@ use hyper::body::Incoming;
 use rand::Rng;
 use serde_json::json;
 
-use crate::app::App;
-use crate::gate::{self, CookieMemo, Decision, RouteRt, Settings};
-use crate::queue::{Place, QueueStore};
+use crate::cookie::CookieMemo;
+use crate::gate::{Decision, Gate};
+use crate::proxy::Peer;
+use crate::queue::Place;
 use crate::response::{self, Body};
+use crate::route::{RouteRt, Settings};
 use page::{Lang, PageState, PageView, WaitingQuery};
 
 /// A navigation gets the waiting page; anything else gets JSON.
@@ -51,13 +53,6 @@ pub fn poll_after_ms(route: &RouteRt, position: u64) -> u64 {
     let cap = (patience.as_millis() as u64 / 3).max(250);
     let jitter = rand::rng().random_range(0.8..1.2);
     (((base as f64) * jitter) as u64).min(cap)
-}
-
-/// Estimated seconds until `position` is admitted, from the store's measured
-/// admission rate; `None` while there is no rate to go by.
-pub fn eta_seconds(route: &RouteRt, position: u64) -> Option<u64> {
-    let rate = route.live.admit_rate();
-    (rate > 0.0).then(|| (position as f64 / rate).ceil() as u64)
 }
 
 fn waiting_path(s: &Settings) -> String {
@@ -112,50 +107,59 @@ pub fn held_back(
 /// line drop it as a ghost. The body carries the same `poll_after_ms` and the
 /// ETA the status endpoint and the page show.
 fn api_answer(s: &Settings, route: &RouteRt, decision: &Decision) -> Response<Body> {
-    let mut poll_ms = None;
-    let (status, state, retry, place) = match decision {
-        Decision::Wait { place, .. } => {
-            let poll = poll_after_ms(route, place.position);
-            poll_ms = Some(poll);
-            let retry = poll.div_ceil(1000).max(1);
-            (route.cfg.waiting_status, "waiting", retry, Some(*place))
-        }
-        Decision::Full { .. } => (StatusCode::SERVICE_UNAVAILABLE, "full", 30, None),
-        Decision::Closed => (StatusCode::SERVICE_UNAVAILABLE, "closed", 60, None),
-        Decision::Unavailable | Decision::Admit { .. } => {
-            (StatusCode::SERVICE_UNAVAILABLE, "store_down", 10, None)
-        }
-    };
     let mut body = json!({
-        "state": state,
         "route": route.name(),
         "status_url": status_url(s, route.name()),
     });
-    if let Some(place) = place {
-        body["position"] = json!(place.position);
-        body["ahead"] = json!(place.position - 1);
-        body["waiting_total"] = json!(place.waiting_total);
-        body["eta_seconds"] = json!(eta_seconds(route, place.position));
-    }
-    body["poll_after_ms"] = json!(poll_ms.unwrap_or(retry * 1000));
+    let poll = fill_decision(&mut body, route, decision);
+    let (status, retry) = match (decision, poll) {
+        (Decision::Wait { .. }, Some(poll)) => {
+            (route.cfg.waiting_status, poll.div_ceil(1000).max(1))
+        }
+        (Decision::Full { .. }, _) => (StatusCode::SERVICE_UNAVAILABLE, 30),
+        (Decision::Closed, _) => (StatusCode::SERVICE_UNAVAILABLE, 60),
+        _ => (StatusCode::SERVICE_UNAVAILABLE, 10),
+    };
+    body["poll_after_ms"] = json!(poll.unwrap_or(retry * 1000));
     response::with_retry_after(response::json(status, "waiting", body.to_string()), retry)
+}
+
+/// Writes what a decision tells an app into `body`: `state`, and where the
+/// visitor stands when waiting. Returns the poll interval when there is one.
+/// The status endpoint and the answers to held-back requests both use it,
+/// so an app reads the same fields from either.
+fn fill_decision(
+    body: &mut serde_json::Value,
+    route: &RouteRt,
+    decision: &Decision,
+) -> Option<u64> {
+    let state = match decision {
+        Decision::Admit { .. } => "admitted",
+        Decision::Wait { place, .. } => return Some(fill_place(body, route, place)),
+        Decision::Full { .. } => "full",
+        Decision::Closed => "closed",
+        Decision::Unavailable => "store_down",
+    };
+    body["state"] = json!(state);
+    None
 }
 
 /// Serves a path under the reserved prefix.
 pub async fn serve(
-    app: &App,
+    gate: &Gate,
     s: &Settings,
     req: Request<Incoming>,
-    tls: bool,
+    peer: &Peer,
     cookies: &CookieMemo,
 ) -> Response<Body> {
     let rest = &req.uri().path()[s.reserved_prefix.len()..];
+    let tls = peer.tls;
     match (rest, req.method()) {
         ("/waiting", &Method::GET | &Method::HEAD) => {
-            waiting_page(app, s, &req, tls, cookies).await
+            waiting_page(gate, s, &req, tls, cookies).await
         }
-        ("/status", &Method::GET) => status(app, s, &req, tls, cookies).await,
-        ("/leave", &Method::POST) => leave(app, s, &req, tls, cookies).await,
+        ("/status", &Method::GET) => status(gate, s, &req, tls, cookies).await,
+        ("/leave", &Method::POST) => leave(gate, s, &req, tls, cookies).await,
         ("/waiting" | "/status" | "/leave", _) => response::plain(
             StatusCode::METHOD_NOT_ALLOWED,
             "method-not-allowed",
@@ -175,7 +179,7 @@ fn query_param<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
 }
 
 async fn waiting_page(
-    app: &App,
+    gate: &Gate,
     s: &Settings,
     req: &Request<Incoming>,
     tls: bool,
@@ -187,9 +191,10 @@ async fn waiting_page(
         return response::redirect("not-gated", &query.return_path);
     };
     let route = &s.routes[index];
-    let decision = app
-        .gate
-        .decide(s, index, tls, || cookies.read(s, index, req.headers(), tls))
+    let decision = gate
+        .decide(s, index, tls, || {
+            s.credentials(index, req.headers(), tls, cookies)
+        })
         .await;
     let (state, place, set_cookie) = match decision {
         Decision::Admit { set_cookie, .. } => {
@@ -224,7 +229,7 @@ async fn waiting_page(
         position: place.map(|p| p.position),
         ahead: place.map(|p| p.position - 1),
         waiting_total: place.map(|p| p.waiting_total),
-        eta_seconds: place.and_then(|p| eta_seconds(route, p.position)),
+        eta_seconds: place.and_then(|p| route.live.eta_seconds(p.position)),
         poll_after_ms: place.map_or(5_000, |p| poll_after_ms(route, p.position)),
         return_path: &query.return_path,
         waiting_path: &waiting_path,
@@ -233,7 +238,7 @@ async fn waiting_page(
         start_position: query.start.or(place.map(|p| p.position)),
         title: route.cfg.page.title.as_deref(),
         message: route.cfg.page.message.as_deref(),
-        updated_unix_s: app.gate.clock.now_s(),
+        updated_unix_s: gate.clock().now_s(),
     };
     let html = page::render(&view, route.template.as_deref());
     let status = match state {
@@ -268,7 +273,7 @@ fn page_query_value(path: &str) -> String {
 
 /// `GET /status?route=NAME`: always `200` with JSON.
 async fn status(
-    app: &App,
+    gate: &Gate,
     s: &Settings,
     req: &Request<Incoming>,
     tls: bool,
@@ -284,31 +289,20 @@ async fn status(
         );
     };
     let route = &s.routes[index];
-    let creds = cookies.read(s, index, req.headers(), tls);
-    let decision = if creds.pass.is_none() && creds.ticket.is_none() {
-        None
-    } else {
-        // The credentials just read, not read again.
-        Some(app.gate.decide(s, index, tls, || creds).await)
-    };
+    let creds = s.credentials(index, req.headers(), tls, cookies);
     let mut body = json!({"route": route.name(), "return": return_path});
     let mut set_cookie = None;
-    match decision {
-        None => body["state"] = json!("unknown"),
-        Some(Decision::Admit { set_cookie: c, .. }) => {
-            body["state"] = json!("admitted");
+    if creds.pass.is_none() && creds.ticket.is_none() {
+        body["state"] = json!("unknown");
+    } else {
+        // The credentials just read, not read again.
+        let decision = gate.decide(s, index, tls, || creds).await;
+        fill_decision(&mut body, route, &decision);
+        if let Decision::Admit { set_cookie: c, .. } | Decision::Wait { set_cookie: c, .. } =
+            decision
+        {
             set_cookie = c;
         }
-        Some(Decision::Wait {
-            place,
-            set_cookie: c,
-        }) => {
-            fill_place(&mut body, route, &place);
-            set_cookie = c;
-        }
-        Some(Decision::Full { .. }) => body["state"] = json!("full"),
-        Some(Decision::Closed) => body["state"] = json!("closed"),
-        Some(Decision::Unavailable) => body["state"] = json!("store_down"),
     }
     if body.get("poll_after_ms").is_none() {
         body["poll_after_ms"] = json!(5_000);
@@ -316,13 +310,16 @@ async fn status(
     status_json(body, set_cookie)
 }
 
-fn fill_place(body: &mut serde_json::Value, route: &RouteRt, place: &Place) {
+/// Writes a waiter's place into `body`; returns the poll interval written.
+fn fill_place(body: &mut serde_json::Value, route: &RouteRt, place: &Place) -> u64 {
+    let poll = poll_after_ms(route, place.position);
     body["state"] = json!("waiting");
     body["position"] = json!(place.position);
     body["ahead"] = json!(place.position - 1);
     body["waiting_total"] = json!(place.waiting_total);
-    body["eta_seconds"] = json!(eta_seconds(route, place.position));
-    body["poll_after_ms"] = json!(poll_after_ms(route, place.position));
+    body["eta_seconds"] = json!(route.live.eta_seconds(place.position));
+    body["poll_after_ms"] = json!(poll);
+    poll
 }
 
 fn status_json(body: serde_json::Value, set_cookie: Option<HeaderValue>) -> Response<Body> {
@@ -335,7 +332,7 @@ fn status_json(body: serde_json::Value, set_cookie: Option<HeaderValue>) -> Resp
 
 /// `POST /leave?route=NAME`: leave the line or free the slot.
 async fn leave(
-    app: &App,
+    gate: &Gate,
     s: &Settings,
     req: &Request<Incoming>,
     tls: bool,
@@ -346,16 +343,9 @@ async fn leave(
         return status_json(json!({"state": "unknown", "route": route_name}), None);
     };
     let route = &s.routes[index];
-    let creds = cookies.read(s, index, req.headers(), tls);
-    let mut left = false;
-    for claims in [creds.pass, creds.ticket].into_iter().flatten() {
-        if let Err(err) = app.gate.store.leave(route.name(), &claims.id).await {
-            tracing::warn!(route = route.name(), error = %err, "leave could not reach the store");
-        }
-        let _ = app.gate.local.leave(route.name(), &claims.id).await;
-        left = true;
-    }
-    let clear = gate::clear_cookie(s, route, tls);
+    let creds = s.credentials(index, req.headers(), tls, cookies);
+    let left = gate.leave(route, &creds).await;
+    let clear = s.clear_cookie(route, tls);
     if is_navigation(&Method::GET, req.headers()) {
         let mut resp = response::redirect("left", "/");
         *resp.status_mut() = StatusCode::SEE_OTHER;

@@ -3,6 +3,8 @@
 //! put in a `Location` header and (escaped as usual) in HTML and JSON; anything
 //! doubtful becomes `/`.
 
+use percent_encoding::{percent_decode, percent_encode, AsciiSet, NON_ALPHANUMERIC};
+
 /// Longest `return` accepted, before and after encoding.
 pub const MAX_LEN: usize = 2048;
 
@@ -45,7 +47,8 @@ fn is_relative_on_site(raw: &str) -> bool {
         if !decoded_form_is_safe(&current) {
             return false;
         }
-        let next = percent_decode(&current);
+        // A `%` without two hex digits is kept as it is.
+        let next: Vec<u8> = percent_decode(&current).collect();
         if next == current {
             break;
         }
@@ -90,78 +93,48 @@ fn resolves_to_two_slashes(bytes: &[u8]) -> bool {
     kept.len() > 1 && kept[0].is_empty()
 }
 
-/// Decodes `%XX` escapes; a `%` without two hex digits is kept as it is.
-pub(crate) fn percent_decode(input: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(input.len());
-    let mut i = 0;
-    while i < input.len() {
-        if input[i] == b'%' {
-            if let (Some(hi), Some(lo)) = (
-                input.get(i + 1).and_then(|&b| hex_value(b)),
-                input.get(i + 2).and_then(|&b| hex_value(b)),
-            ) {
-                out.push(hi << 4 | lo);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(input[i]);
-        i += 1;
-    }
-    out
-}
+/// Bytes percent-encoded in a `return` path: everything but RFC 3986
+/// `pchar`, `/`, `?` and `#`, and `'` too, which some HTML and JS contexts
+/// treat as a delimiter. `%` is in the set: one that starts an escape is
+/// kept by [`encode`] itself.
+const ENCODED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b'!')
+    .remove(b'$')
+    .remove(b'&')
+    .remove(b'(')
+    .remove(b')')
+    .remove(b'*')
+    .remove(b'+')
+    .remove(b',')
+    .remove(b';')
+    .remove(b'=')
+    .remove(b':')
+    .remove(b'@')
+    .remove(b'/')
+    .remove(b'?')
+    .remove(b'#');
 
-fn hex_value(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
-}
-
-/// Characters kept as they are in a path and query (RFC 3986 `pchar`, `/`,
-/// `?`, `#`, minus `'` which some HTML and JS contexts treat as a delimiter).
-fn is_kept(b: u8) -> bool {
-    b.is_ascii_alphanumeric()
-        || matches!(
-            b,
-            b'-' | b'.'
-                | b'_'
-                | b'~'
-                | b'!'
-                | b'$'
-                | b'&'
-                | b'('
-                | b')'
-                | b'*'
-                | b'+'
-                | b','
-                | b';'
-                | b'='
-                | b':'
-                | b'@'
-                | b'/'
-                | b'?'
-                | b'#'
-        )
-}
-
+/// Percent-encodes what [`ENCODED`] names, keeping escapes already written.
 fn encode(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
     let mut out = String::with_capacity(bytes.len());
-    for (i, &b) in bytes.iter().enumerate() {
-        let starts_escape = b == b'%'
-            && bytes.get(i + 1).is_some_and(|&h| hex_value(h).is_some())
-            && bytes.get(i + 2).is_some_and(|&h| hex_value(h).is_some());
-        if is_kept(b) || starts_escape {
-            out.push(char::from(b));
-        } else {
+    let mut rest = bytes;
+    while let Some(at) = memchr::memchr(b'%', rest) {
+        out.extend(percent_encode(&rest[..at], ENCODED));
+        let starts_escape = rest
+            .get(at + 1..at + 3)
+            .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit));
+        if starts_escape {
             out.push('%');
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 0xf)]));
+        } else {
+            out.push_str("%25");
         }
+        rest = &rest[at + 1..];
     }
+    out.extend(percent_encode(rest, ENCODED));
     out
 }
 

@@ -1,0 +1,240 @@
+//! queuegate's cookies on the wire: their names, the `Set-Cookie` values it
+//! sends, reading the credentials a request carries (verified with the key
+//! ring), the per-connection memo of the last verified `Cookie` header, and
+//! stripping queuegate's cookies before a request reaches the origin. What a
+//! cookie's value means is `admission`'s; when to send one is the gate's.
+
+use std::sync::{Mutex, PoisonError};
+
+use http::header::{HeaderMap, HeaderValue, COOKIE};
+
+use crate::admission::{Claims, KeyRing, Kind, Verdict};
+
+/// Cookies queuegate sets are named `qg_<route>` (`__Host-qg_<route>` on TLS).
+const COOKIE_PREFIX: &str = "qg_";
+const HOST_PREFIX: &str = "__Host-";
+
+/// The names of a route's cookie without TLS and with it: `qg_<route>`, and
+/// `__Host-qg_<route>` on TLS unless the cookie names a `Domain` (which
+/// `__Host-` cookies may not have).
+pub fn names(route: &str, has_domain: bool) -> (String, String) {
+    let plain = format!("{COOKIE_PREFIX}{route}");
+    let tls = if has_domain {
+        plain.clone()
+    } else {
+        format!("{HOST_PREFIX}{plain}")
+    };
+    (plain, tls)
+}
+
+/// A `Set-Cookie` value: `HttpOnly; SameSite=Lax; Path=/`, `Secure` on TLS.
+pub fn set_cookie(
+    name: &str,
+    value: &str,
+    max_age_s: u64,
+    tls: bool,
+    domain: Option<&str>,
+) -> HeaderValue {
+    let mut text = format!("{name}={value}; Path=/; Max-Age={max_age_s}; HttpOnly; SameSite=Lax");
+    if tls {
+        text.push_str("; Secure");
+    }
+    if let Some(domain) = domain {
+        text.push_str("; Domain=");
+        text.push_str(domain);
+    }
+    // Names, values and the domain are validated ASCII, so this holds.
+    HeaderValue::from_str(&text)
+        .unwrap_or_else(|_| HeaderValue::from_static("qg_invalid=; Max-Age=0"))
+}
+
+/// The credentials a request carries for one route.
+#[derive(Default, Debug, Clone, Copy)]
+pub struct Credentials {
+    pub pass: Option<Claims>,
+    pub ticket: Option<Claims>,
+}
+
+/// Every `name=value` pair in the request's `Cookie` headers.
+fn cookie_pairs(headers: &HeaderMap) -> impl Iterator<Item = (&str, &str)> {
+    headers
+        .get_all(COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| {
+            let (name, value) = pair.split_once('=')?;
+            Some((name.trim(), value.trim()))
+        })
+}
+
+/// The first valid pass and the first valid ticket the request carries for
+/// `route` under cookie `name`. Invalid copies are ignored.
+pub fn credentials(headers: &HeaderMap, name: &str, ring: &KeyRing, route: &str) -> Credentials {
+    let mut found = Credentials::default();
+    for (n, value) in cookie_pairs(headers) {
+        if n != name {
+            continue;
+        }
+        if let Verdict::Valid(claims) = ring.verify(value, route) {
+            match claims.kind {
+                Kind::Pass if found.pass.is_none() => found.pass = Some(claims),
+                Kind::Ticket if found.ticket.is_none() => found.ticket = Some(claims),
+                _ => {}
+            }
+        }
+    }
+    found
+}
+
+/// A connection's last `Cookie` header and the credentials read from it for
+/// one route. A browser sends the same cookies with every request on a
+/// keep-alive connection (and on every HTTP/2 stream), so their MACs are
+/// checked when the header changes instead of on every request. The key is
+/// the header's exact bytes, the route, TLS (which picks the cookie name) and
+/// the settings generation (a reload may bring another key ring), so a
+/// remembered answer is the one checking again would give. Expiry and the
+/// store are still consulted per request. A header longer than
+/// [`CookieMemo::MAX_KEPT`] is checked every time rather than kept on an idle
+/// connection.
+#[derive(Default)]
+pub struct CookieMemo(Mutex<Option<Memo>>);
+
+struct Memo {
+    generation: u64,
+    route: usize,
+    tls: bool,
+    cookie: Vec<u8>,
+    found: Credentials,
+}
+
+impl CookieMemo {
+    /// The longest `Cookie` header remembered, in bytes.
+    pub const MAX_KEPT: usize = 2048;
+
+    /// `verify()` (which reads `headers` for route `route` of settings
+    /// `generation`), remembered for the next request whose single `Cookie`
+    /// header is the same under the same key.
+    pub fn read(
+        &self,
+        generation: u64,
+        route: usize,
+        tls: bool,
+        headers: &HeaderMap,
+        verify: impl FnOnce() -> Credentials,
+    ) -> Credentials {
+        let mut values = headers.get_all(COOKIE).iter();
+        let (Some(cookie), None) = (values.next(), values.next()) else {
+            // No cookies: nothing to check. Several headers: rare, not kept.
+            return verify();
+        };
+        if cookie.len() > Self::MAX_KEPT {
+            return verify();
+        }
+        let cookie = cookie.as_bytes();
+        let mut memo = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(m) = memo.as_ref() {
+            if m.generation == generation && m.route == route && m.tls == tls && m.cookie == cookie
+            {
+                return m.found;
+            }
+        }
+        let found = verify();
+        match memo.as_mut() {
+            Some(m) => {
+                m.generation = generation;
+                m.route = route;
+                m.tls = tls;
+                m.cookie.clear();
+                m.cookie.extend_from_slice(cookie);
+                m.found = found;
+            }
+            None => {
+                *memo = Some(Memo {
+                    generation,
+                    route,
+                    tls,
+                    cookie: cookie.to_vec(),
+                    found,
+                })
+            }
+        }
+        found
+    }
+}
+
+/// Removes queuegate's own cookies from the `Cookie` headers, so the origin
+/// never sees them.
+pub fn strip_own_cookies(headers: &mut HeaderMap) {
+    let has_own = headers
+        .get_all(COOKIE)
+        .iter()
+        .any(|v| memchr::memmem::find(v.as_bytes(), COOKIE_PREFIX.as_bytes()).is_some());
+    if !has_own {
+        return;
+    }
+    // One string for what is kept; nothing is allocated when only our own
+    // cookies were sent.
+    let mut kept = String::new();
+    let pairs = headers
+        .get_all(COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .map(str::trim);
+    for pair in pairs {
+        let name = pair.split_once('=').map_or(pair, |(n, _)| n).trim();
+        if pair.is_empty() || is_own_cookie(name) {
+            continue;
+        }
+        if !kept.is_empty() {
+            kept.push_str("; ");
+        }
+        kept.push_str(pair);
+    }
+    headers.remove(COOKIE);
+    if !kept.is_empty() {
+        if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(kept)) {
+            headers.insert(COOKIE, v);
+        }
+    }
+}
+
+fn is_own_cookie(name: &str) -> bool {
+    let name = name.strip_prefix(HOST_PREFIX).unwrap_or(name);
+    name.starts_with(COOKIE_PREFIX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_cookies_are_stripped_and_others_kept() {
+        let mut h = HeaderMap::new();
+        h.append(
+            COOKIE,
+            HeaderValue::from_static("a=1; qg_tickets=v1.x; b=2"),
+        );
+        h.append(COOKIE, HeaderValue::from_static("__Host-qg_tickets=v1.y"));
+        strip_own_cookies(&mut h);
+        let all: Vec<_> = h.get_all(COOKIE).iter().collect();
+        assert_eq!(all, vec!["a=1; b=2"]);
+        let mut h = HeaderMap::new();
+        h.append(COOKIE, HeaderValue::from_static("qg_a=1"));
+        strip_own_cookies(&mut h);
+        assert!(h.get(COOKIE).is_none());
+    }
+
+    #[test]
+    fn names_follow_the_host_prefix_rule() {
+        assert_eq!(
+            names("tickets", false),
+            ("qg_tickets".to_owned(), "__Host-qg_tickets".to_owned())
+        );
+        assert_eq!(
+            names("tickets", true),
+            ("qg_tickets".to_owned(), "qg_tickets".to_owned())
+        );
+    }
+}

@@ -1,0 +1,260 @@
+//! Routes ready for requests: each route's config with what is derived from
+//! it (store limits, cookie names, metric handles, page template) and the
+//! live numbers its admitter keeps fresh, gathered in [`Settings`], the set a
+//! config reload replaces whole.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use http::header::{HeaderMap, HeaderValue};
+use http::Method;
+
+use crate::admission::KeyRing;
+use crate::config::{self, BypassRule, Config};
+use crate::cookie::{self, CookieMemo, Credentials};
+use crate::metrics::{Metrics, RouteMetrics};
+use crate::path;
+use crate::queue::Limits;
+use crate::template::Template;
+
+/// Numbers one route's admitter keeps fresh for the gate and the waiting room.
+#[derive(Debug, Default)]
+pub struct RouteLive {
+    /// The route's epoch in the store (µs), 0 until first seen.
+    pub epoch_us: AtomicU64,
+    /// People in line, at the last stats read.
+    pub waiting: AtomicU64,
+    /// Active sessions, at the last stats read.
+    pub active: AtomicU64,
+    /// Admissions per second × 1000, at the last stats read.
+    pub admit_rate_milli: AtomicU64,
+}
+
+impl RouteLive {
+    /// Admissions per second measured by the store.
+    pub fn admit_rate(&self) -> f64 {
+        self.admit_rate_milli.load(Ordering::Relaxed) as f64 / 1000.0
+    }
+
+    /// Estimated seconds until `position` is admitted at the measured rate
+    /// (see [`eta_seconds`]).
+    pub fn eta_seconds(&self, position: u64) -> Option<u64> {
+        eta_seconds(position, self.admit_rate())
+    }
+}
+
+/// Estimated seconds until the waiter at 1-based `position` is admitted, at
+/// `admit_rate` admissions per second: `None` while there is no rate to go
+/// by, `0` for nobody (position 0).
+pub fn eta_seconds(position: u64, admit_rate: f64) -> Option<u64> {
+    if position == 0 {
+        return Some(0);
+    }
+    (admit_rate > 0.0).then(|| (position as f64 / admit_rate).ceil() as u64)
+}
+
+/// A route ready for requests: its config, the store limits derived from it,
+/// its cookie names and its live numbers.
+#[derive(Debug)]
+pub struct RouteRt {
+    pub cfg: config::Route,
+    pub limits: Limits,
+    /// Limits of the in-process line used while the store is down (`local`).
+    pub local_limits: Limits,
+    cookie_plain: String,
+    cookie_tls: String,
+    prefix_folded: Option<String>,
+    pub live: Arc<RouteLive>,
+    /// The route's own waiting page template, if it has one.
+    pub template: Option<Arc<Template>>,
+    /// The route's metric handles.
+    pub metrics: RouteMetrics,
+}
+
+impl RouteRt {
+    pub fn new(
+        cfg: config::Route,
+        cookie: &config::CookieConfig,
+        expected_instances: u64,
+        live: Arc<RouteLive>,
+        template: Option<Arc<Template>>,
+        metrics: RouteMetrics,
+    ) -> RouteRt {
+        let limits = Limits {
+            capacity: cfg.capacity,
+            max_admit_per_tick: cfg.max_admit_per_tick,
+            tick: cfg.tick,
+            session_ttl: cfg.session_ttl,
+            pass_ttl: cfg.pass_ttl,
+            arrival_grace: cfg.arrival_grace,
+            abandon_after: cfg.abandon_after,
+            max_waiting: cfg.max_waiting,
+        };
+        let mut local_limits = limits.clone();
+        local_limits.capacity = (cfg.capacity / expected_instances.max(1)).max(1);
+        let (cookie_plain, cookie_tls) = cookie::names(&cfg.name, cookie.domain.is_some());
+        let prefix_folded = match (&cfg.matcher.path_prefix, cfg.matcher.case_insensitive) {
+            (Some(p), true) => Some(p.to_ascii_lowercase()),
+            _ => None,
+        };
+        RouteRt {
+            cfg,
+            limits,
+            local_limits,
+            cookie_plain,
+            cookie_tls,
+            prefix_folded,
+            live,
+            template,
+            metrics,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.cfg.name
+    }
+
+    /// The cookie name for a request over TLS or not.
+    pub fn cookie_name(&self, tls: bool) -> &str {
+        if tls {
+            &self.cookie_tls
+        } else {
+            &self.cookie_plain
+        }
+    }
+
+    fn matches(&self, host: Option<&str>, path: &str) -> bool {
+        let m = &self.cfg.matcher;
+        if let Some(want) = &m.host {
+            match host {
+                Some(h) if h.eq_ignore_ascii_case(want) => {}
+                _ => return false,
+            }
+        }
+        match &m.path_prefix {
+            None => true,
+            Some(prefix) => match &self.prefix_folded {
+                Some(folded) => path::prefix_matches(&path.to_ascii_lowercase(), folded),
+                None => path::prefix_matches(path, prefix),
+            },
+        }
+    }
+}
+
+/// Everything the gate reads per request that a config reload replaces.
+pub struct Settings {
+    pub routes: Vec<RouteRt>,
+    pub bypass: Vec<BypassRule>,
+    pub ring: KeyRing,
+    pub reserved_prefix: String,
+    pub cookie_domain: Option<String>,
+    /// Different for every `Settings` the process builds (see
+    /// [`Settings::next_generation`]): what a [`CookieMemo`] read under one
+    /// key ring is not reused under another.
+    pub generation: u64,
+}
+
+impl Settings {
+    /// Compiles the config into request-time settings, keeping each
+    /// surviving route's live numbers from `lives`.
+    pub fn new(
+        config: &Config,
+        ring: KeyRing,
+        lives: &HashMap<String, Arc<RouteLive>>,
+        metrics: &Metrics,
+    ) -> Settings {
+        let mut routes = Vec::with_capacity(config.routes.len());
+        for r in &config.routes {
+            let live = lives.get(&r.name).cloned().unwrap_or_default();
+            let template = r.page.template.as_ref().map(|t| t.template.clone());
+            let route_metrics = metrics.route(&r.name);
+            route_metrics.capacity(r.capacity);
+            routes.push(RouteRt::new(
+                r.clone(),
+                &config.cookie,
+                config.store.expected_instances,
+                live,
+                template,
+                route_metrics,
+            ));
+        }
+        Settings {
+            generation: Settings::next_generation(),
+            routes,
+            bypass: config.bypass.clone(),
+            ring,
+            reserved_prefix: config.reserved_prefix.clone(),
+            cookie_domain: config.cookie.domain.clone(),
+        }
+    }
+
+    /// A generation number no earlier `Settings` of this process had.
+    pub fn next_generation() -> u64 {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Whether a bypass rule lets the request through at once.
+    pub fn bypassed(&self, method: &Method, path: &str) -> bool {
+        self.bypass.iter().any(|rule| match rule {
+            BypassRule::Method(m) => m == method,
+            BypassRule::Path(p) => p == path,
+            BypassRule::PathPrefix(p) => path.starts_with(p.as_str()),
+        })
+    }
+
+    /// The first route whose match fits, by index.
+    pub fn route_for(&self, host: Option<&str>, path: &str) -> Option<usize> {
+        self.routes.iter().position(|r| r.matches(host, path))
+    }
+
+    /// The route named `name`.
+    pub fn route_named(&self, name: &str) -> Option<usize> {
+        self.routes.iter().position(|r| r.name() == name)
+    }
+
+    /// Whether `path` is one of queuegate's own (the reserved prefix or below).
+    pub fn is_reserved(&self, path: &str) -> bool {
+        path::prefix_matches(path, &self.reserved_prefix)
+    }
+
+    /// The credentials a request carries for route `index`, remembered in
+    /// the connection's `memo` (see [`CookieMemo`]).
+    pub fn credentials(
+        &self,
+        index: usize,
+        headers: &HeaderMap,
+        tls: bool,
+        memo: &CookieMemo,
+    ) -> Credentials {
+        let route = &self.routes[index];
+        memo.read(self.generation, index, tls, headers, || {
+            cookie::credentials(headers, route.cookie_name(tls), &self.ring, route.name())
+        })
+    }
+
+    /// A `Set-Cookie` value that removes `route`'s cookie.
+    pub fn clear_cookie(&self, route: &RouteRt, tls: bool) -> HeaderValue {
+        cookie::set_cookie(
+            route.cookie_name(tls),
+            "",
+            0,
+            tls,
+            self.cookie_domain.as_deref(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eta_is_whole_seconds_at_the_measured_rate() {
+        assert_eq!(eta_seconds(0, 0.0), Some(0));
+        assert_eq!(eta_seconds(5, 0.0), None);
+        assert_eq!(eta_seconds(5, 2.0), Some(3));
+        assert_eq!(eta_seconds(4, 2.0), Some(2));
+    }
+}
