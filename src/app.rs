@@ -15,7 +15,7 @@ use hyper::body::Incoming;
 
 use crate::admission::KeyRing;
 use crate::clock::Clock;
-use crate::config::Config;
+use crate::config::{AmbiguousPaths, Config, HostPattern};
 use crate::cookie::{self, CookieMemo};
 use crate::framing::AmbiguousHead;
 use crate::gate::{Admitted, Decision, Gate};
@@ -34,6 +34,10 @@ pub struct App {
     /// Replaced whole on a config reload.
     pub settings: Arc<ArcSwap<Settings>>,
     pub metrics: Arc<Metrics>,
+    /// `limits.ambiguous_paths` (fixed until a restart, like all limits).
+    ambiguous_paths: AmbiguousPaths,
+    /// `limits.allowed_hosts`; empty for any host.
+    allowed_hosts: Vec<HostPattern>,
     draining: AtomicBool,
 }
 
@@ -47,8 +51,12 @@ impl App {
         clock: Clock,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<App> {
-        let upstream = Upstream::new(&config.upstream, config.limits.worker_count())
-            .map_err(anyhow::Error::msg)?;
+        let upstream = Upstream::new(
+            &config.upstream,
+            &config.client_ip,
+            config.limits.worker_count(),
+        )
+        .map_err(anyhow::Error::msg)?;
         let settings = Settings::new(config, ring, &HashMap::new(), &metrics);
         Ok(App {
             upstream,
@@ -58,6 +66,8 @@ impl App {
             ),
             settings: Arc::new(ArcSwap::from_pointee(settings)),
             metrics,
+            ambiguous_paths: config.limits.ambiguous_paths,
+            allowed_hosts: config.limits.allowed_hosts.clone(),
             draining: AtomicBool::new(false),
         })
     }
@@ -108,6 +118,17 @@ impl App {
             tracing::debug!(remote = %peer.addr, error = %err, "request rejected");
             return (None, Outcome::BadRequest, response::from_error(&err));
         }
+        let host = match host::request_host(req.version(), req.headers(), req.uri()) {
+            Ok(host) => host,
+            Err(err) => return refuse(peer, RequestError::BadHost(err)),
+        };
+        if !self.allowed_hosts.is_empty()
+            && !host
+                .as_deref()
+                .is_some_and(|h| self.allowed_hosts.iter().any(|p| p.matches(h)))
+        {
+            return refuse(peer, RequestError::HostNotAllowed);
+        }
         let path = req.uri().path();
         if s.is_reserved(path) {
             return (
@@ -118,14 +139,24 @@ impl App {
                 Box::pin(waiting::serve(&self.gate, s, req, peer, &conn.cookies)).await,
             );
         }
-        // Bypass rules and routes see the same normalised path, so
-        // `/static/../tickets` is gated like `/tickets`.
-        let normalized = path::normalize(path);
-        if s.bypassed(req.method(), &normalized) {
+        // Bypass rules and routes see every reading of the path an origin
+        // could make (DESIGN §8.1): bypassed only if every reading is,
+        // gated if any reading is. `/static/../tickets` and
+        // `/tickets;x=1` are gated like `/tickets`.
+        let readings = path::Readings::of(path);
+        let ambiguous = readings.is_ambiguous();
+        if ambiguous && self.ambiguous_paths == AmbiguousPaths::Reject {
+            return refuse(peer, RequestError::AmbiguousPath);
+        }
+        if !ambiguous && readings.iter().all(|p| s.bypassed(req.method(), p)) {
+            drop(readings);
             return (None, Outcome::Bypass, self.forward(req, peer, None).await);
         }
-        let host = host::request_host(req.headers(), req.uri());
-        let Some(index) = s.route_for(host, &normalized) else {
+        let index = readings
+            .iter()
+            .find_map(|p| s.route_for(host.as_deref(), p));
+        drop(readings);
+        let Some(index) = index else {
             return (
                 None,
                 Outcome::Forwarded,
@@ -203,6 +234,12 @@ impl Conn {
             cookies: CookieMemo::default(),
         }
     }
+}
+
+/// A request queuegate refuses to forward, answered and counted.
+fn refuse<'s>(peer: &Peer, err: RequestError) -> (Option<&'s str>, Outcome, Response<Body>) {
+    tracing::debug!(remote = %peer.addr, error = %err, "request rejected");
+    (None, Outcome::BadRequest, response::from_error(&err))
 }
 
 /// How a gate decision is counted and logged.

@@ -25,7 +25,8 @@
 //! - `config`: the YAML file, parsed and validated into a typed `Config`.
 //! - `template`: the waiting page's template language and phrase table.
 //! - `path`: path normalisation and the segment-boundary prefix match.
-//! - `host`: the host a request is for.
+//! - `host`: the host a request is for, canonical, and `allowed_hosts` patterns.
+//! - `client_ip`: who the client is behind trusted proxies; its limit key.
 //! - `response`: the one body type and every response queuegate makes.
 //! - `tls`: the TLS listeners' server config and certificate reload.
 //! - `clock`: wall-clock time read through tokio, so tests can pause it.
@@ -38,6 +39,7 @@ pub mod admission;
 pub mod admitter;
 pub mod app;
 pub mod cli;
+pub mod client_ip;
 pub mod clock;
 pub mod config;
 pub mod cookie;

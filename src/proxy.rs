@@ -19,6 +19,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
+use crate::client_ip;
 use crate::config;
 use crate::response::{Body, RequestError};
 
@@ -35,6 +36,7 @@ const HOP_BY_HOP: [HeaderName; 6] = [
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
 /// The client at the other end of a connection, with its `X-Forwarded-For`
 /// entry made once when the connection is accepted rather than per request.
@@ -83,6 +85,8 @@ pub struct Upstream {
     scheme: Scheme,
     authority: Authority,
     host: Option<HeaderValue>,
+    /// Whose forwarding headers are believed.
+    client_ip: config::ClientIp,
     timeout: Duration,
 }
 
@@ -90,7 +94,11 @@ impl Upstream {
     /// Builds the pooled clients from `upstream` (validated config) for
     /// `workers` worker threads; `upstream.pool.max_idle_per_host` is shared
     /// out among them.
-    pub fn new(cfg: &config::Upstream, workers: usize) -> Result<Upstream, String> {
+    pub fn new(
+        cfg: &config::Upstream,
+        client_ip: &config::ClientIp,
+        workers: usize,
+    ) -> Result<Upstream, String> {
         let scheme = cfg.url.scheme().cloned().unwrap_or(Scheme::HTTP);
         if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
             return Err(format!("upstream.url: scheme {scheme} is not supported"));
@@ -136,6 +144,7 @@ impl Upstream {
             scheme,
             authority,
             host,
+            client_ip: client_ip.clone(),
             timeout: cfg.timeout,
         })
     }
@@ -196,15 +205,40 @@ impl Upstream {
             .map_err(|_| RequestError::Upstream("request target could not be rewritten".into()))?;
         *req.version_mut() = Version::HTTP_11;
 
+        let trusted =
+            !self.client_ip.trusted_proxies.is_empty() && self.client_ip.trusts(peer.addr.ip());
+        let real_ip = (!self.client_ip.trusted_proxies.is_empty())
+            .then(|| client_ip::client_of(peer.addr.ip(), req.headers(), &self.client_ip));
         let headers = req.headers_mut();
         strip_hop_by_hop(headers);
-        append_forwarded_for(headers, peer);
-        headers.insert(
-            X_FORWARDED_PROTO.clone(),
-            HeaderValue::from_static(if peer.tls { "https" } else { "http" }),
-        );
+        // DESIGN §8.2: what a client says about itself in forwarding headers
+        // reaches the origin only through a trusted proxy.
+        if trusted {
+            append_forwarded_for(headers, peer);
+        } else {
+            headers.insert(X_FORWARDED_FOR.clone(), peer.forwarded_for.clone());
+            headers.remove(header::FORWARDED);
+        }
+        match real_ip {
+            Some(ip) if ip != peer.addr.ip().to_canonical() => {
+                if let Ok(v) = HeaderValue::from_str(&ip.to_string()) {
+                    headers.insert(X_REAL_IP.clone(), v);
+                }
+            }
+            _ => {
+                headers.insert(X_REAL_IP.clone(), peer.forwarded_for.clone());
+            }
+        }
+        if !trusted || !headers.contains_key(&X_FORWARDED_PROTO) {
+            headers.insert(
+                X_FORWARDED_PROTO.clone(),
+                HeaderValue::from_static(if peer.tls { "https" } else { "http" }),
+            );
+        }
         if let Some(host) = original_host {
-            headers.insert(X_FORWARDED_HOST.clone(), host.clone());
+            if !trusted || !headers.contains_key(&X_FORWARDED_HOST) {
+                headers.insert(X_FORWARDED_HOST.clone(), host.clone());
+            }
             match &self.host {
                 Some(configured) => {
                     headers.insert(header::HOST, configured.clone());
@@ -213,6 +247,8 @@ impl Upstream {
                     headers.insert(header::HOST, host);
                 }
             }
+        } else if !trusted {
+            headers.remove(&X_FORWARDED_HOST);
         }
         if let Some(protocol) = upgrade {
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -354,6 +390,8 @@ fn protected(name: &HeaderName) -> bool {
         || name == X_FORWARDED_FOR
         || name == X_FORWARDED_PROTO
         || name == X_FORWARDED_HOST
+        || name == X_REAL_IP
+        || name == header::FORWARDED
         || name == header::CONTENT_LENGTH
 }
 

@@ -286,6 +286,9 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.upstream != new.upstream {
         fields.push("upstream");
     }
+    if old.client_ip != new.client_ip {
+        fields.push("client_ip");
+    }
     if old.store.backend != new.store.backend || old.store.redis != new.store.redis {
         fields.push("store");
     }

@@ -70,6 +70,16 @@ pub enum RequestError {
     /// The request's framing is ambiguous (RFC 9112 §6.3); never forwarded.
     #[error("ambiguous message framing: {0}")]
     AmbiguousFraming(&'static str),
+    /// The path reads as different routes to different origins (DESIGN
+    /// §8.1) and `limits.ambiguous_paths` is `reject`.
+    #[error("ambiguous path")]
+    AmbiguousPath,
+    /// The request's host is missing, repeated or malformed (DESIGN §8.2).
+    #[error("bad host: {0}")]
+    BadHost(#[from] crate::host::HostError),
+    /// The host is not in `limits.allowed_hosts`.
+    #[error("host not served here")]
+    HostNotAllowed,
     /// The origin refused the connection, reset it or sent garbage.
     #[error("origin unreachable: {0}")]
     Upstream(String),
@@ -83,6 +93,9 @@ impl RequestError {
     pub fn reason(&self) -> &'static str {
         match self {
             RequestError::AmbiguousFraming(_) => "bad-request",
+            RequestError::AmbiguousPath => "ambiguous-path",
+            RequestError::BadHost(_) => "bad-host",
+            RequestError::HostNotAllowed => "misdirected",
             RequestError::Upstream(_) => "upstream-error",
             RequestError::UpstreamTimeout => "upstream-timeout",
         }
@@ -91,7 +104,10 @@ impl RequestError {
     /// The status code answered to the client.
     pub fn status(&self) -> StatusCode {
         match self {
-            RequestError::AmbiguousFraming(_) => StatusCode::BAD_REQUEST,
+            RequestError::AmbiguousFraming(_)
+            | RequestError::AmbiguousPath
+            | RequestError::BadHost(_) => StatusCode::BAD_REQUEST,
+            RequestError::HostNotAllowed => StatusCode::MISDIRECTED_REQUEST,
             RequestError::Upstream(_) => StatusCode::BAD_GATEWAY,
             RequestError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -102,6 +118,9 @@ impl RequestError {
 pub fn from_error(err: &RequestError) -> Response<Body> {
     let text = match err {
         RequestError::AmbiguousFraming(_) => "400 bad request: ambiguous message framing\n",
+        RequestError::AmbiguousPath => "400 bad request: ambiguous path\n",
+        RequestError::BadHost(_) => "400 bad request: missing or malformed host\n",
+        RequestError::HostNotAllowed => "421 misdirected request: this host is not served here\n",
         RequestError::Upstream(_) => "502 bad gateway: the application did not answer\n",
         RequestError::UpstreamTimeout => "504 gateway timeout: the application took too long\n",
     };

@@ -625,13 +625,14 @@ async fn bypass_rules_cannot_be_used_to_skip_the_line() {
         .await
         .reached_origin());
     let before = hits.load(Ordering::SeqCst);
-    for sneaky in [
-        "/static/../tickets",
-        "/static/%2e%2e/tickets/x",
-        "/static/./../tickets",
+    for (sneaky, answer) in [
+        ("/static/../tickets", StatusCode::FOUND),
+        // A dot segment only decoding brings out: refused outright.
+        ("/static/%2e%2e/tickets/x", StatusCode::BAD_REQUEST),
+        ("/static/./../tickets", StatusCode::FOUND),
     ] {
         let a = Visitor::new().navigate(&gate.url(sneaky)).await;
-        assert_eq!(a.status, StatusCode::FOUND, "{sneaky} skipped the line");
+        assert_eq!(a.status, answer, "{sneaky} skipped the line");
     }
     assert_eq!(hits.load(Ordering::SeqCst), before);
 }

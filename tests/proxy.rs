@@ -94,9 +94,38 @@ async fn target_host_and_forwarded_headers_are_kept() {
         "request target forwarded byte for byte"
     );
     assert_eq!(seen.headers["host"], "shop.example:8443");
-    assert_eq!(seen.headers["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+    // The peer is no trusted proxy: what it says of others is not passed on.
+    assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(seen.headers["x-real-ip"], "127.0.0.1");
     assert_eq!(seen.headers["x-forwarded-host"], "shop.example:8443");
     assert_eq!(seen.headers["x-forwarded-proto"], "http");
+}
+
+#[tokio::test]
+async fn a_trusted_proxy_s_forwarding_headers_are_kept() {
+    let (origin, seen) = recording_origin().await;
+    let mut config = proxy_config(&origin.url());
+    config.client_ip.trusted_proxies = vec!["127.0.0.0/8".parse().unwrap()];
+    let gate = spawn_gate(config).await;
+    let req = Request::get(gate.url("/"))
+        .header("host", "internal:8080")
+        .header("x-forwarded-for", "198.51.100.1, 203.0.113.7")
+        .header("x-forwarded-host", "shop.example")
+        .header("x-forwarded-proto", "https")
+        .header("forwarded", "for=203.0.113.7;proto=https")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (parts, _) = send(req).await;
+    assert_eq!(parts.status, StatusCode::OK);
+    let seen = seen.lock().unwrap()[0].clone();
+    assert_eq!(
+        seen.headers["x-forwarded-for"],
+        "198.51.100.1, 203.0.113.7, 127.0.0.1"
+    );
+    assert_eq!(seen.headers["x-real-ip"], "203.0.113.7");
+    assert_eq!(seen.headers["x-forwarded-host"], "shop.example");
+    assert_eq!(seen.headers["x-forwarded-proto"], "https");
+    assert_eq!(seen.headers["forwarded"], "for=203.0.113.7;proto=https");
 }
 
 #[tokio::test]

@@ -19,6 +19,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use crate::host::HostPattern;
 pub use error::{ConfigError, ConfigErrors};
 
 impl Config {
@@ -58,6 +59,7 @@ pub struct Config {
     pub listen: Vec<Listen>,
     pub admin: Option<Admin>,
     pub limits: ServerLimits,
+    pub client_ip: ClientIp,
     pub upstream: Upstream,
     pub store: StoreConfig,
     pub keys: Vec<KeySource>,
@@ -99,6 +101,38 @@ pub struct ServerLimits {
     /// its own share of the upstream pool; `None` (`auto`, the default) is
     /// one per CPU the process may use.
     pub workers: Option<usize>,
+    /// What a path whose readings disagree gets (DESIGN §8.1; default
+    /// `reject`).
+    pub ambiguous_paths: AmbiguousPaths,
+    /// Hosts served; others get `421` (DESIGN §8.2). Empty: any host.
+    pub allowed_hosts: Vec<HostPattern>,
+}
+
+/// What a request whose path an origin could read as another route gets
+/// (`limits.ambiguous_paths`, DESIGN §8.1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AmbiguousPaths {
+    /// `400`, tagged `x-queuegate`: browsers never send such paths.
+    #[default]
+    Reject,
+    /// Gated by the first route any reading matches, never bypassed.
+    Gate,
+}
+
+/// Who the client is behind proxies (`client_ip`, DESIGN §8.2).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClientIp {
+    /// Peers whose `X-Forwarded-*` and `Forwarded` headers are believed.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+}
+
+impl ClientIp {
+    /// Whether `ip` is a trusted proxy.
+    pub fn trusts(&self, ip: std::net::IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.trusted_proxies.iter().any(|net| net.contains(&ip))
+    }
 }
 
 impl ServerLimits {
@@ -121,6 +155,9 @@ pub struct Upstream {
     pub pool: Pool,
     /// Replace the client's `Host` with this (default: keep the client's).
     pub host: Option<String>,
+    /// With `host`: the origin picks the site from `X-Forwarded-Host` (the
+    /// client's host), so routes may match on the host (default false).
+    pub origin_reads_forwarded_host: bool,
     /// PEM file of private CAs to trust for an `https://` upstream.
     pub ca_file: Option<PathBuf>,
 }

@@ -14,12 +14,15 @@ use std::time::Duration;
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
+use super::AmbiguousPaths;
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawConfig {
     pub listen: Option<Vec<RawListen>>,
     pub admin: Option<RawAdmin>,
     pub limits: Option<RawLimits>,
+    pub client_ip: Option<RawClientIp>,
     pub upstream: Option<RawUpstream>,
     pub store: Option<RawStore>,
     pub keys: Option<Vec<RawKey>>,
@@ -57,6 +60,14 @@ pub(crate) struct RawLimits {
     pub max_connections: Option<u64>,
     pub drain_timeout: Option<DurationText>,
     pub workers: Option<RawWorkers>,
+    pub ambiguous_paths: Option<AmbiguousPaths>,
+    pub allowed_hosts: Option<Vec<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawClientIp {
+    pub trusted_proxies: Option<Vec<String>>,
 }
 
 /// `limits.workers`: `auto` or a number of threads.
@@ -75,6 +86,7 @@ pub(crate) struct RawUpstream {
     pub timeout: Option<DurationText>,
     pub pool: Option<RawPool>,
     pub host: Option<String>,
+    pub origin_reads_forwarded_host: Option<bool>,
     pub ca_file: Option<PathBuf>,
 }
 

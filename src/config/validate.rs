@@ -9,13 +9,13 @@ use std::time::Duration;
 use super::error::{ConfigError, ConfigErrors, FieldPath};
 use super::locate;
 use super::raw::{
-    DurationText, RawBackend, RawBypass, RawConfig, RawKey, RawLimits, RawListen, RawMatch,
-    RawMode, RawOnStoreError, RawRedis, RawRoute, RawStore, RawUpstream, RawWorkers,
+    DurationText, RawBackend, RawBypass, RawClientIp, RawConfig, RawKey, RawLimits, RawListen,
+    RawMatch, RawMode, RawOnStoreError, RawRedis, RawRoute, RawStore, RawUpstream, RawWorkers,
 };
 use super::{
-    Admin, Backend, BypassRule, Config, CookieConfig, KeyFrom, KeySource, Listen, Mode,
-    OnStoreError, PageConfig, PageTemplate, Pool, RedisConfig, RedisMode, Route, RouteMatch,
-    ServerLimits, StoreConfig, TlsFiles, Upstream,
+    Admin, Backend, BypassRule, ClientIp, Config, CookieConfig, HostPattern, KeyFrom, KeySource,
+    Listen, Mode, OnStoreError, PageConfig, PageTemplate, Pool, RedisConfig, RedisMode, Route,
+    RouteMatch, ServerLimits, StoreConfig, TlsFiles, Upstream,
 };
 
 pub(crate) const DEFAULT_ADMIN_ADDR: SocketAddr =
@@ -110,6 +110,11 @@ pub(crate) fn validate(raw: RawConfig, problems: &mut Problems) -> Option<Config
         &root.key("limits"),
         problems,
     );
+    let client_ip = client_ip(
+        raw.client_ip.unwrap_or_default(),
+        &root.key("client_ip"),
+        problems,
+    );
     let upstream = upstream(raw.upstream, &root.key("upstream"), problems);
     let store = store(raw.store.unwrap_or_default(), &root.key("store"), problems);
     let keys = keys(raw.keys, &root.key("keys"), problems);
@@ -132,6 +137,22 @@ pub(crate) fn validate(raw: RawConfig, problems: &mut Problems) -> Option<Config
         problems,
     );
 
+    if let (Some(upstream), Some(routes)) = (&upstream, &routes) {
+        if upstream.host.is_some() && !upstream.origin_reads_forwarded_host {
+            for (i, route) in routes.iter().enumerate() {
+                if route.matcher.host.is_some() {
+                    problems.report(
+                        root.key("routes").index(i).key("match").key("host"),
+                        "with upstream.host set the origin never sees the client's host, so \
+                         any host reaches these pages: remove match.host, or set \
+                         upstream.origin_reads_forwarded_host: true if the origin picks the \
+                         site from X-Forwarded-Host",
+                    );
+                }
+            }
+        }
+    }
+
     if !problems.is_empty() {
         return None;
     }
@@ -139,6 +160,7 @@ pub(crate) fn validate(raw: RawConfig, problems: &mut Problems) -> Option<Config
         listen: listen?,
         admin,
         limits,
+        client_ip,
         upstream: upstream?,
         store: store?,
         keys: keys?,
@@ -213,6 +235,18 @@ fn limits(raw: RawLimits, at: &FieldPath, problems: &mut Problems) -> ServerLimi
     if max_connections == 0 {
         problems.report(at.key("max_connections"), "must be at least 1");
     }
+    let mut allowed_hosts = Vec::new();
+    for (i, text) in raw.allowed_hosts.iter().flatten().enumerate() {
+        match HostPattern::parse(text) {
+            Ok(pattern) => allowed_hosts.push(pattern),
+            Err(_) => problems.report(
+                at.key("allowed_hosts").index(i),
+                format!(
+                    "invalid host {text:?}: expected a name such as shop.example or *.shop.example"
+                ),
+            ),
+        }
+    }
     let workers = match raw.workers {
         None => None,
         Some(RawWorkers::Word(word)) if word == "auto" => None,
@@ -238,7 +272,26 @@ fn limits(raw: RawLimits, at: &FieldPath, problems: &mut Problems) -> ServerLimi
         max_connections: to_usize(max_connections),
         drain_timeout: duration(raw.drain_timeout, DRAIN_TIMEOUT),
         workers,
+        ambiguous_paths: raw.ambiguous_paths.unwrap_or_default(),
+        allowed_hosts,
     }
+}
+
+fn client_ip(raw: RawClientIp, at: &FieldPath, problems: &mut Problems) -> ClientIp {
+    let mut trusted_proxies = Vec::new();
+    for (i, text) in raw.trusted_proxies.unwrap_or_default().iter().enumerate() {
+        let net = text
+            .parse::<ipnet::IpNet>()
+            .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from));
+        match net {
+            Ok(net) => trusted_proxies.push(net.trunc()),
+            Err(_) => problems.report(
+                at.key("trusted_proxies").index(i),
+                format!("invalid network {text:?}: expected an address or CIDR such as 10.0.0.0/8"),
+            ),
+        }
+    }
+    ClientIp { trusted_proxies }
 }
 
 fn upstream(raw: Option<RawUpstream>, at: &FieldPath, problems: &mut Problems) -> Option<Upstream> {
@@ -296,6 +349,7 @@ fn upstream(raw: Option<RawUpstream>, at: &FieldPath, problems: &mut Problems) -
         timeout,
         pool,
         host: host?,
+        origin_reads_forwarded_host: raw.origin_reads_forwarded_host.unwrap_or(false),
         ca_file: ca_file?,
     })
 }
@@ -846,19 +900,16 @@ fn route_host(host: &str, at: &FieldPath, problems: &mut Problems) -> Option<Str
         );
         return None;
     }
-    let valid = !host.is_empty()
-        && host.len() <= 253
-        && host
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '[' | ']' | ':'));
-    if !valid {
-        problems.report(
-            at.clone(),
-            format!("invalid host {host:?}: expected a name such as shop.example.com"),
-        );
-        return None;
+    match crate::host::canonical(host) {
+        Ok(host) => Some(host.into_owned()),
+        Err(_) => {
+            problems.report(
+                at.clone(),
+                format!("invalid host {host:?}: expected a name such as shop.example.com"),
+            );
+            None
+        }
     }
-    Some(host.to_ascii_lowercase())
 }
 
 /// The path prefix as the gate compares it: percent-encoded unreserved

@@ -130,7 +130,10 @@ pub fn proxy_config(upstream: &str) -> Config {
             max_connections: 10_000,
             drain_timeout: Duration::from_secs(30),
             workers: None,
+            ambiguous_paths: AmbiguousPaths::Reject,
+            allowed_hosts: vec![],
         },
+        client_ip: ClientIp::default(),
         upstream: Upstream {
             url: upstream.parse().unwrap(),
             connect_timeout: Duration::from_secs(2),
@@ -140,6 +143,7 @@ pub fn proxy_config(upstream: &str) -> Config {
                 idle_timeout: Duration::from_secs(90),
             },
             host: None,
+            origin_reads_forwarded_host: false,
             ca_file: None,
         },
         store: StoreConfig {
