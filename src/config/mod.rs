@@ -3,15 +3,18 @@
 //! problem is reported at once, each with its field path (and line where the
 //! YAML parser gives one).
 //!
+//! - `node`: YAML text → a node tree with positions (`serde-saphyr`, chosen
+//!   there for being maintained and for its spans), read back through serde.
 //! - `raw`: serde structs mirroring the YAML, unknown fields rejected.
-//! - `document`: YAML text → raw structs, every unreadable field recorded.
+//! - `document`: node tree → raw structs, every unreadable field recorded.
 //! - `validate`: raw → `Config`, defaults filled in, every rule checked.
-//! - `locate`: the line of a field path in the text.
+//! - `locate`: the line of a field path, from the tree's positions.
 //! - `error`: `ConfigError` / `ConfigErrors`, one problem per line.
 
 mod document;
 mod error;
 mod locate;
+mod node;
 mod raw;
 mod validate;
 
@@ -26,12 +29,14 @@ impl Config {
     /// with its line; otherwise every problem in the file is reported.
     pub fn from_yaml(text: &str) -> Result<Config, ConfigErrors> {
         let mut problems = validate::Problems::default();
-        let raw = document::read(text, &mut problems)?;
-        let config = raw.and_then(|raw| validate::validate(raw, &mut problems));
+        let document = document::Document::parse(text)?;
+        let config = document
+            .read(&mut problems)
+            .and_then(|raw| validate::validate(raw, &mut problems));
         match config {
             Some(config) if problems.is_empty() => Ok(config),
             Some(_) | None => {
-                let errors = problems.into_errors(text);
+                let errors = problems.into_errors(&document);
                 if errors.errors.is_empty() {
                     // Every path that rejects a config records why; this
                     // only guards against one that forgot to.

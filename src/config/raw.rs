@@ -336,7 +336,7 @@ mod tests {
     fn durations_without_unit_are_rejected_with_a_hint() {
         let err = DurationText::parse("10").unwrap_err();
         assert_eq!(err, "durations need a unit, e.g. 10s");
-        let err = serde_yaml::from_str::<DurationText>("10").unwrap_err();
+        let err = serde_saphyr::from_str::<DurationText>("10").unwrap_err();
         assert!(err.to_string().contains("durations need a unit"), "{err}");
     }
 

@@ -6,6 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::document::Document;
 use super::error::{ConfigError, ConfigErrors, FieldPath};
 use super::locate;
 use super::raw::{
@@ -71,14 +72,14 @@ impl Problems {
         self.found.is_empty()
     }
 
-    /// Every problem with its line in `text`, in file order (problems with
-    /// no line last).
-    pub(crate) fn into_errors(self, text: &str) -> ConfigErrors {
+    /// Every problem with its line in `document`, in file order (problems
+    /// with no line last).
+    pub(crate) fn into_errors(self, document: &Document) -> ConfigErrors {
         let mut errors: Vec<ConfigError> = self
             .found
             .into_iter()
             .map(|(path, message)| ConfigError {
-                line: locate::nearest_line(text, &path),
+                line: locate::nearest_line(document.root(), &path),
                 path: path.to_string(),
                 message,
             })
@@ -960,13 +961,13 @@ fn at_least(
 /// A duration as an operator would write it.
 fn show(duration: Duration) -> String {
     let micros = duration.as_micros();
-    if micros % 3_600_000_000 == 0 && micros > 0 {
+    if micros.is_multiple_of(3_600_000_000) && micros > 0 {
         format!("{}h", micros / 3_600_000_000)
-    } else if micros % 60_000_000 == 0 && micros > 0 {
+    } else if micros.is_multiple_of(60_000_000) && micros > 0 {
         format!("{}m", micros / 60_000_000)
-    } else if micros % 1_000_000 == 0 {
+    } else if micros.is_multiple_of(1_000_000) {
         format!("{}s", micros / 1_000_000)
-    } else if micros % 1000 == 0 {
+    } else if micros.is_multiple_of(1000) {
         format!("{}ms", micros / 1000)
     } else {
         format!("{micros}us")
