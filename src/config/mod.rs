@@ -10,10 +10,13 @@
 //! - `validate`: raw → `Config`, defaults filled in, every rule checked.
 //! - `locate`: the line of a field path, from the tree's positions.
 //! - `error`: `ConfigError` / `ConfigErrors`, one problem per line.
+//! - `names`: the names of the config's enums (`Mode`, ...), as serde reads
+//!   them, so each name is written once, in the enum's `rename_all`.
 
 mod document;
 mod error;
 mod locate;
+mod names;
 mod node;
 mod raw;
 mod validate;
@@ -21,6 +24,8 @@ mod validate;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use serde::Deserialize;
 
 pub use error::{ConfigError, ConfigErrors};
 
@@ -147,10 +152,19 @@ pub struct StoreConfig {
     pub expected_instances: u64,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// `store.backend`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Backend {
     Memory,
     Redis,
+}
+
+impl Backend {
+    /// The name written in the config (`memory`, `redis`).
+    pub fn as_str(self) -> &'static str {
+        names::variant::<Self>(self as usize)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -238,7 +252,9 @@ pub struct RouteMatch {
     pub case_insensitive: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// `routes[N].mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Mode {
     Gate,
     QueueAll,
@@ -246,11 +262,27 @@ pub enum Mode {
     Closed,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+impl Mode {
+    /// The name written in the config (`gate`, `queue_all`, ...).
+    pub fn as_str(self) -> &'static str {
+        names::variant::<Self>(self as usize)
+    }
+}
+
+/// `routes[N].on_store_error`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum OnStoreError {
     Open,
     Closed,
     Local,
+}
+
+impl OnStoreError {
+    /// The name written in the config (`open`, `closed`, `local`).
+    pub fn as_str(self) -> &'static str {
+        names::variant::<Self>(self as usize)
+    }
 }
 
 /// Per-route waiting page text and template.

@@ -10,8 +10,8 @@ use super::document::Document;
 use super::error::{ConfigError, ConfigErrors, FieldPath};
 use super::locate;
 use super::raw::{
-    DurationText, RawBackend, RawBypass, RawConfig, RawKey, RawLimits, RawListen, RawMatch,
-    RawMode, RawOnStoreError, RawRedis, RawRoute, RawStore, RawUpstream, RawWorkers,
+    DurationText, RawBypass, RawConfig, RawKey, RawLimits, RawListen, RawMatch, RawRedis, RawRoute,
+    RawStore, RawUpstream, RawWorkers,
 };
 use super::{
     Admin, Backend, BypassRule, Config, CookieConfig, KeyFrom, KeySource, Listen, Mode,
@@ -332,10 +332,7 @@ fn upstream_url(text: &str, at: &FieldPath, problems: &mut Problems) -> Option<h
 }
 
 fn store(raw: RawStore, at: &FieldPath, problems: &mut Problems) -> Option<StoreConfig> {
-    let backend = match raw.backend {
-        None | Some(RawBackend::Memory) => Backend::Memory,
-        Some(RawBackend::Redis) => Backend::Redis,
-    };
+    let backend = raw.backend.unwrap_or(Backend::Memory);
     let redis = redis(raw.redis.unwrap_or_default(), &at.key("redis"), problems);
     let expected_instances = raw.expected_instances.unwrap_or(1);
     if expected_instances == 0 {
@@ -760,17 +757,8 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
             None
         }
     };
-    let mode = match raw.mode.unwrap_or(RawMode::Gate) {
-        RawMode::Gate => Mode::Gate,
-        RawMode::QueueAll => Mode::QueueAll,
-        RawMode::Passthrough => Mode::Passthrough,
-        RawMode::Closed => Mode::Closed,
-    };
-    let on_store_error = match raw.on_store_error.unwrap_or(RawOnStoreError::Local) {
-        RawOnStoreError::Open => OnStoreError::Open,
-        RawOnStoreError::Closed => OnStoreError::Closed,
-        RawOnStoreError::Local => OnStoreError::Local,
-    };
+    let mode = raw.mode.unwrap_or(Mode::Gate);
+    let on_store_error = raw.on_store_error.unwrap_or(OnStoreError::Local);
     let page = raw.page.unwrap_or_default();
     let template = match &page.template {
         None => Some(None),
