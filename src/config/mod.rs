@@ -62,6 +62,33 @@ impl Config {
     }
 }
 
+/// Longest route name, in characters.
+pub const MAX_ROUTE_NAME_LEN: usize = 32;
+
+/// Longest key id, in characters.
+pub const MAX_KEY_ID_LEN: usize = 16;
+
+/// Whether `name` can be a route name: 1 to [`MAX_ROUTE_NAME_LEN`] of
+/// `A-Z a-z 0-9 _ -`. The name is a field of the cookie's name and of its
+/// dot-separated value, so config validation and cookie parsing both ask
+/// this.
+pub fn is_route_name(name: &str) -> bool {
+    is_token(name, MAX_ROUTE_NAME_LEN)
+}
+
+/// Whether `id` can be a key id: 1 to [`MAX_KEY_ID_LEN`] of
+/// `A-Z a-z 0-9 _ -` (it is a field of the cookie's value too).
+pub fn is_key_id(id: &str) -> bool {
+    is_token(id, MAX_KEY_ID_LEN)
+}
+
+fn is_token(text: &str, max_len: usize) -> bool {
+    (1..=max_len).contains(&text.len())
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 /// The validated, typed configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
@@ -187,7 +214,7 @@ pub enum RedisMode {
 /// Where one key of the key ring comes from. Never the YAML itself.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KeySource {
-    /// Key id: 1–16 characters of `[A-Za-z0-9_-]`.
+    /// Key id: see [`is_key_id`].
     pub id: String,
     pub from: KeyFrom,
 }
@@ -214,7 +241,7 @@ pub enum BypassRule {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Route {
-    /// `[A-Za-z0-9_-]{1,32}`: it is part of the cookie name and value.
+    /// See [`is_route_name`]: it is part of the cookie name and value.
     pub name: String,
     pub matcher: RouteMatch,
     pub capacity: u64,

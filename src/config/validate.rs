@@ -14,9 +14,9 @@ use super::raw::{
     RawStore, RawUpstream, RawWorkers,
 };
 use super::{
-    Admin, Backend, BypassRule, Config, CookieConfig, KeyFrom, KeySource, Listen, Mode,
-    OnStoreError, PageConfig, PageTemplate, Pool, RedisConfig, RedisMode, Route, RouteMatch,
-    ServerLimits, StoreConfig, TlsFiles, Upstream,
+    is_key_id, is_route_name, Admin, Backend, BypassRule, Config, CookieConfig, KeyFrom, KeySource,
+    Listen, Mode, OnStoreError, PageConfig, PageTemplate, Pool, RedisConfig, RedisMode, Route,
+    RouteMatch, ServerLimits, StoreConfig, TlsFiles, Upstream, MAX_KEY_ID_LEN, MAX_ROUTE_NAME_LEN,
 };
 
 pub(crate) const DEFAULT_ADMIN_ADDR: SocketAddr =
@@ -447,12 +447,12 @@ fn keys(
     for (i, key) in raw.into_iter().enumerate() {
         let at = at.index(i);
         let id = required(key.id, &at.key("id"), problems).filter(|id| {
-            if is_name(id, 16) {
+            if is_key_id(id) {
                 true
             } else {
                 problems.report(
                     at.key("id"),
-                    format!("invalid key id {id:?}: use 1 to 16 of A-Z a-z 0-9 _ -"),
+                    format!("invalid key id {id:?}: use 1 to {MAX_KEY_ID_LEN} of A-Z a-z 0-9 _ -"),
                 );
                 false
             }
@@ -684,12 +684,14 @@ fn covers(earlier: &RouteMatch, later: &RouteMatch) -> bool {
 
 fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route> {
     let name = required(raw.name, &at.key("name"), problems).filter(|name| {
-        if is_name(name, 32) {
+        if is_route_name(name) {
             true
         } else {
             problems.report(
                 at.key("name"),
-                format!("invalid route name {name:?}: use 1 to 32 of A-Z a-z 0-9 _ -"),
+                format!(
+                    "invalid route name {name:?}: use 1 to {MAX_ROUTE_NAME_LEN} of A-Z a-z 0-9 _ -"
+                ),
             );
             false
         }
@@ -880,14 +882,6 @@ pub(crate) fn normalise_prefix(prefix: &str) -> Result<String, String> {
     } else {
         trimmed.to_owned()
     })
-}
-
-/// `[A-Za-z0-9_-]{1,max}`.
-fn is_name(name: &str, max: usize) -> bool {
-    (1..=max).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 fn required<T>(value: Option<T>, at: &FieldPath, problems: &mut Problems) -> Option<T> {
