@@ -18,7 +18,6 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::app::App;
-use crate::config::{Mode, OnStoreError};
 use crate::metrics::CONTENT_TYPE as METRICS_CONTENT_TYPE;
 use crate::queue::QueueStore;
 use crate::response::{self, Body};
@@ -172,8 +171,8 @@ fn route_json(route: &RouteRt) -> serde_json::Value {
             "path_prefix": cfg.matcher.path_prefix,
             "case_insensitive": cfg.matcher.case_insensitive,
         },
-        "mode": mode_name(cfg.mode),
-        "on_store_error": policy_name(cfg.on_store_error),
+        "mode": cfg.mode.as_str(),
+        "on_store_error": cfg.on_store_error.as_str(),
         "capacity": cfg.capacity,
         "max_admit_per_tick": cfg.max_admit_per_tick,
         "tick_ms": cfg.tick.as_millis() as u64,
@@ -188,21 +187,4 @@ fn route_json(route: &RouteRt) -> serde_json::Value {
         "admit_rate": rate,
         "eta_seconds": route::eta_seconds(waiting, rate),
     })
-}
-
-fn mode_name(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Gate => "gate",
-        Mode::QueueAll => "queue_all",
-        Mode::Passthrough => "passthrough",
-        Mode::Closed => "closed",
-    }
-}
-
-fn policy_name(policy: OnStoreError) -> &'static str {
-    match policy {
-        OnStoreError::Open => "open",
-        OnStoreError::Closed => "closed",
-        OnStoreError::Local => "local",
-    }
 }

@@ -5,11 +5,12 @@
 //! A value reads `v1.<state>.<route>.<id>.<t>.<kid>.<mac>`, ASCII only:
 //!
 //! - `state`: `w` for a waiting ticket, `a` for an admission pass;
-//! - `route`: the route name, `[A-Za-z0-9_-]{1,32}`;
+//! - `route`: the route name, `[A-Za-z0-9_-]{1,32}` (`config::is_route_name`);
 //! - `id`: the visitor's 16 random bytes, base64url without padding (22 chars);
 //! - `t`: decimal `u64` without sign or leading zeros; a ticket's join score
 //!   (store time, µs) or a pass's expiry (unix seconds);
-//! - `kid`: the id of the key that signed it, `[A-Za-z0-9_-]{1,16}`;
+//! - `kid`: the id of the key that signed it, `[A-Za-z0-9_-]{1,16}`
+//!   (`config::is_key_id`);
 //! - `mac`: base64url without padding (43 chars) of HMAC-SHA256 under that key
 //!   over everything before the last `.`.
 //!
@@ -30,7 +31,7 @@ use hmac::{Hmac, Mac};
 use rand::RngCore as _;
 use sha2::Sha256;
 
-use crate::config::{KeyFrom, KeySource};
+use crate::config::{is_key_id, is_route_name, KeyFrom, KeySource};
 
 /// A visitor's random identity; the same type as the store's `VisitorId`.
 pub type VisitorId = [u8; 16];
@@ -43,12 +44,6 @@ pub const MIN_KEY_LEN: usize = 32;
 
 /// Length of a key made by [`keygen`], in bytes.
 const KEYGEN_LEN: usize = 32;
-
-/// Longest route name, in characters.
-const MAX_ROUTE_LEN: usize = 32;
-
-/// Longest key id, in characters.
-const MAX_KID_LEN: usize = 16;
 
 /// Length of an encoded visitor id: 16 bytes, base64url without padding.
 const ID_CHARS: usize = 22;
@@ -313,8 +308,8 @@ impl KeyRing {
     }
 
     /// Signs a value of `kind` for `route` with the first key. `route` must be
-    /// a valid route name (`[A-Za-z0-9_-]{1,32}`, as config validation
-    /// ensures); a value signed for any other name never verifies.
+    /// a valid route name ([`is_route_name`], which config validation
+    /// checks); a value signed for any other name never verifies.
     pub fn sign(&self, kind: Kind, route: &str, id: &VisitorId, t: u64) -> String {
         let key = &self.signer;
         let mut out = String::with_capacity(
@@ -437,22 +432,6 @@ pub fn keygen() -> String {
     let mut key = [0u8; KEYGEN_LEN];
     rand::rng().fill_bytes(&mut key);
     URL_SAFE_NO_PAD.encode(key)
-}
-
-/// Whether `name` can be a route name: `[A-Za-z0-9_-]{1,32}`.
-pub fn is_route_name(name: &str) -> bool {
-    is_token(name, MAX_ROUTE_LEN)
-}
-
-/// Whether `id` can be a key id: `[A-Za-z0-9_-]{1,16}`.
-pub fn is_key_id(id: &str) -> bool {
-    is_token(id, MAX_KID_LEN)
-}
-
-fn is_token(s: &str, max_len: usize) -> bool {
-    (1..=max_len).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// `v` followed by one or more digits: a version field, known or not.

@@ -211,12 +211,8 @@ fn log_start(config: &config::Config, listeners: &Listeners) -> std::io::Result<
         }
         None => tracing::info!("no admin listener"),
     }
-    let backend = match config.store.backend {
-        config::Backend::Memory => "memory",
-        config::Backend::Redis => "redis",
-    };
     tracing::info!(
-        backend,
+        backend = config.store.backend.as_str(),
         expected_instances = config.store.expected_instances,
         "store"
     );
@@ -227,8 +223,8 @@ fn log_start(config: &config::Config, listeners: &Listeners) -> std::io::Result<
             path_prefix = route.matcher.path_prefix.as_deref().unwrap_or("/"),
             host = route.matcher.host.as_deref().unwrap_or("*"),
             capacity = route.capacity,
-            mode = ?route.mode,
-            on_store_error = ?route.on_store_error,
+            mode = route.mode.as_str(),
+            on_store_error = route.on_store_error.as_str(),
             "route"
         );
     }

@@ -8,8 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use queuegate::config::{Backend, Config, KeyFrom, RedisMode};
-use serde::Deserialize;
-use serde_yaml::Value;
+use serde_json::Value;
 
 /// Every metric queuegate exports (DESIGN §7).
 const METRICS: &[&str] = &[
@@ -46,15 +45,31 @@ fn read(path: &str) -> String {
     std::fs::read_to_string(&full).unwrap_or_else(|err| panic!("cannot read {path}: {err}"))
 }
 
+/// YAML 1.2 scalars, as queuegate's own config reader types them: only
+/// `true`/`false` are booleans, `007` and `1_000` are text.
+fn yaml_options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        strict_booleans: true,
+        leading_zero_numbers_as_strings: true,
+        underscored_numbers_as_strings: true,
+    }
+}
+
 fn yaml(path: &str) -> Value {
-    serde_yaml::from_str(&read(path)).unwrap_or_else(|err| panic!("{path}: {err}"))
+    yaml_text(path, &read(path))
+}
+
+fn yaml_text(source: &str, text: &str) -> Value {
+    serde_saphyr::from_str_with_options(text, yaml_options())
+        .unwrap_or_else(|err| panic!("{source}: {err}"))
 }
 
 /// Every document of a multi-document YAML file.
 fn yaml_documents(path: &str) -> Vec<Value> {
     let text = read(path);
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| Value::deserialize(doc).unwrap_or_else(|err| panic!("{path}: {err}")))
+    serde_saphyr::from_multiple_with_options::<Value>(&text, yaml_options())
+        .unwrap_or_else(|err| panic!("{path}: {err}"))
+        .into_iter()
         .filter(|doc| !doc.is_null())
         .collect()
 }
@@ -75,7 +90,7 @@ fn text<'a>(value: &'a Value, keys: &[&str]) -> &'a str {
 
 fn list<'a>(value: &'a Value, keys: &[&str]) -> &'a Vec<Value> {
     at(value, keys)
-        .as_sequence()
+        .as_array()
         .unwrap_or_else(|| panic!("{} is not a list", keys.join(".")))
 }
 
@@ -512,7 +527,7 @@ fn alert_rules_are_well_formed_and_use_only_exported_metrics() {
     let tests_path = "deploy/prometheus/alerts.test.yml";
     let tests_text = read(tests_path);
     assert_known(tests_path, &metric_names(&tests_text));
-    let tests: Value = serde_yaml::from_str(&tests_text).expect("alerts.test.yml parses");
+    let tests = yaml_text("alerts.test.yml", &tests_text);
     for case in list(&tests, &["tests"]) {
         for check in list(case, &["alert_rule_test"]) {
             let name = text(check, &["alertname"]);

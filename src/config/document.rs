@@ -1,72 +1,84 @@
-//! The YAML document: syntax check, then deserialization into the raw
-//! structs in a loop that records each field serde rejects, sets that field
-//! aside and reads the rest again, so one bad field does not hide the next.
+//! The YAML document: syntax check into the node tree, then deserialization
+//! into the raw structs in a loop that records each field serde rejects,
+//! sets that field aside and reads the rest again, so one bad field does not
+//! hide the next.
 
-use serde_yaml::{Mapping, Value};
+use serde_saphyr::Spanned;
 
 use super::error::{ConfigErrors, FieldPath, Segment};
+use super::node::{self, Node};
 use super::raw::RawConfig;
 use super::validate::Problems;
 
 /// More rejected fields than this in one file: stop reading, report those.
 const MAX_READ_PROBLEMS: usize = 200;
 
-/// Parses `text` into the raw structs, recording every unreadable field in
-/// `problems` (and then `None` if what is left still cannot be read). A YAML
-/// syntax error ends everything at once, with its line.
-pub(crate) fn read(text: &str, problems: &mut Problems) -> Result<Option<RawConfig>, ConfigErrors> {
-    let mut value: Value = serde_yaml::from_str(text).map_err(syntax_error)?;
-    if let Err(err) = value.apply_merge() {
-        return Err(ConfigErrors::whole_file(None, err.to_string()));
-    }
-    match value {
-        Value::Mapping(_) => {}
-        Value::Null => {
-            return Err(ConfigErrors::whole_file(
-                None,
-                "the file is empty: a config needs at least listen, upstream, keys".to_owned(),
-            ))
-        }
-        _ => {
-            return Err(ConfigErrors::whole_file(
-                Some(1),
-                "the file must be a mapping of sections (listen:, upstream:, ...)".to_owned(),
-            ))
-        }
-    }
-
-    let mut replaced: Vec<FieldPath> = Vec::new();
-    for _ in 0..MAX_READ_PROBLEMS {
-        let err = match serde_path_to_error::deserialize::<_, RawConfig>(value.clone()) {
-            Ok(raw) => return Ok(Some(raw)),
-            Err(err) => err,
-        };
-        let (path, exact) = field_path(err.path());
-        problems.report(path.clone(), plain_message(&err.inner().to_string()));
-        problems.skip(path.clone());
-        if !exact || !set_aside(&mut value, &path, &mut replaced) {
-            return Ok(None);
-        }
-    }
-    problems.report(
-        FieldPath::root(),
-        "too many problems to read the rest of the file".to_owned(),
-    );
-    Ok(None)
+/// A parsed config file: a mapping of sections, each node with its line.
+#[derive(Debug)]
+pub(crate) struct Document {
+    root: Spanned<Node>,
 }
 
-/// A YAML syntax error, with its line and without the position repeated in
-/// the message.
-fn syntax_error(err: serde_yaml::Error) -> ConfigErrors {
-    let line = err.location().map(|at| at.line());
-    let mut message = err.to_string();
-    if let Some(at) = err.location() {
-        let suffix = format!(" at line {} column {}", at.line(), at.column());
-        if let Some(stripped) = message.strip_suffix(&suffix) {
-            message = format!("{stripped} (column {})", at.column());
+impl Document {
+    /// Parses `text`. A YAML syntax error ends everything at once, with its
+    /// line; so does a file that is not a mapping of sections.
+    pub(crate) fn parse(text: &str) -> Result<Document, ConfigErrors> {
+        let root = node::parse(text).map_err(|err| {
+            let message = match err.column {
+                Some(column) => format!("not valid YAML: {} (column {column})", err.message),
+                None => format!("not valid YAML: {}", err.message),
+            };
+            ConfigErrors::whole_file(err.line, message)
+        })?;
+        match root {
+            Some(root) if matches!(root.value, Node::Map(_)) => Ok(Document { root }),
+            Some(_) => Err(ConfigErrors::whole_file(
+                Some(1),
+                "the file must be a mapping of sections (listen:, upstream:, ...)".to_owned(),
+            )),
+            None => Err(ConfigErrors::whole_file(
+                None,
+                "the file is empty: a config needs at least listen, upstream, keys".to_owned(),
+            )),
         }
     }
-    ConfigErrors::whole_file(line, format!("not valid YAML: {message}"))
+
+    /// The document's root node, with the positions of everything in it.
+    pub(crate) fn root(&self) -> &Spanned<Node> {
+        &self.root
+    }
+
+    /// Reads the raw structs, recording every unreadable field in
+    /// `problems` (and then `None` if what is left still cannot be read).
+    pub(crate) fn read(&self, problems: &mut Problems) -> Option<RawConfig> {
+        // Rejected fields are set aside in a copy: the document itself keeps
+        // them, so their lines can still be found.
+        let mut value = self.root.value.clone();
+        let mut replaced: Vec<FieldPath> = Vec::new();
+        for _ in 0..MAX_READ_PROBLEMS {
+            let err = match serde_path_to_error::deserialize::<_, RawConfig>(&value) {
+                Ok(raw) => return Some(raw),
+                Err(err) => err,
+            };
+            let (path, exact) = field_path(err.path());
+            problems.report(path.clone(), plain_message(&err.inner().to_string()));
+            problems.skip(path.clone());
+            if !exact || !set_aside(&mut value, &path, &mut replaced) {
+                return None;
+            }
+        }
+        problems.report(
+            FieldPath::root(),
+            "too many problems to read the rest of the file".to_owned(),
+        );
+        None
+    }
+}
+
+/// Parses `text` and reads it into the raw structs (see [`Document::read`]).
+#[cfg(test)]
+fn read(text: &str, problems: &mut Problems) -> Result<Option<RawConfig>, ConfigErrors> {
+    Ok(Document::parse(text)?.read(problems))
 }
 
 /// Serde's message without the names of our raw structs, which mean
@@ -101,23 +113,21 @@ fn field_path(path: &serde_path_to_error::Path) -> (FieldPath, bool) {
 /// mapping (keeping the indices of the items after it), and if that is
 /// rejected too, the list's own field is removed. `false` if nothing could
 /// be set aside.
-fn set_aside(value: &mut Value, path: &FieldPath, replaced: &mut Vec<FieldPath>) -> bool {
+fn set_aside(value: &mut Node, path: &FieldPath, replaced: &mut Vec<FieldPath>) -> bool {
     match path.segments().last() {
         Some(Segment::Key(key)) => remove_key(value, path, key),
         Some(Segment::Index(index)) if !replaced.contains(path) => {
             replaced.push(path.clone());
-            let Some(parent) = path.parent() else {
-                return false;
-            };
-            match node_mut(value, &parent) {
-                Some(Value::Sequence(items)) => match items.get_mut(*index) {
-                    Some(item) => {
-                        *item = Value::Mapping(Mapping::new());
-                        true
-                    }
-                    None => false,
-                },
-                _ => false,
+            let item = path
+                .parent()
+                .and_then(|parent| node_mut(value, &parent))
+                .and_then(|list| list.item_mut(*index));
+            match item {
+                Some(item) => {
+                    *item = Node::Map(Vec::new());
+                    true
+                }
+                None => false,
             }
         }
         Some(Segment::Index(_)) => {
@@ -135,23 +145,18 @@ fn set_aside(value: &mut Value, path: &FieldPath, replaced: &mut Vec<FieldPath>)
     }
 }
 
-fn remove_key(value: &mut Value, path: &FieldPath, key: &str) -> bool {
-    let Some(parent) = path.parent() else {
-        return false;
-    };
-    match node_mut(value, &parent) {
-        Some(Value::Mapping(map)) => map.remove(key).is_some(),
-        _ => false,
-    }
+fn remove_key(value: &mut Node, path: &FieldPath, key: &str) -> bool {
+    path.parent()
+        .and_then(|parent| node_mut(value, &parent))
+        .is_some_and(|map| map.remove(key))
 }
 
-fn node_mut<'v>(value: &'v mut Value, path: &FieldPath) -> Option<&'v mut Value> {
+fn node_mut<'v>(value: &'v mut Node, path: &FieldPath) -> Option<&'v mut Node> {
     let mut node = value;
     for segment in path.segments() {
-        node = match (segment, node) {
-            (Segment::Key(key), Value::Mapping(map)) => map.get_mut(key.as_str())?,
-            (Segment::Index(index), Value::Sequence(items)) => items.get_mut(*index)?,
-            _ => return None,
+        node = match segment {
+            Segment::Key(key) => node.entry_mut(key)?,
+            Segment::Index(index) => node.item_mut(*index)?,
         };
     }
     Some(node)
@@ -163,10 +168,11 @@ mod tests {
 
     fn read_problems(text: &str) -> Vec<(String, String)> {
         let mut problems = Problems::default();
-        let raw = read(text, &mut problems).expect("valid YAML");
+        let document = Document::parse(text).expect("valid YAML");
+        let raw = document.read(&mut problems);
         assert!(raw.is_some(), "the rest of the file should still be read");
         problems
-            .into_errors(text)
+            .into_errors(&document)
             .errors
             .into_iter()
             .map(|error| (error.path, error.message))
@@ -214,7 +220,8 @@ mod tests {
         let mut problems = Problems::default();
         let err = read("a: 1\nb: [\n", &mut problems).unwrap_err();
         assert_eq!(err.errors.len(), 1);
-        assert_eq!(err.errors[0].line, Some(3));
+        // The line of the bracket left open, not the end of the file.
+        assert_eq!(err.errors[0].line, Some(2));
         assert!(err.errors[0].message.starts_with("not valid YAML"));
     }
 

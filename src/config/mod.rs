@@ -3,15 +3,21 @@
 //! problem is reported at once, each with its field path (and line where the
 //! YAML parser gives one).
 //!
+//! - `node`: YAML text → a node tree with positions (`serde-saphyr`, chosen
+//!   there for being maintained and for its spans), read back through serde.
 //! - `raw`: serde structs mirroring the YAML, unknown fields rejected.
-//! - `document`: YAML text → raw structs, every unreadable field recorded.
+//! - `document`: node tree → raw structs, every unreadable field recorded.
 //! - `validate`: raw → `Config`, defaults filled in, every rule checked.
-//! - `locate`: the line of a field path in the text.
+//! - `locate`: the line of a field path, from the tree's positions.
 //! - `error`: `ConfigError` / `ConfigErrors`, one problem per line.
+//! - `names`: the names of the config's enums (`Mode`, ...), as serde reads
+//!   them, so each name is written once, in the enum's `rename_all`.
 
 mod document;
 mod error;
 mod locate;
+mod names;
+mod node;
 mod raw;
 mod validate;
 
@@ -20,6 +26,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use crate::host::HostPattern;
+use serde::Deserialize;
+
 pub use error::{ConfigError, ConfigErrors};
 
 impl Config {
@@ -27,12 +35,14 @@ impl Config {
     /// with its line; otherwise every problem in the file is reported.
     pub fn from_yaml(text: &str) -> Result<Config, ConfigErrors> {
         let mut problems = validate::Problems::default();
-        let raw = document::read(text, &mut problems)?;
-        let config = raw.and_then(|raw| validate::validate(raw, &mut problems));
+        let document = document::Document::parse(text)?;
+        let config = document
+            .read(&mut problems)
+            .and_then(|raw| validate::validate(raw, &mut problems));
         match config {
             Some(config) if problems.is_empty() => Ok(config),
             Some(_) | None => {
-                let errors = problems.into_errors(text);
+                let errors = problems.into_errors(&document);
                 if errors.errors.is_empty() {
                     // Every path that rejects a config records why; this
                     // only guards against one that forgot to.
@@ -51,6 +61,33 @@ impl Config {
         })?;
         Config::from_yaml(&text)
     }
+}
+
+/// Longest route name, in characters.
+pub const MAX_ROUTE_NAME_LEN: usize = 32;
+
+/// Longest key id, in characters.
+pub const MAX_KEY_ID_LEN: usize = 16;
+
+/// Whether `name` can be a route name: 1 to [`MAX_ROUTE_NAME_LEN`] of
+/// `A-Z a-z 0-9 _ -`. The name is a field of the cookie's name and of its
+/// dot-separated value, so config validation and cookie parsing both ask
+/// this.
+pub fn is_route_name(name: &str) -> bool {
+    is_token(name, MAX_ROUTE_NAME_LEN)
+}
+
+/// Whether `id` can be a key id: 1 to [`MAX_KEY_ID_LEN`] of
+/// `A-Z a-z 0-9 _ -` (it is a field of the cookie's value too).
+pub fn is_key_id(id: &str) -> bool {
+    is_token(id, MAX_KEY_ID_LEN)
+}
+
+fn is_token(text: &str, max_len: usize) -> bool {
+    (1..=max_len).contains(&text.len())
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// The validated, typed configuration.
@@ -179,10 +216,19 @@ pub struct StoreConfig {
     pub expected_instances: u64,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// `store.backend`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Backend {
     Memory,
     Redis,
+}
+
+impl Backend {
+    /// The name written in the config (`memory`, `redis`).
+    pub fn as_str(self) -> &'static str {
+        names::variant::<Self>(self as usize)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -205,7 +251,7 @@ pub enum RedisMode {
 /// Where one key of the key ring comes from. Never the YAML itself.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KeySource {
-    /// Key id: 1–16 characters of `[A-Za-z0-9_-]`.
+    /// Key id: see [`is_key_id`].
     pub id: String,
     pub from: KeyFrom,
 }
@@ -232,7 +278,7 @@ pub enum BypassRule {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Route {
-    /// `[A-Za-z0-9_-]{1,32}`: it is part of the cookie name and value.
+    /// See [`is_route_name`]: it is part of the cookie name and value.
     pub name: String,
     pub matcher: RouteMatch,
     pub capacity: u64,
@@ -270,7 +316,9 @@ pub struct RouteMatch {
     pub case_insensitive: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// `routes[N].mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Mode {
     Gate,
     QueueAll,
@@ -278,11 +326,27 @@ pub enum Mode {
     Closed,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+impl Mode {
+    /// The name written in the config (`gate`, `queue_all`, ...).
+    pub fn as_str(self) -> &'static str {
+        names::variant::<Self>(self as usize)
+    }
+}
+
+/// `routes[N].on_store_error`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum OnStoreError {
     Open,
     Closed,
     Local,
+}
+
+impl OnStoreError {
+    /// The name written in the config (`open`, `closed`, `local`).
+    pub fn as_str(self) -> &'static str {
+        names::variant::<Self>(self as usize)
+    }
 }
 
 /// Per-route waiting page text and template.

@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
-use super::AmbiguousPaths;
+use super::{AmbiguousPaths, Backend, Mode, OnStoreError};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -100,16 +100,9 @@ pub(crate) struct RawPool {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawStore {
-    pub backend: Option<RawBackend>,
+    pub backend: Option<Backend>,
     pub redis: Option<RawRedis>,
     pub expected_instances: Option<u64>,
-}
-
-#[derive(Clone, Copy, Debug, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum RawBackend {
-    Memory,
-    Redis,
 }
 
 /// Exactly one of `url`, `cluster`, `sentinel` (checked by validation).
@@ -168,8 +161,8 @@ pub(crate) struct RawRoute {
     pub abandon_after: Option<DurationText>,
     pub max_waiting: Option<u64>,
     pub waiting_status: Option<u16>,
-    pub mode: Option<RawMode>,
-    pub on_store_error: Option<RawOnStoreError>,
+    pub mode: Option<Mode>,
+    pub on_store_error: Option<OnStoreError>,
     pub page: Option<RawPage>,
 }
 
@@ -179,23 +172,6 @@ pub(crate) struct RawMatch {
     pub host: Option<String>,
     pub path_prefix: Option<String>,
     pub case_insensitive: Option<bool>,
-}
-
-#[derive(Clone, Copy, Debug, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum RawMode {
-    Gate,
-    QueueAll,
-    Passthrough,
-    Closed,
-}
-
-#[derive(Clone, Copy, Debug, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum RawOnStoreError {
-    Open,
-    Closed,
-    Local,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -348,7 +324,7 @@ mod tests {
     fn durations_without_unit_are_rejected_with_a_hint() {
         let err = DurationText::parse("10").unwrap_err();
         assert_eq!(err, "durations need a unit, e.g. 10s");
-        let err = serde_yaml::from_str::<DurationText>("10").unwrap_err();
+        let err = serde_saphyr::from_str::<DurationText>("10").unwrap_err();
         assert!(err.to_string().contains("durations need a unit"), "{err}");
     }
 

@@ -6,16 +6,18 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::document::Document;
 use super::error::{ConfigError, ConfigErrors, FieldPath};
 use super::locate;
 use super::raw::{
-    DurationText, RawBackend, RawBypass, RawClientIp, RawConfig, RawKey, RawLimits, RawListen,
-    RawMatch, RawMode, RawOnStoreError, RawRedis, RawRoute, RawStore, RawUpstream, RawWorkers,
+    DurationText, RawBypass, RawClientIp, RawConfig, RawKey, RawLimits, RawListen, RawMatch,
+    RawRedis, RawRoute, RawStore, RawUpstream, RawWorkers,
 };
 use super::{
-    Admin, Backend, BypassRule, ClientIp, Config, CookieConfig, HostPattern, KeyFrom, KeySource,
-    Listen, Mode, OnStoreError, PageConfig, PageTemplate, Pool, RedisConfig, RedisMode, Route,
-    RouteMatch, ServerLimits, StoreConfig, TlsFiles, Upstream,
+    is_key_id, is_route_name, Admin, Backend, BypassRule, ClientIp, Config, CookieConfig,
+    HostPattern, KeyFrom, KeySource, Listen, Mode, OnStoreError, PageConfig, PageTemplate, Pool,
+    RedisConfig, RedisMode, Route, RouteMatch, ServerLimits, StoreConfig, TlsFiles, Upstream,
+    MAX_KEY_ID_LEN, MAX_ROUTE_NAME_LEN,
 };
 
 pub(crate) const DEFAULT_ADMIN_ADDR: SocketAddr =
@@ -71,14 +73,14 @@ impl Problems {
         self.found.is_empty()
     }
 
-    /// Every problem with its line in `text`, in file order (problems with
-    /// no line last).
-    pub(crate) fn into_errors(self, text: &str) -> ConfigErrors {
+    /// Every problem with its line in `document`, in file order (problems
+    /// with no line last).
+    pub(crate) fn into_errors(self, document: &Document) -> ConfigErrors {
         let mut errors: Vec<ConfigError> = self
             .found
             .into_iter()
             .map(|(path, message)| ConfigError {
-                line: locate::nearest_line(text, &path),
+                line: locate::nearest_line(document.root(), &path),
                 path: path.to_string(),
                 message,
             })
@@ -385,10 +387,7 @@ fn upstream_url(text: &str, at: &FieldPath, problems: &mut Problems) -> Option<h
 }
 
 fn store(raw: RawStore, at: &FieldPath, problems: &mut Problems) -> Option<StoreConfig> {
-    let backend = match raw.backend {
-        None | Some(RawBackend::Memory) => Backend::Memory,
-        Some(RawBackend::Redis) => Backend::Redis,
-    };
+    let backend = raw.backend.unwrap_or(Backend::Memory);
     let redis = redis(raw.redis.unwrap_or_default(), &at.key("redis"), problems);
     let expected_instances = raw.expected_instances.unwrap_or(1);
     if expected_instances == 0 {
@@ -503,12 +502,12 @@ fn keys(
     for (i, key) in raw.into_iter().enumerate() {
         let at = at.index(i);
         let id = required(key.id, &at.key("id"), problems).filter(|id| {
-            if is_name(id, 16) {
+            if is_key_id(id) {
                 true
             } else {
                 problems.report(
                     at.key("id"),
-                    format!("invalid key id {id:?}: use 1 to 16 of A-Z a-z 0-9 _ -"),
+                    format!("invalid key id {id:?}: use 1 to {MAX_KEY_ID_LEN} of A-Z a-z 0-9 _ -"),
                 );
                 false
             }
@@ -740,12 +739,14 @@ fn covers(earlier: &RouteMatch, later: &RouteMatch) -> bool {
 
 fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route> {
     let name = required(raw.name, &at.key("name"), problems).filter(|name| {
-        if is_name(name, 32) {
+        if is_route_name(name) {
             true
         } else {
             problems.report(
                 at.key("name"),
-                format!("invalid route name {name:?}: use 1 to 32 of A-Z a-z 0-9 _ -"),
+                format!(
+                    "invalid route name {name:?}: use 1 to {MAX_ROUTE_NAME_LEN} of A-Z a-z 0-9 _ -"
+                ),
             );
             false
         }
@@ -813,17 +814,8 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
             None
         }
     };
-    let mode = match raw.mode.unwrap_or(RawMode::Gate) {
-        RawMode::Gate => Mode::Gate,
-        RawMode::QueueAll => Mode::QueueAll,
-        RawMode::Passthrough => Mode::Passthrough,
-        RawMode::Closed => Mode::Closed,
-    };
-    let on_store_error = match raw.on_store_error.unwrap_or(RawOnStoreError::Local) {
-        RawOnStoreError::Open => OnStoreError::Open,
-        RawOnStoreError::Closed => OnStoreError::Closed,
-        RawOnStoreError::Local => OnStoreError::Local,
-    };
+    let mode = raw.mode.unwrap_or(Mode::Gate);
+    let on_store_error = raw.on_store_error.unwrap_or(OnStoreError::Local);
     let page = raw.page.unwrap_or_default();
     let template = match &page.template {
         None => Some(None),
@@ -944,14 +936,6 @@ pub(crate) fn normalise_prefix(prefix: &str) -> Result<String, String> {
     })
 }
 
-/// `[A-Za-z0-9_-]{1,max}`.
-fn is_name(name: &str, max: usize) -> bool {
-    (1..=max).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
-
 fn required<T>(value: Option<T>, at: &FieldPath, problems: &mut Problems) -> Option<T> {
     if value.is_none() {
         problems.report(at.clone(), "required");
@@ -1011,13 +995,13 @@ fn at_least(
 /// A duration as an operator would write it.
 fn show(duration: Duration) -> String {
     let micros = duration.as_micros();
-    if micros % 3_600_000_000 == 0 && micros > 0 {
+    if micros.is_multiple_of(3_600_000_000) && micros > 0 {
         format!("{}h", micros / 3_600_000_000)
-    } else if micros % 60_000_000 == 0 && micros > 0 {
+    } else if micros.is_multiple_of(60_000_000) && micros > 0 {
         format!("{}m", micros / 60_000_000)
-    } else if micros % 1_000_000 == 0 {
+    } else if micros.is_multiple_of(1_000_000) {
         format!("{}s", micros / 1_000_000)
-    } else if micros % 1000 == 0 {
+    } else if micros.is_multiple_of(1000) {
         format!("{}ms", micros / 1000)
     } else {
         format!("{micros}us")
