@@ -68,17 +68,6 @@ struct DecisionLabel {
     decision: &'static str,
 }
 
-/// Why a request to a gated route was not let through.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rejected {
-    /// The line holds `max_waiting`.
-    Full,
-    /// The route is closed.
-    Closed,
-    /// The store is down and the policy does not forward.
-    StoreDown,
-}
-
 /// How a request was answered: the `decision` label of
 /// `queuegate_requests_total` and of the per-request log line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -410,17 +399,6 @@ impl Metrics {
         }
     }
 
-    /// A new visitor to route `route` was forwarded because the store was
-    /// down. Requests the gate decides as `FailOpen` are already counted by
-    /// the request path; this is for fail-open paths outside it.
-    pub fn fail_open(&self, route: &str) {
-        self.fail_open
-            .get_or_create(&RouteLabel {
-                route: route.to_owned(),
-            })
-            .inc();
-    }
-
     /// One origin request: how long until its response head, or how it failed.
     pub fn upstream(&self, seconds: f64, failure: Option<UpstreamFailure>) {
         self.upstream_duration.observe(seconds);
@@ -480,12 +458,6 @@ pub struct RouteMetrics {
 }
 
 impl RouteMetrics {
-    /// Handles registered nowhere: for routes built outside a running
-    /// process (tests, tools).
-    pub fn detached() -> RouteMetrics {
-        Metrics::new().route("")
-    }
-
     /// Counts the outcome of one request to this route.
     pub fn request(&self, outcome: Outcome) {
         match outcome {
