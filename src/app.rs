@@ -44,8 +44,12 @@ impl App {
         clock: Clock,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<App> {
-        let upstream = Upstream::new(&config.upstream, config.limits.worker_count())
-            .map_err(anyhow::Error::msg)?;
+        let upstream = Upstream::new(
+            &config.upstream,
+            config.limits.worker_count(),
+            metrics.connections().clone(),
+        )
+        .map_err(anyhow::Error::msg)?;
         let settings = settings_from(config, ring, &HashMap::new(), &metrics)?;
         Ok(App {
             upstream,
