@@ -55,6 +55,7 @@ impl App {
             &config.upstream,
             &config.client_ip,
             config.limits.worker_count(),
+            metrics.connections().clone(),
         )
         .map_err(anyhow::Error::msg)?;
         let settings = Settings::new(config, ring, &HashMap::new(), &metrics);

@@ -10,7 +10,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
@@ -28,6 +28,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::framing::{FramingWatch, Watched};
+use crate::metrics::ConnectionMetrics;
 
 /// How long an HTTP/1 connection stays quiet (nothing in flight, no bytes
 /// read or written) before it is parked: between this and twice this.
@@ -51,17 +52,11 @@ impl Socket for tokio_rustls::server::TlsStream<TcpStream> {
     }
 }
 
-/// When idle connections are parked, and how often that happened.
+/// When idle connections are parked. How often that happens is counted in
+/// the metrics (`queuegate_parks_total` and the like).
 #[derive(Clone, Debug)]
 pub struct Parking {
     after: Duration,
-    counts: Arc<Counts>,
-}
-
-#[derive(Debug, Default)]
-struct Counts {
-    parked: AtomicU64,
-    resumed: AtomicU64,
 }
 
 impl Parking {
@@ -69,18 +64,7 @@ impl Parking {
     pub fn after(after: Duration) -> Parking {
         Parking {
             after: after.max(Duration::from_millis(1)),
-            counts: Arc::default(),
         }
-    }
-
-    /// How many times a connection was parked.
-    pub fn parked(&self) -> u64 {
-        self.counts.parked.load(Ordering::Relaxed)
-    }
-
-    /// How many times a parked connection was picked up again by a request.
-    pub fn resumed(&self) -> u64 {
-        self.counts.resumed.load(Ordering::Relaxed)
     }
 }
 
@@ -362,6 +346,8 @@ pub struct Http1 {
     pub parking: Parking,
     /// A request head must arrive within this of the connection going idle.
     pub head_timeout: Duration,
+    /// Where parks and resumes are counted.
+    pub connections: ConnectionMetrics,
 }
 
 /// Serves an HTTP/1 connection until it ends, parking it whenever it is
@@ -463,7 +449,7 @@ pub async fn serve_h1<S, Svc, B>(
             [&read_buf[..], &unread[..]].concat().into()
         };
         drop(read_buf);
-        parking.counts.parked.fetch_add(1, Ordering::Relaxed);
+        let parked = http1.connections.park();
         tracing::trace!(%remote, "connection parked");
         let deadline = activity.head_deadline(http1.head_timeout);
         let woken = tokio::select! {
@@ -471,11 +457,12 @@ pub async fn serve_h1<S, Svc, B>(
             _ = drain.changed() => false,
             () = tokio::time::sleep_until(deadline) => false,
         };
+        drop(parked);
         if !woken {
             io.close().await;
             return;
         }
-        parking.counts.resumed.fetch_add(1, Ordering::Relaxed);
+        http1.connections.resumed();
         tracing::trace!(%remote, "connection resumed");
         resumed = true;
     }

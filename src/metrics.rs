@@ -1,6 +1,7 @@
 //! Every Prometheus metric queuegate exports: one `Metrics` struct, passed by
 //! `Arc`, no globals. Per-route handles (`RouteMetrics`) are resolved once when
-//! the settings are built, so a request only bumps an atomic.
+//! the settings are built, so a request only bumps an atomic; the server's
+//! connection handles (`ConnectionMetrics`) likewise, once at start.
 //!
 //! The names are a contract: the Grafana dashboard and the alert rules in
 //! `deploy/` query them. Counters are registered without `_total`; the encoder
@@ -68,15 +69,33 @@ struct DecisionLabel {
     decision: &'static str,
 }
 
-/// Why a request to a gated route was not let through.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProtocolLabel {
+    protocol: &'static str,
+}
+
+/// What a client connection speaks: the `protocol` label of
+/// `queuegate_connections`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rejected {
-    /// The line holds `max_waiting`.
-    Full,
-    /// The route is closed.
-    Closed,
-    /// The store is down and the policy does not forward.
-    StoreDown,
+pub enum Protocol {
+    /// HTTP/1.1, parked or not.
+    Http1,
+    Http2,
+    /// An upgraded connection (WebSocket and the like), while its tunnel to
+    /// the origin is open.
+    Tunnel,
+}
+
+impl Protocol {
+    const ALL: [Protocol; 3] = [Protocol::Http1, Protocol::Http2, Protocol::Tunnel];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Http1 => "h1",
+            Protocol::Http2 => "h2",
+            Protocol::Tunnel => "tunnel",
+        }
+    }
 }
 
 /// How a request was answered: the `decision` label of
@@ -168,6 +187,7 @@ pub struct Metrics {
     reload_error: Counter,
     /// One counter per [`Outcome`], in `Outcome::ALL` order.
     requests: Vec<Counter>,
+    connections: ConnectionMetrics,
 }
 
 impl Default for Metrics {
@@ -200,6 +220,10 @@ impl Metrics {
         let upstream_errors = Family::<KindLabel, Counter>::default();
         let reloads = Family::<ResultLabel, Counter>::default();
         let requests_family = Family::<DecisionLabel, Counter>::default();
+        let open_connections = Family::<ProtocolLabel, Gauge>::default();
+        let parked_connections = Gauge::default();
+        let parks = Counter::default();
+        let resumes = Counter::default();
 
         registry.register(
             "queuegate_waiting",
@@ -286,6 +310,26 @@ impl Metrics {
             "Requests by how they were answered",
             requests_family.clone(),
         );
+        registry.register(
+            "queuegate_connections",
+            "Open client connections by protocol: h1, h2, or tunnel (upgraded, such as WebSocket)",
+            open_connections.clone(),
+        );
+        registry.register(
+            "queuegate_parked_connections",
+            "Idle HTTP/1 connections parked down to their socket (counted in h1 too)",
+            parked_connections.clone(),
+        );
+        registry.register(
+            "queuegate_parks",
+            "Idle HTTP/1 connections parked",
+            parks.clone(),
+        );
+        registry.register(
+            "queuegate_resumes",
+            "Parked connections picked up again when their socket turned readable",
+            resumes.clone(),
+        );
 
         for op in Operation::ALL {
             let _ = store_errors.get_or_create_owned(&OperationLabel {
@@ -300,6 +344,19 @@ impl Metrics {
                 })
             })
             .collect();
+        let [h1, h2, tunnel] = Protocol::ALL.map(|protocol| {
+            open_connections.get_or_create_owned(&ProtocolLabel {
+                protocol: protocol.as_str(),
+            })
+        });
+        let connections = ConnectionMetrics {
+            h1,
+            h2,
+            tunnel,
+            parked: parked_connections,
+            parks,
+            resumes,
+        };
         Metrics {
             registry,
             waiting,
@@ -321,7 +378,13 @@ impl Metrics {
             reload_ok: reloads.get_or_create_owned(&ResultLabel { result: "ok" }),
             reload_error: reloads.get_or_create_owned(&ResultLabel { result: "error" }),
             requests,
+            connections,
         }
+    }
+
+    /// The client connections' handles, for the server.
+    pub fn connections(&self) -> &ConnectionMetrics {
+        &self.connections
     }
 
     /// The handles of route `name`, created (at zero) when missing.
@@ -410,17 +473,6 @@ impl Metrics {
         }
     }
 
-    /// A new visitor to route `route` was forwarded because the store was
-    /// down. Requests the gate decides as `FailOpen` are already counted by
-    /// the request path; this is for fail-open paths outside it.
-    pub fn fail_open(&self, route: &str) {
-        self.fail_open
-            .get_or_create(&RouteLabel {
-                route: route.to_owned(),
-            })
-            .inc();
-    }
-
     /// One origin request: how long until its response head, or how it failed.
     pub fn upstream(&self, seconds: f64, failure: Option<UpstreamFailure>) {
         self.upstream_duration.observe(seconds);
@@ -460,6 +512,61 @@ pub enum UpstreamFailure {
     Timeout,
 }
 
+/// The handles the server counts its client connections with: an atomic
+/// bumped when a connection opens, parks, resumes or ends, never a lock.
+#[derive(Clone, Debug)]
+pub struct ConnectionMetrics {
+    h1: Gauge,
+    h2: Gauge,
+    tunnel: Gauge,
+    parked: Gauge,
+    parks: Counter,
+    resumes: Counter,
+}
+
+impl ConnectionMetrics {
+    /// Counts a connection speaking `protocol` until the guard is dropped.
+    pub fn open(&self, protocol: Protocol) -> Counted {
+        let gauge = match protocol {
+            Protocol::Http1 => &self.h1,
+            Protocol::Http2 => &self.h2,
+            Protocol::Tunnel => &self.tunnel,
+        };
+        Counted::new(gauge)
+    }
+
+    /// Counts one park, and the connection as parked until the guard is
+    /// dropped.
+    pub fn park(&self) -> Counted {
+        self.parks.inc();
+        Counted::new(&self.parked)
+    }
+
+    /// A parked connection was picked up again.
+    pub fn resumed(&self) {
+        self.resumes.inc();
+    }
+}
+
+/// One connection in a gauge: taken out again when dropped, which a
+/// connection's task does on every way it ends, cancelled included.
+#[must_use = "the connection is counted only while the guard lives"]
+#[derive(Debug)]
+pub struct Counted(Gauge);
+
+impl Counted {
+    fn new(gauge: &Gauge) -> Counted {
+        gauge.inc();
+        Counted(gauge.clone())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// One route's metric handles, resolved when the settings are built.
 #[derive(Clone, Debug)]
 pub struct RouteMetrics {
@@ -480,12 +587,6 @@ pub struct RouteMetrics {
 }
 
 impl RouteMetrics {
-    /// Handles registered nowhere: for routes built outside a running
-    /// process (tests, tools).
-    pub fn detached() -> RouteMetrics {
-        Metrics::new().route("")
-    }
-
     /// Counts the outcome of one request to this route.
     pub fn request(&self, outcome: Outcome) {
         match outcome {
@@ -675,6 +776,46 @@ mod tests {
         let _ = m.route("old");
         m.forget_route("old");
         assert!(!m.encode().contains("route=\"old\""));
+    }
+
+    #[test]
+    fn connections_are_counted_while_their_guards_live() {
+        let m = Metrics::new();
+        let text = m.encode();
+        for protocol in ["h1", "h2", "tunnel"] {
+            let series = format!("queuegate_connections{{protocol=\"{protocol}\"}}");
+            assert_eq!(sample(&text, &series), Some(0.0), "{series}");
+        }
+        let c = m.connections();
+        let h2 = c.open(Protocol::Http2);
+        let tunnels = [c.open(Protocol::Tunnel), c.open(Protocol::Tunnel)];
+        let parked = c.park();
+        c.resumed();
+        let text = m.encode();
+        assert_eq!(
+            sample(&text, r#"queuegate_connections{protocol="h2"}"#),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, r#"queuegate_connections{protocol="tunnel"}"#),
+            Some(2.0)
+        );
+        assert_eq!(sample(&text, "queuegate_parked_connections"), Some(1.0));
+        assert_eq!(sample(&text, "queuegate_parks_total"), Some(1.0));
+        assert_eq!(sample(&text, "queuegate_resumes_total"), Some(1.0));
+
+        drop((h2, tunnels, parked));
+        let text = m.encode();
+        assert_eq!(
+            sample(&text, r#"queuegate_connections{protocol="h2"}"#),
+            Some(0.0)
+        );
+        assert_eq!(
+            sample(&text, r#"queuegate_connections{protocol="tunnel"}"#),
+            Some(0.0)
+        );
+        assert_eq!(sample(&text, "queuegate_parked_connections"), Some(0.0));
+        assert_eq!(sample(&text, "queuegate_parks_total"), Some(1.0));
     }
 
     #[test]

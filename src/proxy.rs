@@ -21,6 +21,7 @@ use rustls::pki_types::CertificateDer;
 
 use crate::client_ip;
 use crate::config;
+use crate::metrics::{ConnectionMetrics, Protocol};
 use crate::response::{Body, RequestError};
 
 /// Headers that describe one connection, not the message (RFC 9110 §7.6.1).
@@ -88,16 +89,19 @@ pub struct Upstream {
     /// Whose forwarding headers are believed.
     client_ip: config::ClientIp,
     timeout: Duration,
+    /// Where open tunnels (upgraded connections) are counted.
+    connections: ConnectionMetrics,
 }
 
 impl Upstream {
     /// Builds the pooled clients from `upstream` (validated config) for
     /// `workers` worker threads; `upstream.pool.max_idle_per_host` is shared
-    /// out among them.
+    /// out among them. Tunnels are counted in `connections`.
     pub fn new(
         cfg: &config::Upstream,
         client_ip: &config::ClientIp,
         workers: usize,
+        connections: ConnectionMetrics,
     ) -> Result<Upstream, String> {
         let scheme = cfg.url.scheme().cloned().unwrap_or(Scheme::HTTP);
         if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
@@ -146,6 +150,7 @@ impl Upstream {
             host,
             client_ip: client_ip.clone(),
             timeout: cfg.timeout,
+            connections,
         })
     }
 
@@ -161,7 +166,9 @@ impl Upstream {
         peer: &Peer,
     ) -> impl Future<Output = Result<Response<Body>, RequestError>> + Send + 'static {
         let upgrade = upgrade_protocol(&req);
-        let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
+        let client_upgrade = upgrade
+            .as_ref()
+            .map(|_| (hyper::upgrade::on(&mut req), self.connections.clone()));
         let prepared = self.rewrite(req, peer, upgrade.as_ref()).map(|req| {
             let client = &self.clients[peer.worker % self.clients.len()];
             tokio::time::timeout(self.timeout, client.request(req))
@@ -173,8 +180,8 @@ impl Upstream {
                 Err(_) => return Err(RequestError::UpstreamTimeout),
             };
             if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-                if let Some(client_upgrade) = client_upgrade {
-                    return Ok(switch_protocols(resp, client_upgrade));
+                if let Some((client_upgrade, connections)) = client_upgrade {
+                    return Ok(switch_protocols(resp, client_upgrade, connections));
                 }
             }
             let mut resp = resp.map(Body::Upstream);
@@ -290,10 +297,11 @@ fn client_tls(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
 }
 
 /// Answers the client's `101` and joins both upgraded connections until
-/// either side closes.
+/// either side closes, counting the tunnel in `connections` meanwhile.
 fn switch_protocols(
     mut resp: Response<Incoming>,
     client_upgrade: hyper::upgrade::OnUpgrade,
+    connections: ConnectionMetrics,
 ) -> Response<Body> {
     let origin_upgrade = hyper::upgrade::on(&mut resp);
     let protocol = resp.headers().get(header::UPGRADE).cloned();
@@ -305,6 +313,7 @@ fn switch_protocols(
                 return;
             }
         };
+        let _open = connections.open(Protocol::Tunnel);
         let mut client = TokioIo::new(client);
         let mut origin = TokioIo::new(origin);
         if let Err(err) = tokio::io::copy_bidirectional(&mut client, &mut origin).await {

@@ -21,6 +21,7 @@ use crate::app::{App, Conn};
 use crate::config::{Config, ServerLimits};
 use crate::framing::Watched;
 use crate::idle::{self, Http1, Parkable, Parking, Socket, Tracked, WhenWoken};
+use crate::metrics::Protocol;
 use crate::proxy::Peer;
 use crate::tls;
 
@@ -119,6 +120,7 @@ pub async fn serve_parking(
             builder: http1_builder(limits),
             parking,
             head_timeout: limits.header_timeout,
+            connections: app.metrics.connections().clone(),
         }),
         http2: Arc::new(http2_builder(limits)),
         h1_buf_size: h1_buf_size(limits),
@@ -386,6 +388,13 @@ impl Connections {
                 None => return,
             }
         };
+        // Counted until the connection ends; one upgraded ends here when
+        // hyper hands its socket over, and is counted as a tunnel instead.
+        let _open = shared.app.metrics.connections().open(if h2 {
+            Protocol::Http2
+        } else {
+            Protocol::Http1
+        });
         let activity = stream.activity();
         // The app is reached through the connection's own `Conn`, so a
         // request touches no reference count that other threads write.

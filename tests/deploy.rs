@@ -29,6 +29,10 @@ const METRICS: &[&str] = &[
     "queuegate_config_reloads_total",
     "queuegate_fail_open_total",
     "queuegate_requests_total",
+    "queuegate_connections",
+    "queuegate_parked_connections",
+    "queuegate_parks_total",
+    "queuegate_resumes_total",
 ];
 
 /// The histograms among [`METRICS`]: queried through their series suffixes.

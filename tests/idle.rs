@@ -12,6 +12,7 @@ use queuegate::app::App;
 use queuegate::clock::Clock;
 use queuegate::config::Config;
 use queuegate::idle::Parking;
+use queuegate::metrics::Metrics;
 use queuegate::queue::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -24,7 +25,7 @@ const PARK_AFTER: Duration = Duration::from_millis(50);
 /// queuegate's server run in-process with a short park delay.
 struct Parked {
     addr: std::net::SocketAddr,
-    parking: Parking,
+    metrics: Arc<Metrics>,
     shutdown: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
 }
@@ -33,20 +34,19 @@ impl Parked {
     async fn start(config: Config) -> Parked {
         let clock = Clock::system();
         let store = Store::from_config(&config.store, clock).unwrap();
-        let metrics = Arc::new(queuegate::metrics::Metrics::new());
-        let app = Arc::new(App::new(&config, ring("k1"), store, clock, metrics).unwrap());
+        let metrics = Arc::new(Metrics::new());
+        let app = Arc::new(App::new(&config, ring("k1"), store, clock, metrics.clone()).unwrap());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let parking = Parking::after(PARK_AFTER);
         let (tx, rx) = oneshot::channel::<()>();
         let limits = config.limits.clone();
-        let server_parking = parking.clone();
         let task = tokio::spawn(async move {
             queuegate::server::serve_parking(
                 app,
                 vec![listener.into()],
                 &limits,
-                server_parking,
+                parking,
                 async move {
                     let _ = rx.await;
                 },
@@ -55,7 +55,7 @@ impl Parked {
         });
         Parked {
             addr,
-            parking,
+            metrics,
             shutdown: Some(tx),
             task,
         }
@@ -67,8 +67,19 @@ impl Parked {
 
     /// Waits until connections were parked `n` times in all.
     async fn parked(&self, n: u64) {
-        let parking = self.parking.clone();
-        eventually(&format!("{n} parks"), move || parking.parked() >= n).await;
+        eventually(&format!("{n} parks"), || {
+            self.sample("queuegate_parks_total") >= n as f64
+        })
+        .await;
+    }
+
+    /// The value of `series` in the exported metrics.
+    fn sample(&self, series: &str) -> f64 {
+        self.metrics
+            .encode()
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no sample {series}"))
     }
 }
 
@@ -161,7 +172,7 @@ async fn a_parked_connection_answers_its_next_requests() {
         assert!(answer.head.starts_with("http/1.1 200"), "{}", answer.head);
         assert_eq!(answer.body, format!("origin saw {path}"));
     }
-    assert_eq!(gate.parking.resumed(), 2);
+    assert_eq!(gate.sample("queuegate_resumes_total"), 2.0);
     assert_eq!(*seen.lock().unwrap(), ["/one", "/two", "/three"]);
 }
 

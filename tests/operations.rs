@@ -12,10 +12,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use common::*;
-use http::{Response, StatusCode};
+use futures_util::{SinkExt, StreamExt};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use queuegate::config::{Config, Mode};
 use queuegate::RunOptions;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
 
 /// A config file for a gate in front of `upstream` with route `tickets` of
 /// `capacity`, signing with the key in `key_file`. The in-process harness
@@ -628,6 +634,162 @@ async fn metrics_count_what_happened() {
     let waited = [("route", "tickets")];
     assert_eq!(s.value("queuegate_wait_seconds_count", &waited), 1.0);
     assert_eq!(second.status(&gate, "tickets").await["state"], "admitted");
+    gate.stop().await.unwrap();
+}
+
+/// Open client connections speaking `protocol` (`h1`, `h2`, `tunnel`).
+fn open(s: &Scrape, protocol: &str) -> f64 {
+    s.value("queuegate_connections", &[("protocol", protocol)])
+}
+
+/// Open connections of every protocol, in the order h1, h2, tunnel.
+fn open_all(s: &Scrape) -> [f64; 3] {
+    ["h1", "h2", "tunnel"].map(|p| open(s, p))
+}
+
+#[tokio::test]
+async fn open_connections_are_counted_by_protocol_until_they_close() {
+    let (origin, _hits) = counting_origin().await;
+    let gate = spawn_gate_opts(
+        proxy_config(&origin.url()),
+        ring("k1"),
+        RunOptions::default(),
+    )
+    .await;
+    assert_eq!(open_all(&scrape(&gate).await), [0.0, 0.0, 0.0]);
+
+    let mut h1 = KeepAlive::connect(gate.addr).await;
+    assert_eq!(h1.get("/one", "").await.0, StatusCode::OK);
+    scrape_until(&gate, "the HTTP/1 connection is counted", |s| {
+        open_all(s) == [1.0, 0.0, 0.0]
+    })
+    .await;
+
+    // HTTP/2 with prior knowledge, on a connection this test owns.
+    let stream = TcpStream::connect(gate.addr).await.unwrap();
+    let (mut h2, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    let h2_conn = tokio::spawn(conn);
+    let resp = h2
+        .send_request(
+            Request::get(gate.url("/two"))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    assert_eq!(resp.status(), StatusCode::OK);
+    resp.into_body().collect().await.unwrap();
+    scrape_until(&gate, "the HTTP/2 connection is counted", |s| {
+        open_all(s) == [1.0, 1.0, 0.0]
+    })
+    .await;
+
+    drop(h1);
+    scrape_until(
+        &gate,
+        "the closed HTTP/1 connection is no longer counted",
+        |s| open_all(s) == [0.0, 1.0, 0.0],
+    )
+    .await;
+    // Dropping the connection's task closes its socket.
+    h2_conn.abort();
+    scrape_until(
+        &gate,
+        "the closed HTTP/2 connection is no longer counted",
+        |s| open_all(s) == [0.0, 0.0, 0.0],
+    )
+    .await;
+    gate.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_upgraded_connection_is_counted_as_a_tunnel_while_it_is_open() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin_addr = listener.local_addr().unwrap();
+    let echo = tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+                    return;
+                };
+                while let Some(Ok(msg)) = ws.next().await {
+                    if msg.is_text() && ws.send(msg).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let config = proxy_config(&format!("http://{origin_addr}"));
+    let gate = spawn_gate_opts(config, ring("k1"), RunOptions::default()).await;
+
+    let stream = TcpStream::connect(gate.addr).await.unwrap();
+    let (mut ws, resp) =
+        tokio_tungstenite::client_async(format!("ws://{}/socket", gate.addr), stream)
+            .await
+            .unwrap();
+    assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+    ws.send(Message::text("ping")).await.unwrap();
+    let echoed = ws.next().await.unwrap().unwrap();
+    assert_eq!(echoed.into_text().unwrap().as_str(), "ping");
+    // Upgraded, the connection is no longer HTTP/1 but a tunnel.
+    scrape_until(&gate, "the tunnel is counted", |s| {
+        open_all(s) == [0.0, 0.0, 1.0]
+    })
+    .await;
+
+    ws.close(None).await.unwrap();
+    while let Some(Ok(_)) = ws.next().await {}
+    drop(ws);
+    scrape_until(&gate, "the closed tunnel is no longer counted", |s| {
+        open_all(s) == [0.0, 0.0, 0.0]
+    })
+    .await;
+    echo.abort();
+    gate.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn parks_and_resumes_are_counted() {
+    let (origin, _hits) = counting_origin().await;
+    let gate = spawn_gate_opts(
+        proxy_config(&origin.url()),
+        ring("k1"),
+        RunOptions::default(),
+    )
+    .await;
+    let parks = |s: &Scrape| s.value("queuegate_parks_total", &[]);
+    let resumes = |s: &Scrape| s.value("queuegate_resumes_total", &[]);
+    let parked = |s: &Scrape| s.value("queuegate_parked_connections", &[]);
+    let s = scrape(&gate).await;
+    assert_eq!((parks(&s), resumes(&s), parked(&s)), (0.0, 0.0, 0.0));
+
+    let mut client = KeepAlive::connect(gate.addr).await;
+    assert_eq!(client.get("/first", "").await.0, StatusCode::OK);
+    // An idle keep-alive connection is parked within two park delays.
+    let s = scrape_until(&gate, "the idle connection is parked", |s| parks(s) == 1.0).await;
+    assert_eq!((parked(&s), resumes(&s)), (1.0, 0.0));
+    assert_eq!(open(&s, "h1"), 1.0, "a parked connection is still open");
+
+    assert_eq!(client.get("/second", "").await.0, StatusCode::OK);
+    let s = scrape(&gate).await;
+    assert_eq!(resumes(&s), 1.0);
+    assert_eq!(parked(&s), parks(&s) - 1.0);
+
+    // Parked again, then closed by the client while parked.
+    let s = scrape_until(&gate, "the connection is parked again", |s| parks(s) == 2.0).await;
+    assert_eq!(parked(&s), 1.0);
+    drop(client);
+    let s = scrape_until(&gate, "the closed connection is no longer counted", |s| {
+        open(s, "h1") == 0.0
+    })
+    .await;
+    assert_eq!(parked(&s), 0.0);
+    assert_eq!(parks(&s), 2.0);
     gate.stop().await.unwrap();
 }
 
