@@ -44,8 +44,7 @@ impl App {
         clock: Clock,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<App> {
-        let upstream = Upstream::new(&config.upstream, config.limits.worker_count())
-            .map_err(anyhow::Error::msg)?;
+        let upstream = Upstream::new(&config.upstream, config.limits.worker_count())?;
         let settings = settings_from(config, ring, &HashMap::new(), &metrics)?;
         Ok(App {
             upstream,
