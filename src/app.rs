@@ -45,7 +45,7 @@ impl App {
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<App> {
         let upstream = Upstream::new(&config.upstream, config.limits.worker_count())?;
-        let settings = settings_from(config, ring, &HashMap::new(), &metrics)?;
+        let settings = settings_from(config, ring, &HashMap::new(), &metrics);
         Ok(App {
             upstream,
             gate: Gate::new(
@@ -240,7 +240,7 @@ pub fn settings_from(
     ring: KeyRing,
     lives: &HashMap<String, Arc<RouteLive>>,
     metrics: &Metrics,
-) -> anyhow::Result<Settings> {
+) -> Settings {
     let mut routes = Vec::with_capacity(config.routes.len());
     for r in &config.routes {
         let live = lives.get(&r.name).cloned().unwrap_or_default();
@@ -256,12 +256,12 @@ pub fn settings_from(
             route_metrics,
         ));
     }
-    Ok(Settings {
+    Settings {
         generation: Settings::next_generation(),
         routes,
         bypass: config.bypass.clone(),
         ring,
         reserved_prefix: config.reserved_prefix.clone(),
         cookie_domain: config.cookie.domain.clone(),
-    })
+    }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
 
-use crate::admission::KeyRing;
+use crate::admission::{KeyError, KeyRing};
 use crate::admitter::Admitters;
 use crate::app::{self, App};
 use crate::config::{Config, ConfigErrors};
@@ -27,9 +27,7 @@ pub enum ReloadError {
     #[error("invalid configuration:\n{0}")]
     Invalid(ConfigErrors),
     #[error("keys: {0}")]
-    Keys(String),
-    #[error("{0}")]
-    Settings(String),
+    Keys(#[from] KeyError),
 }
 
 /// What asked for a reload.
@@ -155,7 +153,7 @@ impl Reloader {
         }
         let ring = match KeyRing::load(&config.keys) {
             Ok(ring) => ring,
-            Err(err) => return self.rejected(ReloadError::Keys(err.to_string())),
+            Err(err) => return self.rejected(ReloadError::Keys(err)),
         };
         let old = self.app.settings.load();
         let lives: HashMap<_, _> = old
@@ -163,10 +161,7 @@ impl Reloader {
             .iter()
             .map(|r| (r.name().to_owned(), r.live.clone()))
             .collect();
-        let settings = match app::settings_from(&config, ring, &lives, &self.app.metrics) {
-            Ok(settings) => settings,
-            Err(err) => return self.rejected(ReloadError::Settings(format!("{err:#}"))),
-        };
+        let settings = app::settings_from(&config, ring, &lives, &self.app.metrics);
         for field in needs_restart(&running, &config) {
             tracing::warn!(
                 field,
