@@ -19,6 +19,7 @@
 //! - `reload`: live config reload (file watch, SIGHUP).
 //! - `shutdown`: SIGTERM/SIGINT.
 //! - `tls`: the TLS listeners' server config and certificate reload.
+//! - `file_watch`: notices changed files (config, certificates) by their directories.
 //! - `clock`: wall-clock time read through tokio, so tests can pause it.
 //! - `cli`: the command line; `demo`: the embedded demo origin.
 #![forbid(unsafe_code)]
@@ -31,6 +32,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod file_watch;
 pub mod framing;
 pub mod gate;
 pub mod idle;

@@ -7,19 +7,14 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
-use notify::{RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
 
 use crate::admission::{KeyError, KeyRing};
 use crate::admitter::Admitters;
 use crate::app::{self, App};
 use crate::config::{Config, ConfigErrors};
-
-/// File events closer together than this make one reload: editors write a
-/// file in several steps.
-const DEBOUNCE: Duration = Duration::from_millis(250);
+use crate::file_watch::{self, FileWatch};
 
 /// Why a reload was rejected; the running settings are unchanged.
 #[derive(Debug, thiserror::Error)]
@@ -221,7 +216,7 @@ impl Reloader {
                 _ = stop.changed() => return,
             };
             if cause == Cause::FileChanged {
-                let settle = tokio::time::sleep(DEBOUNCE);
+                let settle = tokio::time::sleep(file_watch::SETTLE);
                 tokio::pin!(settle);
                 loop {
                     tokio::select! {
@@ -243,30 +238,11 @@ impl Reloader {
     /// returned watcher alive for as long as reloads should happen. The file
     /// is checked once as soon as the watch is on, so an edit made between
     /// loading the config and starting the watch is not missed.
-    pub fn watch(&self, requests: &ReloadRequests) -> notify::Result<notify::RecommendedWatcher> {
-        let dir = match self.path.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let name = self.path.file_name().map(|n| n.to_os_string());
+    pub fn watch(&self, requests: &ReloadRequests) -> notify::Result<FileWatch> {
         let trigger = requests.trigger.clone();
-        let mut watcher =
-            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                let Ok(event) = event else { return };
-                if event.kind.is_access() {
-                    return;
-                }
-                let ours = event.paths.iter().any(|p| {
-                    let file = p.file_name();
-                    file == name.as_deref() || file.is_some_and(|f| f == "..data")
-                });
-                if ours {
-                    trigger.file_changed();
-                }
-            })?;
-        watcher.watch(&dir, RecursiveMode::NonRecursive)?;
+        let watch = FileWatch::start(&[&self.path], move || trigger.file_changed())?;
         requests.trigger.file_changed();
-        Ok(watcher)
+        Ok(watch)
     }
 }
 
