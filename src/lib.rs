@@ -105,7 +105,8 @@ pub async fn run_with(
     run_with_options(config, ring, listeners, shutdown, RunOptions::default()).await
 }
 
-/// [`run_with`], reloading the config as `options` say.
+/// [`run_with`], reloading the config as `options` say. Fails without
+/// waiting for `shutdown` when the server cannot start (see [`server::serve`]).
 pub async fn run_with_options(
     config: config::Config,
     ring: KeyRing,
@@ -170,7 +171,8 @@ pub async fn run_with_options(
         (None, None) => {}
     }
 
-    server::serve(app, listeners.public, &config.limits, shutdown).await;
+    // A failed start stops what was started above, then fails the run.
+    let served = server::serve(app, listeners.public, &config.limits, shutdown).await;
     let _ = stop_tx.send(true);
     admitters.join().await;
     while background.join_next().await.is_some() {}
@@ -179,6 +181,7 @@ pub async fn run_with_options(
     if let Some(task) = admin_task {
         let _ = task.await;
     }
+    served?;
     tracing::info!("stopped");
     Ok(())
 }
