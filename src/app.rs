@@ -56,8 +56,7 @@ impl App {
             &config.client_ip,
             config.limits.worker_count(),
             metrics.connections().clone(),
-        )
-        .map_err(anyhow::Error::msg)?;
+        )?;
         let settings = Settings::new(config, ring, &HashMap::new(), &metrics);
         Ok(App {
             upstream,

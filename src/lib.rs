@@ -29,6 +29,7 @@
 //! - `client_ip`: who the client is behind trusted proxies; its limit key.
 //! - `response`: the one body type and every response queuegate makes.
 //! - `tls`: the TLS listeners' server config and certificate reload.
+//! - `file_watch`: notices changed files (config, certificates) by their directories.
 //! - `clock`: wall-clock time read through tokio, so tests can pause it.
 //! - `shutdown`: SIGTERM/SIGINT.
 //! - `cli`: the command line; `demo`: the embedded demo origin.
@@ -44,6 +45,7 @@ pub mod clock;
 pub mod config;
 pub mod cookie;
 pub mod demo;
+pub mod file_watch;
 pub mod framing;
 pub mod gate;
 pub mod host;
@@ -120,7 +122,8 @@ pub async fn run_with(
     run_with_options(config, ring, listeners, shutdown, RunOptions::default()).await
 }
 
-/// [`run_with`], reloading the config as `options` say.
+/// [`run_with`], reloading the config as `options` say. Fails without
+/// waiting for `shutdown` when the server cannot start (see [`server::serve`]).
 pub async fn run_with_options(
     config: config::Config,
     ring: KeyRing,
@@ -185,7 +188,8 @@ pub async fn run_with_options(
         (None, None) => {}
     }
 
-    server::serve(app, listeners.public, &config.limits, shutdown).await;
+    // A failed start stops what was started above, then fails the run.
+    let served = server::serve(app, listeners.public, &config.limits, shutdown).await;
     let _ = stop_tx.send(true);
     admitters.join().await;
     while background.join_next().await.is_some() {}
@@ -194,6 +198,7 @@ pub async fn run_with_options(
     if let Some(task) = admin_task {
         let _ = task.await;
     }
+    served?;
     tracing::info!("stopped");
     Ok(())
 }

@@ -15,7 +15,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    let log_format = cli.log_format;
+    init_logging(log_format);
     match cli.command {
         Command::Keygen => {
             println!("{}", queuegate::admission::keygen());
@@ -44,19 +45,26 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_BAD_CONFIG as u8);
                 }
             };
-            serve(async move {
+            serve(log_format, async move {
                 let listeners = queuegate::Listeners::bind(&config).await?;
                 queuegate::run_file(&path, config, listeners, queuegate::shutdown::signal()).await
             })
         }
-        Command::Demo { listen, capacity } => serve(queuegate::demo::run(listen, capacity)),
+        Command::Demo { listen, capacity } => {
+            serve(log_format, queuegate::demo::run(listen, capacity))
+        }
     }
 }
 
 /// Client connections are served on worker threads of their own
 /// (`limits.workers`); this runtime runs the rest: the admin listener, the
-/// admitters, reloads and signals.
-fn serve(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
+/// admitters, reloads and signals. An error ends the process with exit
+/// code 1 and one line naming what failed: an `error` event in JSON logs,
+/// a plain line otherwise.
+fn serve(
+    log_format: LogFormat,
+    fut: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -70,11 +78,31 @@ fn serve(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode
     match runtime.block_on(fut) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            tracing::error!("{err:#}");
-            eprintln!("error: {err:#}");
+            let line = one_line(&err);
+            match log_format {
+                LogFormat::Json => tracing::error!("{line}"),
+                LogFormat::Text => eprintln!("error: {line}"),
+            }
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, `error: cause: cause`, leaving out a cause
+/// whose text the message before it already ends with (queuegate's errors
+/// show their cause and keep it as their source too).
+fn one_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if line.is_empty() {
+            line = text;
+        } else if !line.ends_with(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+    }
+    line
 }
 
 fn init_logging(format: LogFormat) {

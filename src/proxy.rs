@@ -5,7 +5,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -77,6 +77,40 @@ impl Peer {
 
 type PooledClient = Client<HttpsConnector<HttpConnector>, Incoming>;
 
+/// Why the upstream client could not be built (a start-up error; config
+/// validation reports the url and host problems first).
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("upstream.url: scheme {0} is not supported")]
+    Scheme(Scheme),
+    #[error("upstream.url: a host is required")]
+    NoHost,
+    #[error("upstream.host: {host:?} is not a valid Host: {source}")]
+    Host {
+        host: String,
+        #[source]
+        source: http::header::InvalidHeaderValue,
+    },
+    /// The CA file cannot be read, or is not PEM.
+    #[error("upstream.ca_file: {}: {source}", path.display())]
+    CaFile {
+        path: PathBuf,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("upstream.ca_file: {}: no PEM certificate found", path.display())]
+    NoCaCertificate { path: PathBuf },
+    /// A certificate in the CA file is not a usable trust anchor.
+    #[error("upstream.ca_file: {}: {source}", path.display())]
+    CaCertificate {
+        path: PathBuf,
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("upstream TLS: {0}")]
+    Tls(#[source] rustls::Error),
+}
+
 /// The origin and the pooled clients that reach it: one per worker thread,
 /// so a request is written to an origin connection driven by the thread
 /// that serves its client, never handed across threads.
@@ -102,20 +136,18 @@ impl Upstream {
         client_ip: &config::ClientIp,
         workers: usize,
         connections: ConnectionMetrics,
-    ) -> Result<Upstream, String> {
+    ) -> Result<Upstream, UpstreamError> {
         let scheme = cfg.url.scheme().cloned().unwrap_or(Scheme::HTTP);
         if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
-            return Err(format!("upstream.url: scheme {scheme} is not supported"));
+            return Err(UpstreamError::Scheme(scheme));
         }
-        let authority = cfg
-            .url
-            .authority()
-            .cloned()
-            .ok_or_else(|| "upstream.url: a host is required".to_string())?;
+        let authority = cfg.url.authority().cloned().ok_or(UpstreamError::NoHost)?;
         let host = match &cfg.host {
             Some(h) => Some(
-                HeaderValue::from_str(h)
-                    .map_err(|_| format!("upstream.host: {h:?} is not a valid Host"))?,
+                HeaderValue::from_str(h).map_err(|source| UpstreamError::Host {
+                    host: h.clone(),
+                    source,
+                })?,
             ),
             None => None,
         };
@@ -176,7 +208,7 @@ impl Upstream {
         async move {
             let resp = match prepared?.await {
                 Ok(Ok(resp)) => resp,
-                Ok(Err(err)) => return Err(RequestError::Upstream(error_chain(&err))),
+                Ok(Err(err)) => return Err(RequestError::Upstream(err)),
                 Err(_) => return Err(RequestError::UpstreamTimeout),
             };
             if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
@@ -208,8 +240,7 @@ impl Upstream {
         parts.scheme = Some(self.scheme.clone());
         parts.authority = Some(self.authority.clone());
         parts.path_and_query = Some(path);
-        *req.uri_mut() = Uri::from_parts(parts)
-            .map_err(|_| RequestError::Upstream("request target could not be rewritten".into()))?;
+        *req.uri_mut() = Uri::from_parts(parts).map_err(RequestError::Rewrite)?;
         *req.version_mut() = Version::HTTP_11;
 
         let trusted =
@@ -267,30 +298,36 @@ impl Upstream {
 
 /// The TLS client config for an https:// upstream: the compiled-in Mozilla
 /// roots plus the certificates in `ca_file` (a private CA), if given.
-fn client_tls(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
+fn client_tls(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, UpstreamError> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     if let Some(path) = ca_file {
-        let shown = path.display();
+        let unreadable = |source| UpstreamError::CaFile {
+            path: path.to_owned(),
+            source,
+        };
         let certs = CertificateDer::pem_file_iter(path)
-            .map_err(|err| format!("upstream.ca_file: {shown}: {err}"))?
+            .map_err(unreadable)?
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|err| format!("upstream.ca_file: {shown}: {err}"))?;
+            .map_err(unreadable)?;
         if certs.is_empty() {
-            return Err(format!(
-                "upstream.ca_file: {shown}: no PEM certificate found"
-            ));
+            return Err(UpstreamError::NoCaCertificate {
+                path: path.to_owned(),
+            });
         }
         for cert in certs {
             roots
                 .add(cert)
-                .map_err(|err| format!("upstream.ca_file: {shown}: {err}"))?;
+                .map_err(|source| UpstreamError::CaCertificate {
+                    path: path.to_owned(),
+                    source,
+                })?;
         }
     }
     Ok(
         rustls::ClientConfig::builder_with_provider(crate::tls::provider())
             .with_safe_default_protocol_versions()
-            .map_err(|err| format!("upstream TLS: {err}"))?
+            .map_err(UpstreamError::Tls)?
             .with_root_certificates(roots)
             .with_no_client_auth(),
     )
@@ -448,18 +485,6 @@ fn append_forwarded_for(headers: &mut HeaderMap, peer: &Peer) {
     if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
         headers.insert(X_FORWARDED_FOR.clone(), v);
     }
-}
-
-/// The error and its causes on one line, for logs.
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -7,20 +7,15 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
-use notify::{RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
 
-use crate::admission::KeyRing;
+use crate::admission::{KeyError, KeyRing};
 use crate::admitter::Admitters;
 use crate::app::App;
 use crate::config::{Config, ConfigErrors};
+use crate::file_watch::{self, FileWatch};
 use crate::route::Settings;
-
-/// File events closer together than this make one reload: editors write a
-/// file in several steps.
-const DEBOUNCE: Duration = Duration::from_millis(250);
 
 /// Why a reload was rejected; the running settings are unchanged.
 #[derive(Debug, thiserror::Error)]
@@ -28,7 +23,7 @@ pub enum ReloadError {
     #[error("invalid configuration:\n{0}")]
     Invalid(ConfigErrors),
     #[error("keys: {0}")]
-    Keys(String),
+    Keys(#[from] KeyError),
 }
 
 /// What asked for a reload.
@@ -154,7 +149,7 @@ impl Reloader {
         }
         let ring = match KeyRing::load(&config.keys) {
             Ok(ring) => ring,
-            Err(err) => return self.rejected(ReloadError::Keys(err.to_string())),
+            Err(err) => return self.rejected(ReloadError::Keys(err)),
         };
         let old = self.app.settings.load();
         let lives: HashMap<_, _> = old
@@ -222,7 +217,7 @@ impl Reloader {
                 _ = stop.changed() => return,
             };
             if cause == Cause::FileChanged {
-                let settle = tokio::time::sleep(DEBOUNCE);
+                let settle = tokio::time::sleep(file_watch::SETTLE);
                 tokio::pin!(settle);
                 loop {
                     tokio::select! {
@@ -244,30 +239,11 @@ impl Reloader {
     /// returned watcher alive for as long as reloads should happen. The file
     /// is checked once as soon as the watch is on, so an edit made between
     /// loading the config and starting the watch is not missed.
-    pub fn watch(&self, requests: &ReloadRequests) -> notify::Result<notify::RecommendedWatcher> {
-        let dir = match self.path.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let name = self.path.file_name().map(|n| n.to_os_string());
+    pub fn watch(&self, requests: &ReloadRequests) -> notify::Result<FileWatch> {
         let trigger = requests.trigger.clone();
-        let mut watcher =
-            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                let Ok(event) = event else { return };
-                if event.kind.is_access() {
-                    return;
-                }
-                let ours = event.paths.iter().any(|p| {
-                    let file = p.file_name();
-                    file == name.as_deref() || file.is_some_and(|f| f == "..data")
-                });
-                if ours {
-                    trigger.file_changed();
-                }
-            })?;
-        watcher.watch(&dir, RecursiveMode::NonRecursive)?;
+        let watch = FileWatch::start(&[&self.path], move || trigger.file_changed())?;
         requests.trigger.file_changed();
-        Ok(watcher)
+        Ok(watch)
     }
 }
 

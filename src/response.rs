@@ -80,9 +80,15 @@ pub enum RequestError {
     /// The host is not in `limits.allowed_hosts`.
     #[error("host not served here")]
     HostNotAllowed,
-    /// The origin refused the connection, reset it or sent garbage.
-    #[error("origin unreachable: {0}")]
-    Upstream(String),
+    /// The origin refused the connection, reset it or sent garbage. Shown
+    /// with the causes hyper gives (`client error (Connect)` alone says
+    /// little), for the log line.
+    #[error("origin unreachable: {}", Causes(.0))]
+    Upstream(#[source] hyper_util::client::legacy::Error),
+    /// The request's target could not be combined with the upstream URL:
+    /// queuegate's own failure, answered like an unreachable origin.
+    #[error("request target could not be rewritten for the origin: {0}")]
+    Rewrite(#[source] http::uri::InvalidUriParts),
     /// The origin did not answer within `upstream.timeout`.
     #[error("origin timed out")]
     UpstreamTimeout,
@@ -96,7 +102,7 @@ impl RequestError {
             RequestError::AmbiguousPath => "ambiguous-path",
             RequestError::BadHost(_) => "bad-host",
             RequestError::HostNotAllowed => "misdirected",
-            RequestError::Upstream(_) => "upstream-error",
+            RequestError::Upstream(_) | RequestError::Rewrite(_) => "upstream-error",
             RequestError::UpstreamTimeout => "upstream-timeout",
         }
     }
@@ -108,9 +114,24 @@ impl RequestError {
             | RequestError::AmbiguousPath
             | RequestError::BadHost(_) => StatusCode::BAD_REQUEST,
             RequestError::HostNotAllowed => StatusCode::MISDIRECTED_REQUEST,
-            RequestError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            RequestError::Upstream(_) | RequestError::Rewrite(_) => StatusCode::BAD_GATEWAY,
             RequestError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
+    }
+}
+
+/// An error and its causes on one line: `error: cause: cause`.
+struct Causes<'a>(&'a dyn std::error::Error);
+
+impl std::fmt::Display for Causes<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(err) = cause {
+            write!(f, ": {err}")?;
+            cause = err.source();
+        }
+        Ok(())
     }
 }
 
@@ -121,7 +142,9 @@ pub fn from_error(err: &RequestError) -> Response<Body> {
         RequestError::AmbiguousPath => "400 bad request: ambiguous path\n",
         RequestError::BadHost(_) => "400 bad request: missing or malformed host\n",
         RequestError::HostNotAllowed => "421 misdirected request: this host is not served here\n",
-        RequestError::Upstream(_) => "502 bad gateway: the application did not answer\n",
+        RequestError::Upstream(_) | RequestError::Rewrite(_) => {
+            "502 bad gateway: the application did not answer\n"
+        }
         RequestError::UpstreamTimeout => "504 gateway timeout: the application took too long\n",
     };
     let mut resp = plain(err.status(), err.reason(), text);
@@ -206,10 +229,23 @@ mod tests {
         let resp = from_error(&RequestError::UpstreamTimeout);
         assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
         assert_eq!(resp.headers()[TAG], "upstream-timeout");
-        let resp = from_error(&RequestError::Upstream("refused".into()));
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(http::uri::Scheme::HTTP);
+        let unrewritable = http::Uri::from_parts(parts).map(|_| ()).unwrap_err();
+        let resp = from_error(&RequestError::Rewrite(unrewritable));
         assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
         assert_eq!(resp.headers()[TAG], "upstream-error");
     }
+
+    #[test]
+    fn causes_are_written_after_the_error() {
+        let inner = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert_eq!(Causes(&Wrapped(inner)).to_string(), "connecting: refused");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("connecting")]
+    struct Wrapped(#[source] std::io::Error);
 
     #[test]
     fn a_bad_location_is_left_out_rather_than_panicking() {

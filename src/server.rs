@@ -96,13 +96,16 @@ async fn bind_one(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// processes do: no request is ever handed between threads, so there are no
 /// cross-thread wake-ups on the request path. With one worker, connections
 /// are served on the caller's runtime.
+///
+/// Fails, without waiting for `shutdown`, when the worker threads cannot
+/// be started; the error names what failed.
 pub async fn serve(
     app: Arc<App>,
     public: Vec<PublicListener>,
     limits: &ServerLimits,
     shutdown: impl Future<Output = ()>,
-) {
-    serve_parking(app, public, limits, Parking::default(), shutdown).await;
+) -> std::io::Result<()> {
+    serve_parking(app, public, limits, Parking::default(), shutdown).await
 }
 
 /// [`serve`], parking idle HTTP/1 connections as `parking` says.
@@ -112,7 +115,7 @@ pub async fn serve_parking(
     limits: &ServerLimits,
     parking: Parking,
     shutdown: impl Future<Output = ()>,
-) {
+) -> std::io::Result<()> {
     let (drain, _) = watch::channel(false);
     let shared = Shared {
         app: app.clone(),
@@ -133,13 +136,7 @@ pub async fn serve_parking(
     let running = if workers <= 1 {
         Running::Here(accept_here(public, &shared, stop_rx))
     } else {
-        match Workers::start(workers, public, &shared, stop_rx) {
-            Ok(workers) => Running::Workers(workers),
-            Err(err) => {
-                tracing::error!(error = %err, "cannot start the worker threads");
-                return;
-            }
-        }
+        Running::Workers(Workers::start(workers, public, &shared, stop_rx)?)
     };
 
     shutdown.await;
@@ -170,6 +167,29 @@ pub async fn serve_parking(
     }
     if let Some(workers) = workers {
         workers.stop().await;
+    }
+    Ok(())
+}
+
+/// Why the worker threads did not start.
+#[derive(Debug, thiserror::Error)]
+enum StartError {
+    #[error("cannot take the listening sockets to the worker threads: {0}")]
+    Sockets(#[source] std::io::Error),
+    #[error("cannot start worker thread {worker} of {count}: {source}")]
+    Worker {
+        worker: usize,
+        count: usize,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl From<StartError> for std::io::Error {
+    /// Keeps the kind of the failure underneath (`Too many open files`, ...).
+    fn from(err: StartError) -> std::io::Error {
+        let (StartError::Sockets(source) | StartError::Worker { source, .. }) = &err;
+        std::io::Error::new(source.kind(), err)
     }
 }
 
@@ -237,7 +257,7 @@ impl Workers {
         // with its own event loop; the kernel gives each connection to one.
         let mut sockets = Vec::with_capacity(public.len());
         for PublicListener { listener, tls } in public {
-            sockets.push((listener.into_std()?, tls));
+            sockets.push((listener.into_std().map_err(StartError::Sockets)?, tls));
         }
         let (accepting_tx, accepting) = mpsc::channel::<()>(1);
         let (release, released) = watch::channel(false);
@@ -249,10 +269,15 @@ impl Workers {
         for worker in 0..count {
             match Workers::spawn(worker, &sockets, shared, &stop, &accepting_tx, &released) {
                 Ok(thread) => workers.threads.push(thread),
-                Err(err) => {
+                Err(source) => {
                     // Those already running end too.
                     let _ = workers.release.send(true);
-                    return Err(err);
+                    return Err(StartError::Worker {
+                        worker,
+                        count,
+                        source,
+                    }
+                    .into());
                 }
             }
         }

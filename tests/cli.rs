@@ -74,6 +74,68 @@ fn run_refuses_to_start_without_its_key() {
     assert!(stderr.contains("QG_TEST_KEY_NOT_SET"), "{stderr}");
 }
 
+/// Runs `queuegate run` on `config` (with its key set and logging off) from
+/// `sh`, after the shell command `before`, and returns how it ended and its
+/// stderr.
+fn run_failing(config: &str, before: &str) -> (std::process::ExitStatus, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("queuegate.yaml");
+    std::fs::write(&path, config).unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("{before}\nexec \"$0\" run -c \"$1\""))
+        .arg(BIN)
+        .arg(&path)
+        .env("QG_TEST_KEY", queuegate::admission::keygen())
+        .env("QUEUEGATE_LOG", "off")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn worker_threads_that_cannot_start_fail_the_run_with_one_line() {
+    // With 64 file descriptors, a few of the 1024 workers start (each needs
+    // an event loop and its own handle on the listener) and then one
+    // cannot.
+    let config = "listen: [{ addr: \"127.0.0.1:0\" }]\nadmin: { addr: \"127.0.0.1:0\" }\n\
+                  limits: { workers: 1024 }\n\
+                  upstream: { url: \"http://127.0.0.1:9\" }\nkeys: [{ id: k1, env: QG_TEST_KEY }]\n";
+    let (status, stderr) = run_failing(config, "ulimit -n 64");
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("error: cannot start worker thread "),
+        "{stderr}"
+    );
+    assert!(stderr.contains(" of 1024: "), "{stderr}");
+    assert!(
+        stderr.contains("(os error 24)"),
+        "too many open files: {stderr}"
+    );
+}
+
+#[test]
+fn a_listen_address_in_use_fails_the_run_with_one_line() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let config = format!(
+        "listen: [{{ addr: \"{addr}\" }}]\nadmin: {{ addr: \"127.0.0.1:0\" }}\n\
+         upstream: {{ url: \"http://127.0.0.1:9\" }}\nkeys: [{{ id: k1, env: QG_TEST_KEY }}]\n"
+    );
+    let (status, stderr) = run_failing(&config, "");
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("error: cannot listen on {addr}: ")),
+        "{stderr}"
+    );
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -51,7 +51,8 @@ impl Parked {
                     let _ = rx.await;
                 },
             )
-            .await;
+            .await
+            .unwrap();
         });
         Parked {
             addr,

@@ -164,7 +164,7 @@ impl Breaker {
         match self.permit() {
             Permit::Refuse => {
                 self.short_circuited.fetch_add(1, Ordering::Relaxed);
-                Err(StoreError::Unavailable("circuit open".into()))
+                Err(StoreError::CircuitOpen)
             }
             Permit::Call => {
                 let result = call.await;
@@ -299,11 +299,6 @@ impl Guarded {
     pub fn breaker(&self) -> &Arc<Breaker> {
         &self.breaker
     }
-
-    /// The store behind the breaker.
-    pub fn inner(&self) -> &Store {
-        &self.store
-    }
 }
 
 impl QueueStore for Guarded {
@@ -400,7 +395,9 @@ mod tests {
 
     async fn fail(b: &Breaker) -> Result<(), StoreError> {
         b.call(Operation::Arrive, async {
-            Err::<(), _>(StoreError::Unavailable("refused".into()))
+            Err::<(), _>(StoreError::Unavailable(redis::RedisError::from(
+                std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+            )))
         })
         .await
     }
@@ -410,7 +407,7 @@ mod tests {
     }
 
     fn is_circuit_open(r: &Result<(), StoreError>) -> bool {
-        matches!(r, Err(StoreError::Unavailable(m)) if m == "circuit open")
+        matches!(r, Err(StoreError::CircuitOpen))
     }
 
     #[tokio::test(start_paused = true)]

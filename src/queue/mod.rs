@@ -148,13 +148,20 @@ pub struct RouteStats {
 }
 
 /// Why the store could not answer. The gate acts on the route's
-/// `on_store_error` either way; the variants only tell metrics apart.
+/// `on_store_error` either way; the variants tell the breaker and metrics
+/// apart what happened.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// The call took longer than the store's timeout.
     #[error("store did not answer within the timeout")]
     Timeout,
+    /// The circuit breaker is open: the store was not called at all.
+    #[error("store not called: the circuit breaker is open after repeated failures")]
+    CircuitOpen,
+    /// The store was called and failed: refused or lost connection, a
+    /// server error, or a reply that is not what the script returns.
     #[error("store unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(#[source] redis::RedisError),
 }
 
 /// The operations the gate and the admitter need. Every call is atomic.

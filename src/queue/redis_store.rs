@@ -116,9 +116,10 @@ impl RedisStore {
     /// outside a tokio runtime.
     pub fn connect(cfg: &RedisConfig) -> Result<RedisStore, StoreError> {
         if tokio::runtime::Handle::try_current().is_err() {
-            return Err(StoreError::Unavailable(
-                "the Redis store needs a tokio runtime".to_string(),
-            ));
+            return Err(StoreError::Unavailable(RedisError::from((
+                ErrorKind::Client,
+                "the Redis store needs a tokio runtime",
+            ))));
         }
         let timeout = cfg.timeout;
         let link = match &cfg.mode {
@@ -239,7 +240,7 @@ fn manager_config(call_timeout: Duration) -> ConnectionManagerConfig {
 }
 
 fn unavailable(e: RedisError) -> StoreError {
-    StoreError::Unavailable(e.to_string())
+    StoreError::Unavailable(e)
 }
 
 fn classify(e: RedisError) -> StoreError {
@@ -248,6 +249,17 @@ fn classify(e: RedisError) -> StoreError {
     } else {
         unavailable(e)
     }
+}
+
+/// A script reply that is not what the script returns (a script of another
+/// version, or a proxy in front of Redis mangling it): reported as redis-rs
+/// reports a reply of the wrong type.
+fn unexpected_reply(detail: String) -> StoreError {
+    unavailable(RedisError::from((
+        ErrorKind::UnexpectedReturnType,
+        "unexpected script reply",
+        detail,
+    )))
 }
 
 /// Whether an error suggests Sentinel now names another master: the link
@@ -269,9 +281,19 @@ async fn current_master(
     let known = master
         .wait_for(Option::is_some)
         .await
-        .map_err(|_| StoreError::Unavailable("sentinel follower stopped".to_string()))?
+        .map_err(|_| {
+            unavailable(RedisError::from((
+                ErrorKind::Client,
+                "sentinel follower stopped",
+            )))
+        })?
         .clone();
-    known.ok_or_else(|| StoreError::Unavailable("no master known yet".to_string()))
+    known.ok_or_else(|| {
+        unavailable(RedisError::from((
+            ErrorKind::MasterNameNotFoundBySentinel,
+            "no master known yet",
+        )))
+    })
 }
 
 /// Keeps `tx` on a connection to the master Sentinel names: looks it up at
@@ -321,7 +343,7 @@ fn field(reply: &[u64], i: usize, what: &str) -> Result<u64, StoreError> {
     reply
         .get(i)
         .copied()
-        .ok_or_else(|| StoreError::Unavailable(format!("{what}: short reply from Redis")))
+        .ok_or_else(|| unexpected_reply(format!("{what}: short reply")))
 }
 
 fn place(reply: &[u64], what: &str) -> Result<Place, StoreError> {
@@ -358,9 +380,7 @@ impl QueueStore for RedisStore {
                 3 => Ok(Arrival::Full {
                     waiting_total: field(&reply, 1, "arrive")?,
                 }),
-                other => Err(StoreError::Unavailable(format!(
-                    "arrive: unexpected reply kind {other}"
-                ))),
+                other => Err(unexpected_reply(format!("arrive: reply kind {other}"))),
             }
         }
     }
@@ -385,9 +405,7 @@ impl QueueStore for RedisStore {
                 0 => Ok(Poll::Gone),
                 1 => Ok(Poll::Admitted),
                 2 => Ok(Poll::Waiting(place(&reply, "poll")?)),
-                other => Err(StoreError::Unavailable(format!(
-                    "poll: unexpected reply kind {other}"
-                ))),
+                other => Err(unexpected_reply(format!("poll: reply kind {other}"))),
             }
         }
     }
@@ -469,7 +487,7 @@ impl QueueStore for RedisStore {
                 u64,
             ) = self.run(&invocation).await?;
             let admit_rate = rate.parse::<f64>().map_err(|_| {
-                StoreError::Unavailable(format!("stats: admit rate {rate:?} is not a number"))
+                unexpected_reply(format!("stats: admit rate {rate:?} is not a number"))
             })?;
             Ok(RouteStats {
                 waiting,
@@ -495,6 +513,27 @@ impl QueueStore for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_call_keeps_the_redis_error_as_its_source() {
+        let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        let err = classify(refused);
+        let source = std::error::Error::source(&err)
+            .and_then(|s| s.downcast_ref::<RedisError>())
+            .map(RedisError::kind);
+        assert_eq!(source, Some(ErrorKind::Io));
+        assert!(err.to_string().starts_with("store unavailable: "), "{err}");
+    }
+
+    #[test]
+    fn a_short_reply_is_unavailable_and_says_which_operation() {
+        let err = place(&[2, 7], "arrive").unwrap_err();
+        let StoreError::Unavailable(source) = &err else {
+            panic!("expected Unavailable, got {err:?}");
+        };
+        assert_eq!(source.kind(), ErrorKind::UnexpectedReturnType);
+        assert!(err.to_string().contains("arrive: short reply"), "{err}");
+    }
 
     #[test]
     fn route_keys_share_one_hash_tag() {
