@@ -1,5 +1,6 @@
 //! The integration-test harness: origins on ephemeral ports, queuegate run
-//! in-process on real sockets, and small clients.
+//! in-process on real sockets or as a child process on ports it binds itself,
+//! and small clients.
 #![allow(dead_code)]
 
 use std::convert::Infallible;
