@@ -5,7 +5,7 @@ mod common;
 
 use std::io::Write;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::sync::Arc;
 
 use common::*;
 use http::Response;
@@ -136,61 +136,50 @@ fn a_listen_address_in_use_fails_the_run_with_one_line() {
     );
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test]
 async fn sigterm_lets_an_in_flight_request_finish_then_exits_0() {
-    let origin = spawn_origin(|_req| async {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        Response::new(full("finished"))
+    // The origin holds the request until the drain has begun.
+    let release = Arc::new(tokio::sync::Notify::new());
+    let held = release.clone();
+    let origin = spawn_origin(move |_req| {
+        let held = held.clone();
+        async move {
+            held.notified().await;
+            Response::new(full("finished"))
+        }
     })
     .await;
-    let port = free_port();
     let mut file = tempfile::NamedTempFile::new().unwrap();
     write!(
         file,
-        "listen: [{{ addr: \"127.0.0.1:{port}\" }}]\nadmin: {{ addr: \"127.0.0.1:0\" }}\n\
+        "listen: [{{ addr: \"127.0.0.1:0\" }}]\nadmin: {{ addr: \"127.0.0.1:0\" }}\n\
          upstream: {{ url: \"{}\" }}\nkeys: [{{ id: k1, env: QG_TEST_KEY }}]\n",
         origin.url()
     )
     .unwrap();
-    let mut child = Command::new(BIN)
-        .args(["run", "-c"])
+    let mut cmd = Command::new(BIN);
+    cmd.args(["run", "-c"])
         .arg(file.path())
         .env("QG_TEST_KEY", queuegate::admission::keygen())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let addr = format!("127.0.0.1:{port}");
-    let mut up = false;
-    for _ in 0..500 {
-        if tokio::net::TcpStream::connect(&addr).await.is_ok() {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(up, "queuegate did not start listening");
-    let url = format!("http://{addr}/slow");
+        .stdout(Stdio::null());
+    let mut child = Process::start(cmd, true).await;
+    let url = child.url("/slow");
     let in_flight = tokio::spawn(async move { get(&url).await });
     eventually("the request reaches the origin", || origin.accepted() == 1).await;
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    child.signal("TERM");
+    child
+        .wait_for_log("the drain starts", "no longer accepting")
+        .await;
+    assert!(
+        !in_flight.is_finished(),
+        "the request ended before the drain"
+    );
+    release.notify_one();
     let (parts, body) = in_flight.await.unwrap();
     assert_eq!(parts.status, http::StatusCode::OK);
     assert_eq!(body, "finished");
-    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+    let (status, log) = tokio::task::spawn_blocking(move || child.wait())
         .await
         .unwrap();
-    assert_eq!(status.code(), Some(0));
+    assert_eq!(status.code(), Some(0), "{log}");
 }

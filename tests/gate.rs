@@ -234,12 +234,26 @@ async fn queuegate_cookies_never_reach_the_origin() {
     assert_eq!(a.headers["x-origin-cookies"], "session=app-cookie");
 }
 
-#[tokio::test]
+/// On tokio's paused clock: the gate serves this runtime's connections (one
+/// worker) and reads time through tokio, so the passes age while the runtime
+/// skips ahead from timer to timer, without waiting in real time.
+#[tokio::test(start_paused = true)]
 async fn a_pass_renews_and_stops_working_after_leave() {
-    let (gate, _origin, _hits) = gated(1, |r| r.pass_ttl = Duration::from_secs(2)).await;
+    // Long enough that no request lands on a whole second's edge by chance:
+    // the first half of a pass's life is five seconds.
+    const PASS_TTL: Duration = Duration::from_secs(10);
+    let (origin, _hits) = counting_origin().await;
+    let mut config = proxy_config(&origin.url());
+    config.limits.workers = Some(1);
+    let mut r = route("tickets", "/tickets", 1);
+    r.pass_ttl = PASS_TTL;
+    config.routes.push(r);
+    let gate = spawn_gate_with(config, ring("k1")).await;
     // A pass issued within a second of the route's creation cannot be told
     // apart from one issued before it (passes have one-second resolution), and
-    // would be restored as lost with the store: let the route age first.
+    // would be restored as lost with the store: let the route age first. On
+    // the paused clock this sleep returns as soon as the admitter has ticked
+    // through it.
     tokio::time::sleep(Duration::from_millis(2_100)).await;
     let mut a = Visitor::new();
     assert!(a.navigate(&gate.url("/tickets")).await.reached_origin());
@@ -249,7 +263,7 @@ async fn a_pass_renews_and_stops_working_after_leave() {
     assert!(again.reached_origin());
     assert!(again.headers.get("set-cookie").is_none());
     // Past half its life: renewed through the store, with a new pass.
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    tokio::time::sleep(PASS_TTL / 2 + Duration::from_millis(500)).await;
     let renewed = a.navigate(&gate.url("/tickets")).await;
     assert!(renewed.reached_origin());
     assert_ne!(a.cookie("qg_tickets").unwrap(), first, "pass renewed");
@@ -262,8 +276,9 @@ async fn a_pass_renews_and_stops_working_after_leave() {
     wait_admitted(&mut b, &gate).await;
     let mut replay = Visitor::new();
     replay.jar.insert("qg_tickets".into(), kept_pass);
+    let give_up = tokio::time::Instant::now() + PASS_TTL + Duration::from_secs(1);
     let mut stopped = false;
-    for _ in 0..60 {
+    while tokio::time::Instant::now() < give_up {
         let mut attempt = replay.clone();
         if !attempt
             .navigate(&gate.url("/tickets"))

@@ -8,7 +8,7 @@ mod common;
 mod redis_harness;
 
 use std::collections::HashSet;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
@@ -17,21 +17,19 @@ use redis_harness::RedisServer;
 
 const BIN: &str = env!("CARGO_BIN_EXE_queuegate");
 
-/// One queuegate process, killed on drop.
+/// One queuegate process on a port it picks, killed on drop.
 struct Instance {
-    child: Child,
-    port: u16,
+    process: Process,
     _config: tempfile::NamedTempFile,
 }
 
 impl Instance {
     async fn start(redis_url: &str, origin: &str, route: &str) -> Instance {
-        let port = redis_harness::free_port(false);
         let config = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(
             config.path(),
             format!(
-                "listen: [{{ addr: \"127.0.0.1:{port}\" }}]\n\
+                "listen: [{{ addr: \"127.0.0.1:0\" }}]\n\
                  admin: {{ addr: \"127.0.0.1:0\" }}\n\
                  upstream: {{ url: \"{origin}\" }}\n\
                  store: {{ backend: redis, redis: {{ url: \"{redis_url}\", timeout: 2s }} }}\n\
@@ -40,44 +38,22 @@ impl Instance {
             ),
         )
         .unwrap();
-        let mut instance = Instance {
-            child: Command::new(BIN)
-                .args(["run", "-c"])
-                .arg(config.path())
-                .env(
-                    "QG_SHARED_KEY",
-                    "c2hhcmVkIGtleSBmb3IgdGhyZWUgaW5zdGFuY2VzIG9mIHF1ZXVlZ2F0ZQ",
-                )
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-            port,
+        let mut cmd = Command::new(BIN);
+        cmd.args(["run", "-c"])
+            .arg(config.path())
+            .env(
+                "QG_SHARED_KEY",
+                "c2hhcmVkIGtleSBmb3IgdGhyZWUgaW5zdGFuY2VzIG9mIHF1ZXVlZ2F0ZQ",
+            )
+            .stdout(Stdio::null());
+        Instance {
+            process: Process::start(cmd, true).await,
             _config: config,
-        };
-        for _ in 0..500 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
-                return instance;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let _ = instance.child.kill();
-        let _ = instance.child.wait();
-        panic!("queuegate on port {port} did not start");
     }
 
     fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{}", self.port, path)
-    }
-}
-
-impl Drop for Instance {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.url(path)
     }
 }
 

@@ -5,9 +5,8 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -390,81 +389,21 @@ async fn a_reload_request_reloads_even_an_unchanged_file() {
 
 // ---- the binary: SIGHUP and logs ----
 
-/// A free port on 127.0.0.1, for a child process that binds from its config.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Running {
-    child: Child,
-    public: u16,
-    admin: u16,
-}
-
-impl Running {
-    fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.public)
-    }
-    fn admin_url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.admin)
-    }
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .args([&format!("-{name}"), &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-    /// SIGTERM, then the exit code and everything written to stderr.
-    fn stop(mut self) -> (i32, String) {
-        self.signal("TERM");
-        let status = self.child.wait().unwrap();
-        let mut err = String::new();
-        self.child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
-        (status.code().unwrap_or(-1), err)
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Runs the `queuegate` binary on the config in `dir` and waits for its
-/// admin listener.
-async fn run_binary(dir: &ConfigDir, upstream: &str, log_args: &[&str]) -> Running {
-    let public = free_port();
-    let admin = free_port();
+/// Runs the `queuegate` binary on the config in `dir`, its public and admin
+/// listeners on ports it picks, and waits until it is healthy.
+async fn run_binary(dir: &ConfigDir, upstream: &str, log_args: &[&str]) -> Process {
     let text = config_text(upstream, &dir.key(), 1).replace(
         "listen: [{ addr: 127.0.0.1:0 }]",
-        &format!("listen: [{{ addr: 127.0.0.1:{public} }}]\nadmin: {{ addr: 127.0.0.1:{admin} }}"),
+        "listen: [{ addr: 127.0.0.1:0 }]\nadmin: { addr: 127.0.0.1:0 }",
     );
     dir.write(&text);
-    let child = Command::new(env!("CARGO_BIN_EXE_queuegate"))
-        .args(log_args)
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_queuegate"));
+    cmd.args(log_args)
         .args(["run", "-c"])
         .arg(dir.config())
         .env("QUEUEGATE_LOG", "debug")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let child = Running {
-        child,
-        public,
-        admin,
-    };
+        .stdout(Stdio::null());
+    let child = Process::start(cmd, true).await;
     let client = client::<http_body_util::Full<bytes::Bytes>>();
     for _ in 0..500 {
         let req = http::Request::get(child.admin_url("/healthz"))
@@ -477,10 +416,10 @@ async fn run_binary(dir: &ConfigDir, upstream: &str, log_args: &[&str]) -> Runni
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    panic!("the queuegate binary did not start");
+    panic!("the queuegate binary did not start:\n{}", child.log());
 }
 
-async fn child_scrape(child: &Running) -> Scrape {
+async fn child_scrape(child: &Process) -> Scrape {
     let (parts, body) = get(&child.admin_url("/metrics")).await;
     assert_eq!(parts.status, StatusCode::OK);
     parse_metrics(std::str::from_utf8(&body).unwrap())

@@ -306,9 +306,11 @@ async fn sequential_requests_reuse_pooled_connections() {
 
 #[tokio::test]
 async fn origin_down_is_502() {
-    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    // A port bound but never listened on refuses connections, and stays
+    // taken while `closed` lives: no other test's listener can get it.
+    let closed = tokio::net::TcpSocket::new_v4().unwrap();
+    closed.bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = closed.local_addr().unwrap();
-    drop(closed);
     let gate = spawn_gate(proxy_config(&format!("http://{addr}"))).await;
     let (parts, body) = get(&gate.url("/")).await;
     assert_eq!(parts.status, StatusCode::BAD_GATEWAY);
@@ -319,8 +321,8 @@ async fn origin_down_is_502() {
 #[tokio::test]
 async fn origin_slower_than_the_timeout_is_504() {
     let origin = spawn_origin(|_req| async {
-        tokio::time::sleep(Duration::from_secs(30)).await;
-        Response::new(full("late"))
+        std::future::pending::<()>().await;
+        Response::new(full("never"))
     })
     .await;
     let mut config = proxy_config(&origin.url());
@@ -454,17 +456,39 @@ async fn http2_with_prior_knowledge_is_served() {
 
 #[tokio::test]
 async fn drain_lets_an_in_flight_request_finish() {
-    let origin = spawn_origin(|_req| async {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        Response::new(full("finished"))
+    // The origin holds the request until the drain has begun.
+    let release = Arc::new(tokio::sync::Notify::new());
+    let held = release.clone();
+    let origin = spawn_origin(move |_req| {
+        let held = held.clone();
+        async move {
+            held.notified().await;
+            Response::new(full("finished"))
+        }
     })
     .await;
-    let gate = spawn_gate(proxy_config(&origin.url())).await;
+    let mut gate = spawn_gate(proxy_config(&origin.url())).await;
     let url = gate.url("/slow");
     let in_flight = tokio::spawn(async move { get(&url).await });
     eventually("the request reaches the origin", || origin.accepted() == 1).await;
-    gate.stop().await.unwrap();
+    gate.start_drain();
+    // The drain has begun once the listener no longer takes connections.
+    let mut closed = false;
+    for _ in 0..500 {
+        if TcpStream::connect(gate.addr).await.is_err() {
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(closed, "the gate kept accepting after the drain started");
+    assert!(
+        !in_flight.is_finished(),
+        "the request ended before the drain"
+    );
+    release.notify_one();
     let (parts, body) = in_flight.await.unwrap();
     assert_eq!(parts.status, StatusCode::OK);
     assert_eq!(body, "finished");
+    gate.stop().await.unwrap();
 }

@@ -66,24 +66,33 @@ where
 
 #[tokio::test]
 async fn connect_does_not_wait_for_redis_and_ready_fails_while_it_is_down() {
-    let port = redis_harness::free_port(false);
-    let cfg = queuegate::config::RedisConfig {
-        mode: queuegate::config::RedisMode::Standalone {
-            url: format!("redis://127.0.0.1:{port}"),
-        },
-        timeout: Duration::from_millis(300),
-    };
-    // Nobody listens yet: connecting still succeeds, calls fail.
-    let store = RedisStore::connect(&cfg).expect("connect is lazy");
-    assert!(store.ready().await.is_err());
-    assert!(store.arrive("r", &id(1), &limits(), true).await.is_err());
-    // Redis comes up: the same store starts answering.
-    let _server = RedisServer::start_with(port, &[]);
-    eventually("ready after start", || store.ready()).await;
-    assert_eq!(
-        store.arrive("r", &id(1), &limits(), true).await.unwrap(),
-        Arrival::Admitted
-    );
+    // The store must be configured for a port before Redis listens there, so
+    // the port is picked here; another test may bind it first, and then the
+    // whole sequence is tried again on another port.
+    for _ in 0..20 {
+        let port = redis_harness::free_port(false);
+        let cfg = queuegate::config::RedisConfig {
+            mode: queuegate::config::RedisMode::Standalone {
+                url: format!("redis://127.0.0.1:{port}"),
+            },
+            timeout: Duration::from_millis(300),
+        };
+        // Nobody listens yet: connecting still succeeds, calls fail.
+        let store = RedisStore::connect(&cfg).expect("connect is lazy");
+        assert!(store.ready().await.is_err());
+        assert!(store.arrive("r", &id(1), &limits(), true).await.is_err());
+        // Redis comes up: the same store starts answering.
+        let Some(_server) = RedisServer::try_start(port, None, &[]) else {
+            continue;
+        };
+        eventually("ready after start", || store.ready()).await;
+        assert_eq!(
+            store.arrive("r", &id(1), &limits(), true).await.unwrap(),
+            Arrival::Admitted
+        );
+        return;
+    }
+    panic!("every port picked was taken before redis-server bound it");
 }
 
 #[tokio::test]

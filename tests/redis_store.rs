@@ -303,11 +303,13 @@ async fn silent_waiters_are_dropped_before_anyone_behind_is_admitted() {
     };
     let a = waiting(s.arrive("r", &id(1), &l, false).await.unwrap());
     let b = waiting(s.arrive("r", &id(2), &l, false).await.unwrap());
-    // b keeps polling, a goes silent until it is a ghost.
+    // b keeps polling, a goes silent until it is a ghost. b polls last, just
+    // before the tick, so only a has been silent for long, however slowly
+    // the loop runs.
     let silent_since = tokio::time::Instant::now();
     while silent_since.elapsed() < Duration::from_millis(1_200) {
-        polled_place(s.poll("r", &id(2), b.score_us, &l).await.unwrap());
         tokio::time::sleep(Duration::from_millis(100)).await;
+        polled_place(s.poll("r", &id(2), b.score_us, &l).await.unwrap());
     }
     let open = Limits {
         capacity: 1,

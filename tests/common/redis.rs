@@ -2,6 +2,11 @@
 //! three-node Cluster and a master/replica/sentinel trio, each on free
 //! loopback ports in a temp dir with persistence off, killed by PID on drop.
 //!
+//! `redis-server` binds the port it is given, so a port is picked here: it
+//! can be taken by another test before the server binds it. A server that
+//! fails to bind is started again on another port, and a server counts as
+//! up only once the one answering on the port reports the child's PID.
+//!
 //! A missing `redis-server` binary is a loud failure that names the Debian
 //! package, never a skip. Start-up waits by polling the server, not by
 //! sleeping a fixed time.
@@ -17,6 +22,9 @@ use queuegate::config::{RedisConfig, RedisMode};
 
 /// How long a server may take to answer after start.
 const START_DEADLINE: Duration = Duration::from_secs(20);
+
+/// How many ports a server is tried on before giving up.
+const PORT_ATTEMPTS: usize = 20;
 
 fn redis_binary(name: &str) -> PathBuf {
     let found = std::env::var_os("PATH").and_then(|paths| {
@@ -34,7 +42,8 @@ fn redis_binary(name: &str) -> PathBuf {
 }
 
 /// A loopback port nobody listens on now (and, with `bus`, port + 10000 too,
-/// for a Cluster node's bus).
+/// for a Cluster node's bus). Someone may bind it before the caller does:
+/// see [`RedisServer::try_start`].
 pub fn free_port(bus: bool) -> u16 {
     for _ in 0..200 {
         let Ok(listener) = TcpListener::bind("127.0.0.1:0") else {
@@ -128,20 +137,36 @@ pub struct RedisServer {
     paused: bool,
 }
 
+/// How a launch ended.
+enum Launch {
+    /// The child answers on its port.
+    Up,
+    /// The child could not bind its port: someone else holds it.
+    PortTaken,
+}
+
 impl RedisServer {
     /// A standalone server on a free port, persistence off.
     pub fn start() -> RedisServer {
-        RedisServer::start_with(free_port(false), &[])
+        RedisServer::start_anywhere(None, &[], false)
     }
 
-    /// A server on `port` with extra command-line arguments.
-    pub fn start_with(port: u16, extra: &[&str]) -> RedisServer {
-        RedisServer::start_with_conf(port, None, extra)
+    /// A server on a free port (with `bus`, its Cluster bus port free too)
+    /// that first reads `conf`, then `extra`; tried on other ports while the
+    /// one picked turns out to be taken.
+    pub fn start_anywhere(conf: Option<&str>, extra: &[&str], bus: bool) -> RedisServer {
+        for _ in 0..PORT_ATTEMPTS {
+            if let Some(server) = RedisServer::try_start(free_port(bus), conf, extra) {
+                return server;
+            }
+        }
+        panic!("redis-server found every one of {PORT_ATTEMPTS} free ports taken when it bound");
     }
 
     /// A server on `port` that first reads `conf` (written to its temp dir,
-    /// where it may rewrite it, as Sentinel does), then `extra`.
-    pub fn start_with_conf(port: u16, conf: Option<&str>, extra: &[&str]) -> RedisServer {
+    /// where it may rewrite it, as Sentinel does), then `extra`; `None` if
+    /// the port (or its Cluster bus port) was taken.
+    pub fn try_start(port: u16, conf: Option<&str>, extra: &[&str]) -> Option<RedisServer> {
         let dir = tempfile::tempdir().expect("temp dir for redis-server");
         let conf = conf.map(|text| {
             let path = dir.path().join("redis.conf");
@@ -156,11 +181,14 @@ impl RedisServer {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             paused: false,
         };
-        server.launch();
-        server
+        match server.launch() {
+            Launch::Up => Some(server),
+            Launch::PortTaken => None,
+        }
     }
 
-    fn launch(&mut self) {
+    fn launch(&mut self) -> Launch {
+        let log = self.dir.path().join("redis.log");
         let mut cmd = Command::new(redis_binary("redis-server"));
         if let Some(conf) = &self.conf {
             cmd.arg(conf);
@@ -171,21 +199,40 @@ impl RedisServer {
             .args(["--daemonize", "no", "--protected-mode", "no"])
             .arg("--dir")
             .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(&log)
             .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let child = cmd.spawn().unwrap_or_else(|e| {
+        let mut child = cmd.spawn().unwrap_or_else(|e| {
             panic!(
                 "cannot start redis-server ({e}); install it with `apt-get install redis-server`"
             )
         });
-        self.child = Some(child);
         let port = self.port;
-        wait_until(
-            &format!("redis-server on {port} answers PING"),
-            START_DEADLINE,
-            || raw_command(port, &["PING"]).is_some_and(|r| r.starts_with("+PONG")),
-        );
+        // Another server may answer on a port this one failed to bind: only
+        // our child's PID counts.
+        let ours = format!("process_id:{}\r\n", child.id());
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                let log = std::fs::read_to_string(&log).unwrap_or_default();
+                if log.contains("Address already in use") {
+                    return Launch::PortTaken;
+                }
+                panic!("redis-server on {port} exited ({status}):\n{log}");
+            }
+            if raw_command(port, &["INFO", "server"]).is_some_and(|r| r.contains(&ours)) {
+                self.child = Some(child);
+                return Launch::Up;
+            }
+            if start.elapsed() > START_DEADLINE {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("timed out waiting until redis-server on {port} answers");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn port(&self) -> u16 {
@@ -252,10 +299,13 @@ impl RedisServer {
         }
     }
 
-    /// Starts it again on the same port, empty (persistence is off).
+    /// Starts it again on the same port, empty (persistence is off). The
+    /// port must stay the same, so here a port taken meanwhile is a failure.
     pub fn restart(&mut self) {
         self.kill();
-        self.launch();
+        if let Launch::PortTaken = self.launch() {
+            panic!("port {} was taken while redis-server was down", self.port);
+        }
     }
 
     /// SIGSTOP: the socket stays open, nothing answers.
@@ -286,9 +336,8 @@ impl RedisCluster {
     pub fn start() -> RedisCluster {
         let mut nodes = Vec::new();
         for _ in 0..3 {
-            let port = free_port(true);
-            nodes.push(RedisServer::start_with(
-                port,
+            nodes.push(RedisServer::start_anywhere(
+                None,
                 &[
                     "--cluster-enabled",
                     "yes",
@@ -297,6 +346,7 @@ impl RedisCluster {
                     "--cluster-node-timeout",
                     "2000",
                 ],
+                true,
             ));
         }
         let mut create = Command::new(redis_binary("redis-cli"));
@@ -382,9 +432,10 @@ pub const SENTINEL_MASTER: &str = "mymaster";
 impl RedisSentinel {
     pub fn start() -> RedisSentinel {
         let master = RedisServer::start();
-        let replica = RedisServer::start_with(
-            free_port(false),
+        let replica = RedisServer::start_anywhere(
+            None,
             &["--replicaof", "127.0.0.1", &master.port().to_string()],
+            false,
         );
         let replica_port = replica.port();
         wait_until("the replica is in sync", START_DEADLINE, || {
@@ -393,7 +444,6 @@ impl RedisSentinel {
                 .is_ok_and(|r| r.contains("master_link_status:up"))
         });
 
-        let sentinel_port = free_port(false);
         let conf = format!(
             "sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {} 1\n\
              sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
@@ -401,7 +451,7 @@ impl RedisSentinel {
              sentinel parallel-syncs {SENTINEL_MASTER} 1\n",
             master.port()
         );
-        let sentinel = RedisServer::start_with_conf(sentinel_port, Some(&conf), &["--sentinel"]);
+        let sentinel = RedisServer::start_anywhere(Some(&conf), &["--sentinel"], false);
         wait_until("the sentinel sees the replica", START_DEADLINE, || {
             sentinel
                 .try_query::<redis::Value>(&["SENTINEL", "REPLICAS", SENTINEL_MASTER])
