@@ -220,6 +220,7 @@ fn decode_unreserved(raw: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn paths_are_normalised_for_matching() {
@@ -242,5 +243,144 @@ mod tests {
         assert!(prefix_matches("/tickets/1", "/tickets"));
         assert!(!prefix_matches("/ticketsale", "/tickets"));
         assert!(prefix_matches("/anything", "/"));
+    }
+
+    #[test]
+    fn the_review_s_spellings_are_gated_or_refused() {
+        let gated = |p: &str| prefix_matches(p, "/tickets");
+        for raw in [
+            "/tickets%2Findex.html",
+            "/static/..%2ftickets/index.html",
+            "/tickets\\index.html",
+            "/tickets%5cindex.html",
+            "/x/%252e%252e/tickets",
+            "/x%C0%AF../tickets",
+        ] {
+            let r = Readings::of(raw);
+            assert!(r.is_ambiguous(), "{raw} not ambiguous: {r:?}");
+        }
+        for raw in ["/tickets;x=1", "/tickets;jsessionid=1/a", "/x/..;/tickets", "/%2574ickets"] {
+            let r = Readings::of(raw);
+            assert!(r.iter().any(gated), "{raw} not gated: {r:?}");
+        }
+        for raw in ["/tickets/a", "/shop/caf%C3%A9", "/100%25", "/a;b"] {
+            assert!(!Readings::of(raw).is_ambiguous(), "{raw}");
+        }
+        // An ordinary path has one reading and allocates nothing.
+        let r = Readings::of("/tickets/42");
+        assert_eq!(r.iter().count(), 1);
+        assert!(matches!(r.first, Cow::Borrowed(_)));
+    }
+
+    /// How origins read a path, independently of the gate's own code: each
+    /// decodes (once or twice), some read `\` as `/`, some drop `;params`,
+    /// then dot segments are resolved.
+    fn origin_models(raw: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let once: Vec<u8> = percent_decode(raw.as_bytes()).collect();
+        let twice: Vec<u8> = percent_decode(&once).collect();
+        for bytes in [raw.as_bytes().to_vec(), once, twice] {
+            let text = String::from_utf8_lossy(&bytes).into_owned();
+            for backslash in [false, true] {
+                for strip in [false, true] {
+                    let t = if backslash { text.replace('\\', "/") } else { text.clone() };
+                    let mut segs: Vec<String> = Vec::new();
+                    for seg in t.split('/') {
+                        let seg = if strip { seg.split(';').next().unwrap_or("") } else { seg };
+                        match seg {
+                            "" | "." => {}
+                            ".." => {
+                                segs.pop();
+                            }
+                            s => segs.push(s.to_owned()),
+                        }
+                    }
+                    out.push(format!("/{}", segs.join("/")));
+                }
+            }
+        }
+        out
+    }
+
+    fn spell() -> impl Strategy<Value = String> {
+        // One character of a path as a client may spell it.
+        prop_oneof![
+            Just("/".to_owned()),
+            Just("%2F".to_owned()),
+            Just("%2f".to_owned()),
+            Just("%252F".to_owned()),
+            Just("%5C".to_owned()),
+            Just("\\".to_owned()),
+            Just("%C0%AF".to_owned()),
+            Just(".".to_owned()),
+            Just("%2e".to_owned()),
+            Just("%2E".to_owned()),
+            Just("%252e".to_owned()),
+            Just(";x=1".to_owned()),
+            Just("%00".to_owned()),
+            Just("%25".to_owned()),
+            "[a-z]".prop_map(|c| c),
+            "[a-z]".prop_map(|c| format!("%{:02X}", c.as_bytes()[0])),
+            "[a-z]".prop_map(|c| format!("%{:02x}", c.as_bytes()[0])),
+            "[a-z]".prop_map(|c| format!("%25{:02X}", c.as_bytes()[0])),
+        ]
+    }
+
+    /// `tickets` with each letter written as it is or percent-encoded,
+    /// once or twice.
+    fn spelled_tickets() -> impl Strategy<Value = String> {
+        prop::collection::vec(0u8..4, 7).prop_map(|how| {
+            "tickets"
+                .bytes()
+                .zip(how)
+                .map(|(b, how)| match how {
+                    0 => char::from(b).to_string(),
+                    1 => format!("%{b:02X}"),
+                    2 => format!("%{b:02x}"),
+                    _ => format!("%25{b:02X}"),
+                })
+                .collect()
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+
+        /// Whenever any origin's reading lands under the gated prefix, the
+        /// gate either refuses the path (ambiguous) or one of its readings
+        /// is gated: never forwarded ungated.
+        #[test]
+        fn no_spelling_reaches_a_gated_prefix_ungated(
+            parts in prop::collection::vec(
+                prop_oneof![
+                    2 => Just("tickets".to_owned()),
+                    2 => spelled_tickets(),
+                    1 => Just("static".to_owned()),
+                    1 => Just("..".to_owned()),
+                    4 => spell(),
+                ],
+                1..10,
+            )
+        ) {
+            let raw = format!("/{}", parts.concat());
+            let gated = |p: &str| prefix_matches(p, "/tickets");
+            let origin_gated = origin_models(&raw).iter().any(|p| gated(p));
+            let r = Readings::of(&raw);
+            if origin_gated {
+                prop_assert!(
+                    r.is_ambiguous() || r.iter().any(gated),
+                    "{} reaches /tickets at the origin but is neither refused nor gated: {:?}",
+                    raw,
+                    r
+                );
+            }
+        }
+
+        /// Readings never panic, whatever the bytes.
+        #[test]
+        fn readings_take_any_path(raw in "/[ -~]{0,40}") {
+            let r = Readings::of(&raw);
+            prop_assert!(r.iter().count() >= 1);
+        }
     }
 }
