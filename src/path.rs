@@ -259,7 +259,12 @@ mod tests {
             let r = Readings::of(raw);
             assert!(r.is_ambiguous(), "{raw} not ambiguous: {r:?}");
         }
-        for raw in ["/tickets;x=1", "/tickets;jsessionid=1/a", "/x/..;/tickets", "/%2574ickets"] {
+        for raw in [
+            "/tickets;x=1",
+            "/tickets;jsessionid=1/a",
+            "/x/..;/tickets",
+            "/%2574ickets",
+        ] {
             let r = Readings::of(raw);
             assert!(r.iter().any(gated), "{raw} not gated: {r:?}");
         }
@@ -283,10 +288,18 @@ mod tests {
             let text = String::from_utf8_lossy(&bytes).into_owned();
             for backslash in [false, true] {
                 for strip in [false, true] {
-                    let t = if backslash { text.replace('\\', "/") } else { text.clone() };
+                    let t = if backslash {
+                        text.replace('\\', "/")
+                    } else {
+                        text.clone()
+                    };
                     let mut segs: Vec<String> = Vec::new();
                     for seg in t.split('/') {
-                        let seg = if strip { seg.split(';').next().unwrap_or("") } else { seg };
+                        let seg = if strip {
+                            seg.split(';').next().unwrap_or("")
+                        } else {
+                            seg
+                        };
                         match seg {
                             "" | "." => {}
                             ".." => {

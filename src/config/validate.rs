@@ -468,21 +468,69 @@ fn redis_urls(urls: &[String], at: &FieldPath, problems: &mut Problems) -> bool 
     valid
 }
 
+/// Checks a Redis URL. Messages show it redacted ([`redact_url`]): a
+/// config error ends up in reload logs.
 fn redis_url(url: &str, at: &FieldPath, problems: &mut Problems) -> bool {
+    let shown = redact_url(url);
     if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
         problems.report(
             at.clone(),
-            format!("invalid redis url {url:?}: expected redis://host:port or rediss://host:port"),
+            format!(
+                "invalid redis url {shown:?}: expected redis://host:port or rediss://host:port"
+            ),
         );
         return false;
     }
     match redis::IntoConnectionInfo::into_connection_info(url) {
         Ok(_) => true,
         Err(err) => {
-            problems.report(at.clone(), format!("invalid redis url {url:?}: {err}"));
+            let why = redact_secrets_in(&err.to_string(), url);
+            problems.report(at.clone(), format!("invalid redis url {shown:?}: {why}"));
             false
         }
     }
+}
+
+/// `url` with its password (the userinfo after `:`, or a `password=`
+/// query value) replaced by `***`, fit for logs and errors.
+pub fn redact_url(url: &str) -> String {
+    let mut out = url.to_owned();
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let end = url[start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| start + i);
+    if let Some(at) = url[start..end].rfind('@') {
+        let userinfo = &url[start..start + at];
+        let kept = match userinfo.split_once(':') {
+            Some((user, _)) => format!("{user}:***"),
+            None => "***".to_owned(),
+        };
+        out = format!("{}{}{}", &url[..start], kept, &url[start + at..]);
+    }
+    if let Some(i) = out.find("password=") {
+        let value_start = i + "password=".len();
+        let value_end = out[value_start..]
+            .find(['&', '#'])
+            .map_or(out.len(), |j| value_start + j);
+        out.replace_range(value_start..value_end, "***");
+    }
+    out
+}
+
+/// `text` with every secret of `url` (as [`redact_url`] finds them) removed,
+/// for messages a library built from the URL.
+fn redact_secrets_in(text: &str, url: &str) -> String {
+    let mut out = text.replace(url, &redact_url(url));
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let authority = url[start..].split(['/', '?', '#']).next().unwrap_or("");
+    if let Some((userinfo, _)) = authority.rsplit_once('@') {
+        if let Some((_, password)) = userinfo.split_once(':') {
+            if !password.is_empty() {
+                out = out.replace(password, "***");
+            }
+        }
+    }
+    out
 }
 
 fn keys(
@@ -1362,5 +1410,30 @@ keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]
         assert_eq!(show(Duration::from_millis(1500)), "1500ms");
         assert_eq!(show(Duration::from_micros(250)), "250us");
         assert_eq!(show(Duration::ZERO), "0s");
+    }
+
+    #[test]
+    fn redis_passwords_never_reach_an_error() {
+        assert_eq!(
+            redact_url("redis://user:s3cret@cache:6379/0"),
+            "redis://user:***@cache:6379/0"
+        );
+        assert_eq!(redact_url("rediss://:s3cret@cache"), "rediss://:***@cache");
+        assert_eq!(redact_url("redis://cache:6379"), "redis://cache:6379");
+        assert_eq!(
+            redact_url("redis://cache/?password=s3cret&db=1"),
+            "redis://cache/?password=***&db=1"
+        );
+        for url in [
+            "redis://user:s3cret@cache:notaport",
+            "http://user:s3cret@cache",
+            "redis://:s3cret@[::1",
+        ] {
+            let config = format!("store: {{ backend: redis, redis: {{ url: \"{url}\" }} }}\n");
+            let errors = parse(&config).unwrap_err();
+            let text = errors.to_string();
+            assert!(text.contains("store.redis.url"), "{text}");
+            assert!(!text.contains("s3cret"), "{text}");
+        }
     }
 }
