@@ -7,7 +7,7 @@
 --       [7] abandon_after (ms)  [8] max_waiting
 --       [9] unconfirmed session life (ms)  [10] unconfirmed ticket life (ms)
 --       [11] client places (0 = off)  [12] client joins per minute (0 = off)
---       [13] client memory (ms)
+--       [13] client memory (ms)  [14] join window (ms)
 -- Returns: {1}                                   admitted (or already active)
 --          {2, join score µs, position, waiting} in line (new or same place)
 --          {3, waiting}                          line full, nobody queued
@@ -33,6 +33,7 @@ local unconfirmed_ticket_ms = tonumber(ARGV[10])
 local client_places = tonumber(ARGV[11])
 local client_joins = tonumber(ARGV[12])
 local client_memory_ms = tonumber(ARGV[13])
+local join_window_ms = tonumber(ARGV[14])
 
 -- Ghosts and unconfirmed tickets go first (counted by the next tick), this
 -- visitor included.
@@ -71,7 +72,7 @@ if score then
   return place(id, score)
 end
 
-local wait_ms = client_refusal(client_places, client_joins,
+local wait_ms = client_refusal(client_places, client_joins, join_window_ms,
   unconfirmed_ticket_ms, abandon_after_ms)
 if wait_ms > 0 then
   return {4, math.floor(wait_ms)}

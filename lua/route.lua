@@ -37,7 +37,7 @@
 --                                      of each visitor the client brought in
 --                                      (joined or admitted at once), kept
 --                                      while it may hold a place or falls in
---                                      the 60 s join window; the key expires
+--                                      the join window; the key expires
 --                                      client memory after its last contact
 -- Ids are the raw 16-byte visitor ids: members only, never part of a key.
 --
@@ -228,8 +228,6 @@ end
 -- the active set themselves (each id it brought in that is still in line and
 -- no ghost, or holds a live slot), never kept as a counter, so the count
 -- cannot drift when a place is given up in any way.
-local JOIN_WINDOW_MS = 60000
-
 -- Whether `id` still holds a place.
 local function holds_place(id, abandon_after_ms)
   if redis.call('ZSCORE', waiting_key, id) then
@@ -241,12 +239,13 @@ end
 -- Whether the client may bring in one more visitor now: 0 if it may, else the
 -- ms to wait (confirm_within for places; until the oldest join leaves the
 -- window for joins). Forgets the client's ids that matter no more.
-local function client_refusal(places, joins_per_minute, confirm_ms, abandon_after_ms)
+local function client_refusal(places, joins_per_minute, window_ms, confirm_ms,
+    abandon_after_ms)
   if not client_key then
     return 0
   end
   local members = redis.call('ZRANGE', client_key, 0, -1, 'WITHSCORES')
-  local window_start = now_ms - JOIN_WINDOW_MS
+  local window_start = now_ms - window_ms
   local held, recent, oldest, gone = 0, 0, nil, {}
   for i = 1, #members, 2 do
     local id, joined = members[i], tonumber(members[i + 1])
@@ -272,7 +271,7 @@ local function client_refusal(places, joins_per_minute, confirm_ms, abandon_afte
   end
   if joins_per_minute > 0 and recent >= joins_per_minute then
     refused = true
-    wait = math.max(wait, oldest + JOIN_WINDOW_MS - now_ms)
+    wait = math.max(wait, oldest + window_ms - now_ms)
   end
   if refused then
     return math.max(wait, 1)

@@ -8,12 +8,17 @@
 //!   order-statistics tree so a waiter's place is found in O(log n);
 //! - `seen`: id → last poll (ms), with an index by time so ghosts are dropped
 //!   from the oldest without scanning the line;
-//! - `no_shows`: admitted waiters purged for not showing up, by expiry (ms),
-//!   kept for `abandon_after` so their young tickets are not restored as lost
-//!   writes (the tombstones Redis keeps in `seen`);
-//! - `active`: id → expiry (ms), with an index by expiry; expired sessions are
-//!   purged at the start of every operation, so the active count is the number
-//!   of unexpired expiries, never a counter;
+//! - `tombstones`: visitors who left and admitted waiters purged for not
+//!   showing up, by time buried (ms), kept for `abandon_after` so their young
+//!   tickets are not restored as lost writes (the tombstones Redis keeps in
+//!   `seen`);
+//! - `active`: id → expiry (ms) and kind (arriving, unconfirmed, live), with
+//!   an index by expiry; expired sessions are purged at the start of every
+//!   operation, so the active count is the number of unexpired expiries,
+//!   never a counter;
+//! - `clients`: per client key, the ids it brought in with their join time,
+//!   forgotten `client_memory` after the client's last contact (the
+//!   `qg:{route}:client:…` keys of Redis);
 //! - the route's numbers (`stats`): epoch, admissions, admit rate, hold, the
 //!   tick window and its admissions.
 //!

@@ -26,7 +26,7 @@ use tokio::sync::{watch, Notify};
 
 use super::{
     Arrival, ClientKey, Limits, PassTimes, Place, Poll, QueueStore, RouteStats, StoreError, Tick,
-    TicketTimes, VisitorId,
+    TicketTimes, VisitorId, JOIN_WINDOW,
 };
 use crate::config::{RedisConfig, RedisMode};
 
@@ -387,7 +387,8 @@ impl QueueStore for RedisStore {
             .arg(ms(limits.unconfirmed_ticket()))
             .arg(limits.client_places)
             .arg(limits.client_joins_per_minute)
-            .arg(ms(limits.client_memory()));
+            .arg(ms(limits.client_memory()))
+            .arg(ms(JOIN_WINDOW));
         async move {
             let reply: Vec<u64> = self.run(&invocation).await?;
             match field(&reply, 0, "arrive")? {
