@@ -1,15 +1,15 @@
 //! Redis memory per waiting visitor: fills one route's line with N waiters
 //! (default 1,000,000; `QG_BENCH_WAITERS` overrides) through the real
-//! `arrive` script and prints `used_memory` growth and the route keys'
-//! `MEMORY USAGE`, each divided by N. A measurement, not a test: it checks
-//! only that every arrival queued. Target: at most 256 bytes per waiting visitor.
+//! `arrive` script, with the per-client limits on (the defaults: 20 places,
+//! 120 joins a minute) and every waiter from its own client key, the worst
+//! case for memory: one client key per waiter. Prints `used_memory` growth,
+//! the route keys' `MEMORY USAGE` and a sample of client keys', each per
+//! waiter. A measurement, not a test: it checks only that every arrival
+//! queued.
 //!
 //! Run: `cargo bench --bench redis_memory` (needs `redis-server` on PATH).
 //!
-//! Measured with 1,000,000 waiters (Redis 7.0.15, jemalloc, Debian): 251.6
-//! bytes of `used_memory` per waiting visitor; `MEMORY USAGE` of the route's
-//! keys 235.4 bytes (about 118 each in `waiting` and `seen`: a 16-byte member,
-//! a skiplist node and a dict entry per ZSET). Within the 256-byte target.
+//! Results are in benches/README.md.
 
 #[path = "../tests/common/redis.rs"]
 mod redis_harness;
@@ -22,6 +22,31 @@ use redis_harness::RedisServer;
 
 const ROUTE: &str = "bench";
 const IN_FLIGHT: usize = 128;
+/// Client keys sampled for their `MEMORY USAGE`.
+const CLIENT_SAMPLE: u64 = 1_000;
+
+/// The client key of waiter `n`: an IPv4 address of its own.
+fn client_of(n: u64) -> [u8; 4] {
+    (n as u32).to_be_bytes()
+}
+
+/// The average `MEMORY USAGE` of a sample of client keys.
+fn client_key_bytes(server: &RedisServer, waiters: u64) -> f64 {
+    let sample = CLIENT_SAMPLE.min(waiters).max(1);
+    let step = (waiters / sample).max(1);
+    let total: u64 = (0..sample)
+        .map(|i| {
+            let hex: String = client_of(i * step)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            let key = format!("qg:{{{ROUTE}}}:client:{hex}");
+            let bytes: Option<u64> = server.query(&["MEMORY", "USAGE", &key, "SAMPLES", "0"]);
+            bytes.expect("every waiter's client key exists")
+        })
+        .sum();
+    total as f64 / sample as f64
+}
 
 fn used_memory(server: &RedisServer) -> u64 {
     let info: String = server.query(&["INFO", "memory"]);
@@ -62,6 +87,9 @@ fn main() {
         arrival_grace: Duration::from_secs(60),
         abandon_after: Duration::from_secs(3600),
         max_waiting: waiters + 1,
+        confirm_within: Duration::from_secs(30),
+        client_places: 20,
+        client_joins_per_minute: 120,
     };
 
     runtime.block_on(async {
@@ -81,7 +109,9 @@ fn main() {
                     let mixed = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
                     id[..8].copy_from_slice(&mixed.to_le_bytes());
                     id[8..].copy_from_slice(&n.to_le_bytes());
-                    store.arrive(ROUTE, &id, limits, false).await
+                    store
+                        .arrive(ROUTE, &id, &client_of(n), limits, false)
+                        .await
                 }
             })
             .buffer_unordered(IN_FLIGHT)
@@ -115,6 +145,10 @@ fn main() {
         println!(
             "route keys total:        {total} bytes = {:.1} bytes per waiting visitor",
             total as f64 / joined as f64
+        );
+        println!(
+            "client keys:             {:.1} bytes each (MEMORY USAGE, {CLIENT_SAMPLE} sampled), one per waiter",
+            client_key_bytes(&server, joined)
         );
     });
 }

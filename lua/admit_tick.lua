@@ -5,10 +5,13 @@
 --       [4] arrival_grace (ms)  [5] abandon_after (ms)  [6] pass_ttl (ms)
 --       [7] the epoch this instance saw last (µs), or '' if none
 -- Returns: {ran (1|0), now µs, epoch µs, abandoned, no_shows,
+--           unconfirmed sessions freed, unconfirmed tickets dropped,
 --           join score of each waiter admitted, in admission order...}
 -- Invariant: at most one run per tick window floor(now_ms / tick), whichever
 -- instance comes first (the tick key holds the window last run); every
--- no-show purged leaves a tombstone in seen for abandon_after; admissions
+-- no-show purged leaves a tombstone in seen for abandon_after; unconfirmed
+-- sessions (.25) and tickets (.5 in seen) are counted apart from no-shows
+-- and ghosts; admissions
 -- in a window (this and admit-now together) never exceed max_admit_per_tick;
 -- the active count (expiry > now) never exceeds capacity; ghosts are dropped
 -- before anyone behind them is admitted; nobody is admitted during a hold.
@@ -28,36 +31,42 @@ end
 
 local window = math.floor(now_ms / tick_ms)
 if redis.call('GET', tick_key) == int(window) then
-  return {0, now_us, epoch_us, 0, 0}
+  return {0, now_us, epoch_us, 0, 0, 0, 0}
 end
 redis.call('SET', tick_key, int(window), 'PX', tick_ms)
 
 -- Expired slots; an admitted waiter who never showed up has an expiry
 -- ending in .5 and leaves a tombstone, so its ticket is not restored as a
--- lost write. Tombstones go once older than abandon_after.
-forget_no_shows(abandon_after_ms)
-local no_shows = 0
+-- lost write; an unconfirmed session ends in .25. Tombstones go once older
+-- than abandon_after.
+forget_tombstones(abandon_after_ms)
+local no_shows, unconfirmed_sessions = 0, 0
 local expired = redis.call('ZRANGEBYSCORE', active_key, '-inf', int(now_ms),
   'WITHSCORES', 'LIMIT', 0, 10000)
 local expired_ids = {}
 for i = 1, #expired, 2 do
   expired_ids[#expired_ids + 1] = expired[i]
   local expiry = tonumber(expired[i + 1])
-  if expiry % 1 ~= 0 then
+  if marked(expiry, 0.5) then
     no_shows = no_shows + 1
     bury_no_show(expired[i], expiry)
+  elseif marked(expiry, 0.25) then
+    unconfirmed_sessions = unconfirmed_sessions + 1
   end
 end
 for i = 1, #expired_ids, 1000 do
   redis.call('ZREM', active_key, unpack(expired_ids, i, math.min(i + 999, #expired_ids)))
 end
 
--- Ghosts dropped since the last tick (by arrive) and now.
-local abandoned = (tonumber(redis.call('HGET', stats_key, 'pending_abandoned')) or 0)
-  + drop_ghosts(abandon_after_ms, 1000)
-redis.call('HDEL', stats_key, 'pending_abandoned')
+-- Ghosts and unconfirmed tickets dropped since the last tick (by arrive) and now.
+local ghosts, unconfirmed_tickets = drop_ghosts(abandon_after_ms, 1000)
+local pending = redis.call('HMGET', stats_key, 'pending_abandoned',
+  'pending_unconfirmed_tickets')
+local abandoned = ghosts + (tonumber(pending[1]) or 0)
+unconfirmed_tickets = unconfirmed_tickets + (tonumber(pending[2]) or 0)
+redis.call('HDEL', stats_key, 'pending_abandoned', 'pending_unconfirmed_tickets')
 
-local reply = {1, now_us, epoch_us, 0, no_shows}
+local reply = {1, now_us, epoch_us, 0, no_shows, unconfirmed_sessions, 0}
 if now_us >= hold_until() then
   local window_now, used, room = tick_window(tick_ms, max_admit_per_tick)
   local want = math.min(capacity - active_count(), room)
@@ -72,8 +81,11 @@ if now_us >= hold_until() then
     pops = pops + 1
     local id = head[1]
     local ghost = is_ghost(id, abandon_after_ms)
+    local never_polled = unconfirmed_ticket(id)
     redis.call('ZREM', seen_key, id)
-    if ghost then
+    if ghost and never_polled then
+      unconfirmed_tickets = unconfirmed_tickets + 1
+    elseif ghost then
       abandoned = abandoned + 1
     else
       redis.call('ZADD', active_key, pending_expiry, id)
@@ -86,4 +98,5 @@ if now_us >= hold_until() then
   end
 end
 reply[4] = abandoned
+reply[7] = unconfirmed_tickets
 return reply

@@ -1,26 +1,38 @@
--- renew.lua: a pass holder renews its session.
+-- renew.lua: a pass holder renews its session, confirming a new one.
 --
--- KEYS: the route's five keys (see route.lua).
--- ARGV: [1] id (16 raw bytes)  [2] pass issued at (unix s)
---       [3] session_ttl (ms)  [4] pass_ttl (ms)
+-- KEYS: the route's five keys, then the client's key when the client is
+--       known and the places limit is on (see route.lua).
+-- ARGV: [1] id (16 raw bytes)  [2] pass issued at (unix ms)
+--       [3] pass confirmed (1|0)  [4] session_ttl (ms)  [5] pass_ttl (ms)
+--       [6] client memory (ms)
 -- Returns: 1 the session is active and now lives session_ttl from now,
 --          0 it is gone (left, revoked, expired): the pass is not renewed.
--- Invariant: a session missing from a store whose epoch is newer than the
--- pass (less one second for the pass's resolution) was lost with the store:
--- it is restored as active and a hold of pass_ttl starts, so returning
--- visitors are counted before anyone new is admitted.
+-- Invariant: a missing session is restored as active (and a hold of pass_ttl
+-- starts, so returning visitors are counted before anyone new is admitted)
+-- only when the pass is confirmed, no tombstone says it left, and it was
+-- issued before the epoch (strictly, in ms) and less than session_ttl before
+-- it: the session could have been active when the store was lost. A pass
+-- issued at or after the epoch is never restored.
 
 local id = ARGV[1]
-local issued_s = tonumber(ARGV[2])
-local session_ttl_ms = tonumber(ARGV[3])
-local pass_ttl_ms = tonumber(ARGV[4])
+local issued_ms = tonumber(ARGV[2])
+local confirmed = ARGV[3] == '1'
+local session_ttl_ms = tonumber(ARGV[4])
+local pass_ttl_ms = tonumber(ARGV[5])
+local client_memory_ms = tonumber(ARGV[6])
 
 if is_active(id) then
   redis.call('ZADD', active_key, int(now_ms + session_ttl_ms), id)
+  client_touch(id, client_memory_ms)
   return 1
 end
 
-if epoch_us > (issued_s - 1) * 1000000 then
+if not confirmed or tombstoned(id) then
+  return 0
+end
+
+local epoch_ms = math.floor(epoch_us / 1000)
+if issued_ms < epoch_ms and issued_ms + session_ttl_ms > epoch_ms then
   redis.call('ZADD', active_key, int(now_ms + session_ttl_ms), id)
   redis.call('ZREM', waiting_key, id)
   redis.call('ZREM', seen_key, id)

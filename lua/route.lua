@@ -4,13 +4,20 @@
 -- KEYS (the same five, in this order, for every script; one `{route}` hash
 -- tag, so they share a Cluster slot):
 --   KEYS[1] qg:{route}:waiting  ZSET  id -> join score (store time, µs)
---   KEYS[2] qg:{route}:seen     ZSET  id -> last poll (ms) of an id in line,
---                                      or -expiry (ms) of a purged no-show
---                                      (a tombstone, negative so no poll
---                                      time is ever one; kept abandon_after)
+--   KEYS[2] qg:{route}:seen     ZSET  id -> last poll (ms) of an id in line;
+--                                      ending in .5 for a ticket never polled
+--                                      (unconfirmed), set back abandon_after -
+--                                      confirm_within so the ghost rule drops
+--                                      it confirm_within after joining;
+--                                      or -time (ms) of a tombstone: a purged
+--                                      no-show (its expiry) or a leave (its
+--                                      time), negative so no poll time is
+--                                      ever one, kept abandon_after
 --   KEYS[3] qg:{route}:active   ZSET  id -> expiry (ms); an expiry ending in
 --                                      .5 marks a waiter admitted from the
---                                      line who has not shown up yet
+--                                      line who has not shown up yet, one
+--                                      ending in .25 a session admitted at
+--                                      once and not yet confirmed
 --   KEYS[4] qg:{route}:tick     string: the tick window last admitted in
 --                                      (SET PX tick, expires by itself)
 --   KEYS[5] qg:{route}:stats    HASH  epoch (µs), admitted_total,
@@ -22,7 +29,16 @@
 --                                      used (tick window, admissions in it),
 --                                      last_score (µs, keeps join scores
 --                                      unique), pending_abandoned (ghosts
---                                      dropped since the last tick)
+--                                      dropped since the last tick),
+--                                      pending_unconfirmed_tickets (tickets
+--                                      never polled, dropped since then)
+-- and, for arrive, poll and renew from a client the limits count:
+--   KEYS[6] qg:{route}:client:<hex client key>  ZSET  id -> join time (ms)
+--                                      of each visitor the client brought in
+--                                      (joined or admitted at once), kept
+--                                      while it may hold a place or falls in
+--                                      the join window; the key expires
+--                                      client memory after its last contact
 -- Ids are the raw 16-byte visitor ids: members only, never part of a key.
 --
 -- It defines: now_us / now_ms (Redis TIME), epoch_us (created with HSETNX by
@@ -32,6 +48,7 @@
 
 local waiting_key, seen_key, active_key, tick_key, stats_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local client_key = KEYS[6]
 
 local clock = redis.call('TIME')
 local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
@@ -125,16 +142,38 @@ local function admit_rate()
   return n / t
 end
 
+-- Whether a seen or active score carries a fraction: an unconfirmed ticket
+-- (.5 in seen), an admitted waiter still arriving (.5 in active) or an
+-- unconfirmed session (.25 in active).
+local function marked(score, fraction)
+  return score % 1 == fraction
+end
+
 -- Drops up to `limit` waiters whose last poll is before now - abandon_after
--- (the oldest first); returns how many. Tombstones (negative) are not waiters.
+-- (the oldest first), unconfirmed tickets included (their time is set back);
+-- returns how many ghosts and how many unconfirmed tickets. Tombstones
+-- (negative) are not waiters.
 local function drop_ghosts(abandon_after_ms, limit)
-  local ghosts = redis.call('ZRANGEBYSCORE', seen_key, 0,
-    '(' .. int(now_ms - abandon_after_ms), 'LIMIT', 0, limit)
-  if #ghosts > 0 then
-    redis.call('ZREM', waiting_key, unpack(ghosts))
-    redis.call('ZREM', seen_key, unpack(ghosts))
+  local found = redis.call('ZRANGEBYSCORE', seen_key, 0,
+    '(' .. int(now_ms - abandon_after_ms), 'WITHSCORES', 'LIMIT', 0, limit)
+  local ids, unconfirmed = {}, 0
+  for i = 1, #found, 2 do
+    ids[#ids + 1] = found[i]
+    if marked(tonumber(found[i + 1]), 0.5) then
+      unconfirmed = unconfirmed + 1
+    end
   end
-  return #ghosts
+  if #ids > 0 then
+    redis.call('ZREM', waiting_key, unpack(ids))
+    redis.call('ZREM', seen_key, unpack(ids))
+  end
+  return #ids - unconfirmed, unconfirmed
+end
+
+-- Whether an id in line was never polled.
+local function unconfirmed_ticket(id)
+  local seen = tonumber(redis.call('ZSCORE', seen_key, id))
+  return seen ~= nil and seen >= 0 and marked(seen, 0.5)
 end
 
 -- Whether a waiter's last poll makes it a ghost (no poll recorded: not one,
@@ -151,20 +190,20 @@ local function bury_no_show(id, expiry_ms)
   redis.call('ZADD', seen_key, 'NX', int(-math.floor(expiry_ms)), id)
 end
 
--- Whether `id` was admitted and never came: a tombstone, or a pending expiry
--- (ending in .5) that ran out and awaits the tick's purge.
-local function is_no_show(id)
+-- Whether `id` left or was admitted and never came: a tombstone, or a pending
+-- expiry (ending in .5) that ran out and awaits the tick's purge.
+local function tombstoned(id)
   local seen = tonumber(redis.call('ZSCORE', seen_key, id))
   if seen ~= nil and seen < 0 then
     return true
   end
   local expiry = tonumber(redis.call('ZSCORE', active_key, id))
-  return expiry ~= nil and expiry <= now_ms and expiry % 1 ~= 0
+  return expiry ~= nil and expiry <= now_ms and marked(expiry, 0.5)
 end
 
--- Forgets tombstones of no-shows that expired before now - abandon_after: by
--- then every ticket they could meet is too old for the lost-write rule.
-local function forget_no_shows(abandon_after_ms)
+-- Forgets tombstones buried before now - abandon_after: by then every ticket
+-- they could meet is too old for the lost-write rule.
+local function forget_tombstones(abandon_after_ms)
   redis.call('ZREMRANGEBYSCORE', seen_key,
     '(' .. int(abandon_after_ms - now_ms), '(0')
 end
@@ -183,6 +222,77 @@ end
 
 local function active_count()
   return redis.call('ZCOUNT', active_key, '(' .. int(now_ms), '+inf')
+end
+
+-- Per-client limits. The places a client holds are counted from the line and
+-- the active set themselves (each id it brought in that is still in line and
+-- no ghost, or holds a live slot), never kept as a counter, so the count
+-- cannot drift when a place is given up in any way.
+-- Whether `id` still holds a place.
+local function holds_place(id, abandon_after_ms)
+  if redis.call('ZSCORE', waiting_key, id) then
+    return not is_ghost(id, abandon_after_ms)
+  end
+  return is_active(id)
+end
+
+-- Whether the client may bring in one more visitor now: 0 if it may, else the
+-- ms to wait (confirm_within for places; until the oldest join leaves the
+-- window for joins). Forgets the client's ids that matter no more.
+local function client_refusal(places, joins_per_minute, window_ms, confirm_ms,
+    abandon_after_ms)
+  if not client_key then
+    return 0
+  end
+  local members = redis.call('ZRANGE', client_key, 0, -1, 'WITHSCORES')
+  local window_start = now_ms - window_ms
+  local held, recent, oldest, gone = 0, 0, nil, {}
+  for i = 1, #members, 2 do
+    local id, joined = members[i], tonumber(members[i + 1])
+    local holding = places > 0 and holds_place(id, abandon_after_ms)
+    local in_window = joins_per_minute > 0 and joined > window_start
+    if holding then
+      held = held + 1
+    end
+    if in_window then
+      recent = recent + 1
+      oldest = oldest or joined
+    end
+    if not holding and not in_window then
+      gone[#gone + 1] = id
+    end
+  end
+  for i = 1, #gone, 1000 do
+    redis.call('ZREM', client_key, unpack(gone, i, math.min(i + 999, #gone)))
+  end
+  local refused, wait = false, 0
+  if places > 0 and held >= places then
+    refused, wait = true, confirm_ms
+  end
+  if joins_per_minute > 0 and recent >= joins_per_minute then
+    refused = true
+    wait = math.max(wait, oldest + window_ms - now_ms)
+  end
+  if refused then
+    return math.max(wait, 1)
+  end
+  return 0
+end
+
+-- The client brought `id` in now; it is remembered memory_ms from now.
+local function client_record(id, memory_ms)
+  if client_key then
+    redis.call('ZADD', client_key, int(now_ms), id)
+    redis.call('PEXPIRE', client_key, memory_ms)
+  end
+end
+
+-- `id` still holds its place: if the client brought it in, the client is
+-- remembered memory_ms from now.
+local function client_touch(id, memory_ms)
+  if client_key and redis.call('ZSCORE', client_key, id) then
+    redis.call('PEXPIRE', client_key, memory_ms)
+  end
 end
 
 -- (end of prelude)

@@ -11,7 +11,12 @@ use crate::admission::{self, Claims, Kind, PassLife, VisitorId};
 use crate::clock::Clock;
 use crate::config::{Mode, OnStoreError};
 use crate::cookie::{self, Credentials};
-use crate::queue::{Arrival, Guarded, MemoryStore, Place, Poll, QueueStore, StoreError};
+use crate::queue::{
+    Arrival, Guarded, MemoryStore, PassTimes, Place, Poll, QueueStore, StoreError, TicketTimes,
+};
+
+/// The client key passed to the store: none yet, so no per-client limit applies.
+const UNKNOWN_CLIENT: &[u8] = &[];
 use crate::route::{RouteRt, Settings};
 
 /// A ticket cookie outlives any reasonable wait; the place itself is kept by
@@ -167,10 +172,19 @@ impl Gate {
                 set_cookie: None,
             });
         }
-        let renewed = Box::pin(
-            self.store
-                .renew(route.name(), &pass.id, issued_s, &route.limits),
-        )
+        // The pass carries whole seconds and no confirmation yet: as before,
+        // a pass is taken as confirmed and issued at the start of its second.
+        let times = PassTimes {
+            issued_ms: issued_s.saturating_mul(1_000),
+            confirmed: true,
+        };
+        let renewed = Box::pin(self.store.renew(
+            route.name(),
+            &pass.id,
+            UNKNOWN_CLIENT,
+            times,
+            &route.limits,
+        ))
         .await;
         let how = match renewed {
             Ok(true) => Admitted::Renewed,
@@ -199,9 +213,21 @@ impl Gate {
         ticket: &Claims,
         tls: bool,
     ) -> Option<Decision> {
+        // The ticket does not carry its last poll yet: taken as seen now,
+        // which restores what was restored before.
+        let times = TicketTimes {
+            score_us: ticket.t,
+            seen_us: self.clock.now_us(),
+        };
         let polled = match self
             .store
-            .poll(route.name(), &ticket.id, ticket.t, &route.limits)
+            .poll(
+                route.name(),
+                &ticket.id,
+                UNKNOWN_CLIENT,
+                times,
+                &route.limits,
+            )
             .await
         {
             Ok(p) => p,
@@ -209,7 +235,13 @@ impl Gate {
                 OnStoreError::Local => {
                     tracing::debug!(route = route.name(), error = %err, "polling the local line");
                     self.local
-                        .poll(route.name(), &ticket.id, ticket.t, &route.local_limits)
+                        .poll(
+                            route.name(),
+                            &ticket.id,
+                            UNKNOWN_CLIENT,
+                            times,
+                            &route.local_limits,
+                        )
                         .await
                         .ok()?
                 }
@@ -235,14 +267,20 @@ impl Gate {
         let admit_now = route.cfg.mode == Mode::Gate;
         let arrival = match self
             .store
-            .arrive(route.name(), &id, &route.limits, admit_now)
+            .arrive(route.name(), &id, UNKNOWN_CLIENT, &route.limits, admit_now)
             .await
         {
             Ok(a) => a,
             Err(err) => match route.cfg.on_store_error {
                 OnStoreError::Local => match self
                     .local
-                    .arrive(route.name(), &id, &route.local_limits, admit_now)
+                    .arrive(
+                        route.name(),
+                        &id,
+                        UNKNOWN_CLIENT,
+                        &route.local_limits,
+                        admit_now,
+                    )
                     .await
                 {
                     Ok(a) => a,
@@ -261,6 +299,9 @@ impl Gate {
                 set_cookie: Some(self.ticket_cookie(s, route, &id, place.score_us, tls)),
             },
             Arrival::Full { waiting_total } => Decision::Full { waiting_total },
+            // Only a known client can be over its limits, and the gate names
+            // none yet; like a full line, nobody was queued.
+            Arrival::TooMany { .. } => Decision::Full { waiting_total: 0 },
         }
     }
 

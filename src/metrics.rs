@@ -719,6 +719,8 @@ mod tests {
             admitted_scores: vec![1_000_000, 2_000_000],
             abandoned: 3,
             no_shows: 1,
+            unconfirmed_sessions: 0,
+            unconfirmed_tickets: 0,
             now_us: 31_000_000,
             epoch_us: 1,
         });

@@ -90,6 +90,9 @@ impl RouteRt {
             arrival_grace: cfg.arrival_grace,
             abandon_after: cfg.abandon_after,
             max_waiting: cfg.max_waiting,
+            confirm_within: cfg.confirm_within,
+            client_places: cfg.client_limits.places,
+            client_joins_per_minute: cfg.client_limits.joins_per_minute,
         };
         let mut local_limits = limits.clone();
         local_limits.capacity = (cfg.capacity / expected_instances.max(1)).max(1);

@@ -8,7 +8,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use queuegate::queue::{
-    Arrival, Limits, Place, Poll, QueueStore, RedisStore, StoreError, VisitorId,
+    Arrival, Limits, PassTimes, Place, Poll, QueueStore, RedisStore, StoreError, TicketTimes,
+    VisitorId,
 };
 use redis_harness::{RedisCluster, RedisSentinel, RedisServer};
 
@@ -22,6 +23,25 @@ fn limits() -> Limits {
         arrival_grace: Duration::from_secs(60),
         abandon_after: Duration::from_secs(30),
         max_waiting: 1000,
+        confirm_within: Duration::from_secs(30),
+        client_places: 0,
+        client_joins_per_minute: 0,
+    }
+}
+
+/// A ticket polled once right after it was issued.
+fn polled_ticket(score_us: u64) -> TicketTimes {
+    TicketTimes {
+        score_us,
+        seen_us: score_us + 1,
+    }
+}
+
+/// A confirmed pass issued at the start of second `issued_s`.
+fn pass_of_second(issued_s: u64) -> PassTimes {
+    PassTimes {
+        issued_ms: issued_s * 1_000,
+        confirmed: true,
     }
 }
 
@@ -80,14 +100,20 @@ async fn connect_does_not_wait_for_redis_and_ready_fails_while_it_is_down() {
         // Nobody listens yet: connecting still succeeds, calls fail.
         let store = RedisStore::connect(&cfg).expect("connect is lazy");
         assert!(store.ready().await.is_err());
-        assert!(store.arrive("r", &id(1), &limits(), true).await.is_err());
+        assert!(store
+            .arrive("r", &id(1), &[], &limits(), true)
+            .await
+            .is_err());
         // Redis comes up: the same store starts answering.
         let Some(_server) = RedisServer::try_start(port, None, &[]) else {
             continue;
         };
         eventually("ready after start", || store.ready()).await;
         assert_eq!(
-            store.arrive("r", &id(1), &limits(), true).await.unwrap(),
+            store
+                .arrive("r", &id(1), &[], &limits(), true)
+                .await
+                .unwrap(),
             Arrival::Admitted
         );
         return;
@@ -116,7 +142,7 @@ async fn calls_time_out_while_redis_is_stopped() {
     let store = RedisStore::connect(&server.config(Duration::from_millis(200))).unwrap();
     store.ready().await.unwrap();
     server.pause();
-    let arrive = store.arrive("r", &id(1), &limits(), true).await;
+    let arrive = store.arrive("r", &id(1), &[], &limits(), true).await;
     assert!(
         matches!(arrive, Err(StoreError::Timeout)),
         "expected a timeout, got {arrive:?}"
@@ -136,17 +162,20 @@ async fn cluster_runs_each_route_on_its_slot() {
     let routes = ["tickets", "shop", "news", "login", "api"];
     for route in routes {
         assert_eq!(
-            store.arrive(route, &id(1), &l, true).await.unwrap(),
+            store.arrive(route, &id(1), &[], &l, true).await.unwrap(),
             Arrival::Admitted
         );
-        let b = waiting(store.arrive(route, &id(2), &l, true).await.unwrap());
-        let c = waiting(store.arrive(route, &id(3), &l, true).await.unwrap());
+        let b = waiting(store.arrive(route, &id(2), &[], &l, true).await.unwrap());
+        let c = waiting(store.arrive(route, &id(3), &[], &l, true).await.unwrap());
         assert_eq!((b.position, c.position), (1, 2));
         store.leave(route, &id(1)).await.unwrap();
         let tick = store.admit_tick(route, &l, None).await.unwrap();
         assert_eq!(tick.admitted_scores, vec![b.score_us]);
         assert_eq!(
-            store.poll(route, &id(2), b.score_us, &l).await.unwrap(),
+            store
+                .poll(route, &id(2), &[], polled_ticket(b.score_us), &l)
+                .await
+                .unwrap(),
             Poll::Admitted
         );
         // All five keys sit on the node that owns the route's slot.
@@ -180,14 +209,16 @@ async fn sentinel_failover_keeps_the_line_going() {
     eventually("sentinel ready", || store.ready()).await;
     let l = limits();
     assert_eq!(
-        store.arrive("r", &id(1), &l, true).await.unwrap(),
+        store.arrive("r", &id(1), &[], &l, true).await.unwrap(),
         Arrival::Admitted
     );
     let stats = store.stats("r", &l).await.unwrap();
     let issued_s = stats.now_us / 1_000_000;
     let mut line = Vec::new();
     for n in 2..=4 {
-        line.push(waiting(store.arrive("r", &id(n), &l, true).await.unwrap()));
+        line.push(waiting(
+            store.arrive("r", &id(n), &[], &l, true).await.unwrap(),
+        ));
     }
     // Let the replica catch up, as it usually has by the time a master dies.
     let _: i64 = trio.master.query(&["WAIT", "1", "2000"]);
@@ -201,7 +232,7 @@ async fn sentinel_failover_keeps_the_line_going() {
         let visitor = id(i as u8 + 2);
         let now = polled(
             eventually("poll after failover", || {
-                store.poll("r", &visitor, place.score_us, &l)
+                store.poll("r", &visitor, &[], polled_ticket(place.score_us), &l)
             })
             .await,
         );
@@ -210,10 +241,13 @@ async fn sentinel_failover_keeps_the_line_going() {
     }
     assert_eq!(positions, vec![1, 2, 3]);
     // New visitors join behind them.
-    let newcomer = waiting(store.arrive("r", &id(9), &l, true).await.unwrap());
+    let newcomer = waiting(store.arrive("r", &id(9), &[], &l, true).await.unwrap());
     assert_eq!(newcomer.position, 4);
     // The admitted visitor's pass still renews.
-    assert!(store.renew("r", &id(1), issued_s, &l).await.unwrap());
+    assert!(store
+        .renew("r", &id(1), &[], pass_of_second(issued_s), &l)
+        .await
+        .unwrap());
     // And the admitter admits the head once the slot frees.
     store.leave("r", &id(1)).await.unwrap();
     let tick = eventually("tick after failover", || store.admit_tick("r", &l, None)).await;
@@ -232,10 +266,10 @@ async fn sentinel_switchover_moves_writes_to_the_new_master() {
     eventually("sentinel ready", || store.ready()).await;
     let l = limits();
     assert_eq!(
-        store.arrive("r", &id(1), &l, true).await.unwrap(),
+        store.arrive("r", &id(1), &[], &l, true).await.unwrap(),
         Arrival::Admitted
     );
-    let b = waiting(store.arrive("r", &id(2), &l, true).await.unwrap());
+    let b = waiting(store.arrive("r", &id(2), &[], &l, true).await.unwrap());
     let _: i64 = trio.master.query(&["WAIT", "1", "2000"]);
 
     trio.failover();
@@ -244,13 +278,19 @@ async fn sentinel_switchover_moves_writes_to_the_new_master() {
 
     let c = waiting(
         eventually("arrive after switchover", || {
-            store.arrive("r", &[3; 16], &l, true)
+            store.arrive("r", &[3; 16], &[], &l, true)
         })
         .await,
     );
     assert_eq!((c.position, c.waiting_total), (2, 2));
     assert_eq!(
-        polled(store.poll("r", &id(2), b.score_us, &l).await.unwrap()).position,
+        polled(
+            store
+                .poll("r", &id(2), &[], polled_ticket(b.score_us), &l)
+                .await
+                .unwrap()
+        )
+        .position,
         1
     );
     // The write landed on the promoted replica, not the demoted master.

@@ -8,7 +8,9 @@ mod redis_harness;
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use queuegate::queue::{Arrival, Limits, Poll, QueueStore, RedisStore, Tick, VisitorId};
+use queuegate::queue::{
+    Arrival, Limits, PassTimes, Poll, QueueStore, RedisStore, Tick, TicketTimes, VisitorId,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use redis_harness::RedisServer;
@@ -26,11 +28,30 @@ fn limits() -> Limits {
         arrival_grace: Duration::from_secs(60),
         abandon_after: Duration::from_secs(30),
         max_waiting: 100,
+        confirm_within: Duration::from_secs(30),
+        client_places: 0,
+        client_joins_per_minute: 0,
     }
 }
 
 /// Ids with bytes that would break a key (braces, colon, NUL, high bytes):
 /// they are members only.
+/// A ticket polled once right after it was issued.
+fn polled_ticket(score_us: u64) -> TicketTimes {
+    TicketTimes {
+        score_us,
+        seen_us: score_us + 1,
+    }
+}
+
+/// A confirmed pass issued at the start of second `issued_s`.
+fn pass_of_second(issued_s: u64) -> PassTimes {
+    PassTimes {
+        issued_ms: issued_s * 1_000,
+        confirmed: true,
+    }
+}
+
 fn id(n: u8) -> VisitorId {
     let mut v = *b"{x}:\0\xff\xfe qg:{rt}}";
     v[1] = n;
@@ -73,25 +94,25 @@ async fn arrive_admits_at_once_while_free_then_queues_in_order() {
     let s = store(&server);
     let l = limits();
     assert_eq!(
-        s.arrive("r", &id(1), &l, true).await.unwrap(),
+        s.arrive("r", &id(1), &[], &l, true).await.unwrap(),
         Arrival::Admitted
     );
     assert_eq!(
-        s.arrive("r", &id(2), &l, true).await.unwrap(),
+        s.arrive("r", &id(2), &[], &l, true).await.unwrap(),
         Arrival::Admitted
     );
-    let c = waiting(s.arrive("r", &id(3), &l, true).await.unwrap());
-    let d = waiting(s.arrive("r", &id(4), &l, true).await.unwrap());
+    let c = waiting(s.arrive("r", &id(3), &[], &l, true).await.unwrap());
+    let d = waiting(s.arrive("r", &id(4), &[], &l, true).await.unwrap());
     assert_eq!((c.position, c.waiting_total), (1, 1));
     assert_eq!((d.position, d.waiting_total), (2, 2));
     assert!(c.score_us < d.score_us);
 
     // Same ids again: the active one stays admitted, the waiter keeps its place.
     assert_eq!(
-        s.arrive("r", &id(1), &l, true).await.unwrap(),
+        s.arrive("r", &id(1), &[], &l, true).await.unwrap(),
         Arrival::Admitted
     );
-    let c_again = waiting(s.arrive("r", &id(3), &l, true).await.unwrap());
+    let c_again = waiting(s.arrive("r", &id(3), &[], &l, true).await.unwrap());
     assert_eq!((c_again.score_us, c_again.position), (c.score_us, 1));
 
     let stats = s.stats("r", &l).await.unwrap();
@@ -108,7 +129,7 @@ async fn arrive_admits_at_once_while_free_then_queues_in_order() {
 async fn arrive_without_admit_now_joins_even_when_free() {
     let server = RedisServer::start();
     let s = store(&server);
-    let p = waiting(s.arrive("r", &id(1), &limits(), false).await.unwrap());
+    let p = waiting(s.arrive("r", &id(1), &[], &limits(), false).await.unwrap());
     assert_eq!((p.position, p.waiting_total), (1, 1));
 }
 
@@ -122,12 +143,12 @@ async fn admit_now_shares_the_tick_budget_and_stops_when_someone_waits() {
         ..limits()
     };
     assert_eq!(
-        s.arrive("r", &id(1), &l, true).await.unwrap(),
+        s.arrive("r", &id(1), &[], &l, true).await.unwrap(),
         Arrival::Admitted
     );
     // Budget of this window spent: queue, although capacity is free.
     assert_eq!(
-        waiting(s.arrive("r", &id(2), &l, true).await.unwrap()).position,
+        waiting(s.arrive("r", &id(2), &[], &l, true).await.unwrap()).position,
         1
     );
     // The admitter's tick in the same window has no budget left either.
@@ -140,7 +161,7 @@ async fn admit_now_shares_the_tick_budget_and_stops_when_someone_waits() {
         ..l.clone()
     };
     assert_eq!(
-        waiting(s.arrive("r", &id(3), &roomy, true).await.unwrap()).position,
+        waiting(s.arrive("r", &id(3), &[], &roomy, true).await.unwrap()).position,
         2
     );
 }
@@ -154,10 +175,10 @@ async fn a_full_line_queues_nobody() {
         max_waiting: 2,
         ..limits()
     };
-    waiting(s.arrive("r", &id(1), &l, true).await.unwrap());
-    waiting(s.arrive("r", &id(2), &l, true).await.unwrap());
+    waiting(s.arrive("r", &id(1), &[], &l, true).await.unwrap());
+    waiting(s.arrive("r", &id(2), &[], &l, true).await.unwrap());
     assert_eq!(
-        s.arrive("r", &id(3), &l, true).await.unwrap(),
+        s.arrive("r", &id(3), &[], &l, true).await.unwrap(),
         Arrival::Full { waiting_total: 2 }
     );
     assert_eq!(s.stats("r", &l).await.unwrap().waiting, 2);
@@ -173,7 +194,7 @@ async fn admit_tick_admits_from_the_head_up_to_capacity_once_per_window() {
     };
     let mut scores = Vec::new();
     for n in 1..=5 {
-        scores.push(waiting(s.arrive("r", &id(n), &l, false).await.unwrap()).score_us);
+        scores.push(waiting(s.arrive("r", &id(n), &[], &l, false).await.unwrap()).score_us);
     }
     let tick = s.admit_tick("r", &l, None).await.unwrap();
     assert!(tick.ran);
@@ -185,10 +206,16 @@ async fn admit_tick_admits_from_the_head_up_to_capacity_once_per_window() {
     assert!(again.admitted_scores.is_empty());
 
     assert_eq!(
-        s.poll("r", &id(1), scores[0], &l).await.unwrap(),
+        s.poll("r", &id(1), &[], polled_ticket(scores[0]), &l)
+            .await
+            .unwrap(),
         Poll::Admitted
     );
-    let fourth = polled_place(s.poll("r", &id(4), scores[3], &l).await.unwrap());
+    let fourth = polled_place(
+        s.poll("r", &id(4), &[], polled_ticket(scores[3]), &l)
+            .await
+            .unwrap(),
+    );
     assert_eq!(
         (fourth.position, fourth.waiting_total, fourth.score_us),
         (1, 2, scores[3])
@@ -212,7 +239,7 @@ async fn admit_tick_admits_at_most_max_admit_per_tick() {
     };
     let mut scores = Vec::new();
     for n in 1..=5 {
-        scores.push(waiting(s.arrive("r", &id(n), &l, false).await.unwrap()).score_us);
+        scores.push(waiting(s.arrive("r", &id(n), &[], &l, false).await.unwrap()).score_us);
     }
     let first = tick_that_runs(&s, "r", &l).await;
     assert_eq!(first.admitted_scores, scores[..2]);
@@ -229,13 +256,17 @@ async fn leave_frees_the_slot_and_the_place() {
         ..limits()
     };
     assert_eq!(
-        s.arrive("r", &id(1), &l, true).await.unwrap(),
+        s.arrive("r", &id(1), &[], &l, true).await.unwrap(),
         Arrival::Admitted
     );
-    let b = waiting(s.arrive("r", &id(2), &l, true).await.unwrap());
-    let c = waiting(s.arrive("r", &id(3), &l, true).await.unwrap());
+    let b = waiting(s.arrive("r", &id(2), &[], &l, true).await.unwrap());
+    let c = waiting(s.arrive("r", &id(3), &[], &l, true).await.unwrap());
     s.leave("r", &id(2)).await.unwrap();
-    let c_now = polled_place(s.poll("r", &id(3), c.score_us, &l).await.unwrap());
+    let c_now = polled_place(
+        s.poll("r", &id(3), &[], polled_ticket(c.score_us), &l)
+            .await
+            .unwrap(),
+    );
     assert_eq!((c_now.position, c_now.waiting_total), (1, 1));
     s.leave("r", &id(1)).await.unwrap();
     s.leave("r", &id(99)).await.unwrap();
@@ -244,11 +275,18 @@ async fn leave_frees_the_slot_and_the_place() {
     // The pass of a visitor who left is not renewed (the pass was issued
     // after the epoch, beyond the one-second allowance).
     let issued_s = stats.epoch_us / 1_000_000 + 2;
-    assert!(!s.renew("r", &id(1), issued_s, &l).await.unwrap());
-    // b's ticket is young: a poll puts it back at its old score (a write
-    // lost in a failover looks the same), ahead of c.
-    let b_back = polled_place(s.poll("r", &id(2), b.score_us, &l).await.unwrap());
-    assert_eq!((b_back.position, b_back.score_us), (1, b.score_us));
+    assert!(!s
+        .renew("r", &id(1), &[], pass_of_second(issued_s), &l)
+        .await
+        .unwrap());
+    // b's ticket is young, but b left: its tombstone keeps it from coming
+    // back as a lost write.
+    assert_eq!(
+        s.poll("r", &id(2), &[], polled_ticket(b.score_us), &l)
+            .await
+            .unwrap(),
+        Poll::Gone
+    );
 }
 
 #[tokio::test]
@@ -257,13 +295,19 @@ async fn renew_extends_live_sessions_only() {
     let s = store(&server);
     let l = limits();
     assert_eq!(
-        s.arrive("r", &id(1), &l, true).await.unwrap(),
+        s.arrive("r", &id(1), &[], &l, true).await.unwrap(),
         Arrival::Admitted
     );
     let epoch_s = s.stats("r", &l).await.unwrap().epoch_us / 1_000_000;
-    assert!(s.renew("r", &id(1), epoch_s + 2, &l).await.unwrap());
+    assert!(s
+        .renew("r", &id(1), &[], pass_of_second(epoch_s + 2), &l)
+        .await
+        .unwrap());
     // Unknown id, pass issued after the epoch: gone, not restored.
-    assert!(!s.renew("r", &id(2), epoch_s + 2, &l).await.unwrap());
+    assert!(!s
+        .renew("r", &id(2), &[], pass_of_second(epoch_s + 2), &l)
+        .await
+        .unwrap());
     let stats = s.stats("r", &l).await.unwrap();
     assert_eq!((stats.active, stats.hold_until_us), (1, 0));
 }
@@ -277,7 +321,7 @@ async fn sessions_expire_after_session_ttl() {
         ..limits()
     };
     assert_eq!(
-        s.arrive("r", &id(1), &l, true).await.unwrap(),
+        s.arrive("r", &id(1), &[], &l, true).await.unwrap(),
         Arrival::Admitted
     );
     let issued_s = s.stats("r", &l).await.unwrap().epoch_us / 1_000_000 + 2;
@@ -289,7 +333,10 @@ async fn sessions_expire_after_session_ttl() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(!s.renew("r", &id(1), issued_s, &l).await.unwrap());
+    assert!(!s
+        .renew("r", &id(1), &[], pass_of_second(issued_s), &l)
+        .await
+        .unwrap());
 }
 
 #[tokio::test]
@@ -301,15 +348,25 @@ async fn silent_waiters_are_dropped_before_anyone_behind_is_admitted() {
         abandon_after: Duration::from_millis(800),
         ..limits()
     };
-    let a = waiting(s.arrive("r", &id(1), &l, false).await.unwrap());
-    let b = waiting(s.arrive("r", &id(2), &l, false).await.unwrap());
+    let a = waiting(s.arrive("r", &id(1), &[], &l, false).await.unwrap());
+    let b = waiting(s.arrive("r", &id(2), &[], &l, false).await.unwrap());
+    // a polls once (a ticket never polled is unconfirmed, not a ghost).
+    polled_place(
+        s.poll("r", &id(1), &[], polled_ticket(a.score_us), &l)
+            .await
+            .unwrap(),
+    );
     // b keeps polling, a goes silent until it is a ghost. b polls last, just
     // before the tick, so only a has been silent for long, however slowly
     // the loop runs.
     let silent_since = tokio::time::Instant::now();
     while silent_since.elapsed() < Duration::from_millis(1_200) {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        polled_place(s.poll("r", &id(2), b.score_us, &l).await.unwrap());
+        polled_place(
+            s.poll("r", &id(2), &[], polled_ticket(b.score_us), &l)
+                .await
+                .unwrap(),
+        );
     }
     let open = Limits {
         capacity: 1,
@@ -320,7 +377,9 @@ async fn silent_waiters_are_dropped_before_anyone_behind_is_admitted() {
     assert_eq!(tick.admitted_scores, vec![b.score_us]);
     assert_eq!(tick.abandoned, 1);
     assert_eq!(
-        s.poll("r", &id(1), a.score_us, &l).await.unwrap(),
+        s.poll("r", &id(1), &[], polled_ticket(a.score_us), &l)
+            .await
+            .unwrap(),
         Poll::Gone
     );
 }
@@ -335,7 +394,7 @@ async fn admitted_waiters_who_never_come_are_no_shows() {
         tick: Duration::from_millis(100),
         ..limits()
     };
-    waiting(s.arrive("r", &id(1), &l, false).await.unwrap());
+    waiting(s.arrive("r", &id(1), &[], &l, false).await.unwrap());
     let first = tick_that_runs(&s, "r", &l).await;
     assert_eq!(first.admitted_scores.len(), 1);
     let mut no_shows = 0;
@@ -359,22 +418,39 @@ async fn missing_entries_come_back_only_under_the_epoch_rules() {
     };
     let stats = s.stats("r", &l).await.unwrap();
     // Younger than abandon_after: restored, no hold (not a store loss).
-    let young = polled_place(s.poll("r", &id(1), stats.now_us, &l).await.unwrap());
+    let young = polled_place(
+        s.poll("r", &id(1), &[], polled_ticket(stats.now_us), &l)
+            .await
+            .unwrap(),
+    );
     assert_eq!(young.score_us, stats.now_us);
     tokio::time::sleep(Duration::from_millis(400)).await;
     // Newer than the epoch but older than abandon_after: dropped on purpose.
     assert_eq!(
-        s.poll("r", &id(2), stats.epoch_us + 1, &l).await.unwrap(),
+        s.poll("r", &id(2), &[], polled_ticket(stats.epoch_us + 1), &l)
+            .await
+            .unwrap(),
         Poll::Gone
     );
     assert_eq!(s.stats("r", &l).await.unwrap().hold_until_us, 0);
-    // Older than the epoch: the store lost it; restored, and a hold starts.
-    let old = polled_place(s.poll("r", &id(3), stats.epoch_us - 1, &l).await.unwrap());
+    // Older than the epoch and seen just now: the store lost it; restored,
+    // and a hold starts.
+    let seen_us = s.stats("r", &l).await.unwrap().now_us;
+    let lost = |score_us| TicketTimes { score_us, seen_us };
+    let old = polled_place(
+        s.poll("r", &id(3), &[], lost(stats.epoch_us - 1), &l)
+            .await
+            .unwrap(),
+    );
     assert_eq!(old.score_us, stats.epoch_us - 1);
     let hold = s.stats("r", &l).await.unwrap().hold_until_us;
     assert!(hold > 0);
     // Later notices in the same epoch do not extend the hold.
-    polled_place(s.poll("r", &id(4), stats.epoch_us - 2, &l).await.unwrap());
+    polled_place(
+        s.poll("r", &id(4), &[], lost(stats.epoch_us - 2), &l)
+            .await
+            .unwrap(),
+    );
     s.admit_tick("r", &l, Some(stats.epoch_us + 1))
         .await
         .unwrap();
@@ -388,12 +464,12 @@ async fn script_flush_reloads_scripts_on_the_next_call() {
     let l = limits();
     s.ready().await.unwrap();
     assert_eq!(
-        s.arrive("r", &id(1), &l, true).await.unwrap(),
+        s.arrive("r", &id(1), &[], &l, true).await.unwrap(),
         Arrival::Admitted
     );
     let _: () = server.query(&["SCRIPT", "FLUSH"]);
     assert_eq!(
-        s.arrive("r", &id(2), &l, true).await.unwrap(),
+        s.arrive("r", &id(2), &[], &l, true).await.unwrap(),
         Arrival::Admitted
     );
     let _: () = server.query(&["SCRIPT", "FLUSH"]);
@@ -409,7 +485,7 @@ async fn after_flushall_waiters_and_passes_come_back_and_a_hold_blocks_newcomers
         ..limits()
     };
     assert_eq!(
-        s.arrive("r", &id(1), &l, true).await.unwrap(),
+        s.arrive("r", &id(1), &[], &l, true).await.unwrap(),
         Arrival::Admitted
     );
     let issued_s = s.stats("r", &l).await.unwrap().now_us / 1_000_000;
@@ -420,7 +496,7 @@ async fn after_flushall_waiters_and_passes_come_back_and_a_hold_blocks_newcomers
     let scores: Vec<u64> = {
         let mut v = Vec::new();
         for n in 2..=4 {
-            v.push(waiting(s.arrive("r", &id(n), &full, true).await.unwrap()).score_us);
+            v.push(waiting(s.arrive("r", &id(n), &[], &full, true).await.unwrap()).score_us);
         }
         v
     };
@@ -431,18 +507,37 @@ async fn after_flushall_waiters_and_passes_come_back_and_a_hold_blocks_newcomers
     let _: () = server.query(&["FLUSHALL"]);
 
     // Polls in a scrambled order: each comes back at its own score.
-    let d = polled_place(s.poll("r", &id(4), scores[2], &l).await.unwrap());
-    let b = polled_place(s.poll("r", &id(2), scores[0], &l).await.unwrap());
-    let c = polled_place(s.poll("r", &id(3), scores[1], &l).await.unwrap());
+    let d = polled_place(
+        s.poll("r", &id(4), &[], polled_ticket(scores[2]), &l)
+            .await
+            .unwrap(),
+    );
+    let b = polled_place(
+        s.poll("r", &id(2), &[], polled_ticket(scores[0]), &l)
+            .await
+            .unwrap(),
+    );
+    let c = polled_place(
+        s.poll("r", &id(3), &[], polled_ticket(scores[1]), &l)
+            .await
+            .unwrap(),
+    );
     assert_eq!(
         (b.score_us, c.score_us, d.score_us),
         (scores[0], scores[1], scores[2])
     );
-    let c_again = polled_place(s.poll("r", &id(3), scores[1], &l).await.unwrap());
+    let c_again = polled_place(
+        s.poll("r", &id(3), &[], polled_ticket(scores[1]), &l)
+            .await
+            .unwrap(),
+    );
     assert_eq!((c_again.position, c_again.waiting_total), (2, 3));
 
     // The pass comes back as active on renewal.
-    assert!(s.renew("r", &id(1), issued_s, &l).await.unwrap());
+    assert!(s
+        .renew("r", &id(1), &[], pass_of_second(issued_s), &l)
+        .await
+        .unwrap());
 
     let stats = s.stats("r", &l).await.unwrap();
     assert!(stats.epoch_us > old_epoch);
@@ -450,7 +545,7 @@ async fn after_flushall_waiters_and_passes_come_back_and_a_hold_blocks_newcomers
     assert_eq!((stats.active, stats.waiting), (1, 3));
 
     // During the hold nobody new is admitted, at once or by the admitter.
-    let e = waiting(s.arrive("r", &id(5), &l, true).await.unwrap());
+    let e = waiting(s.arrive("r", &id(5), &[], &l, true).await.unwrap());
     assert_eq!(e.position, 4);
     let tick = s.admit_tick("r", &l, Some(old_epoch)).await.unwrap();
     assert!(tick.ran);
@@ -471,7 +566,7 @@ async fn an_instance_that_sees_the_epoch_change_starts_a_hold() {
     assert!(s.stats("r", &l).await.unwrap().hold_until_us > 0);
     // Free capacity, nobody waiting: still no admission during the hold.
     assert_eq!(
-        waiting(s.arrive("r", &id(1), &l, true).await.unwrap()).position,
+        waiting(s.arrive("r", &id(1), &[], &l, true).await.unwrap()).position,
         1
     );
 }
@@ -482,11 +577,15 @@ async fn only_the_five_route_keys_exist_and_no_id_is_in_a_key() {
     let s = store(&server);
     let l = limits();
     for n in 1..=6 {
-        s.arrive("tickets", &id(n), &l, true).await.unwrap();
+        s.arrive("tickets", &id(n), &[], &l, true).await.unwrap();
     }
-    s.poll("tickets", &id(4), 0, &l).await.unwrap();
+    s.poll("tickets", &id(4), &[], polled_ticket(0), &l)
+        .await
+        .unwrap();
     s.admit_tick("tickets", &l, None).await.unwrap();
-    s.renew("tickets", &id(1), 0, &l).await.unwrap();
+    s.renew("tickets", &id(1), &[], pass_of_second(0), &l)
+        .await
+        .unwrap();
     s.leave("tickets", &id(2)).await.unwrap();
     s.stats("tickets", &l).await.unwrap();
     let mut keys: Vec<String> = server.query(&["KEYS", "*"]);
@@ -549,7 +648,7 @@ async fn three_instances_share_one_line() {
                 next_id += 1;
                 let mut v = [0u8; 16];
                 v[..4].copy_from_slice(&next_id.to_be_bytes());
-                if st.arrive("shared", &v, &l, true).await.unwrap() == Arrival::Admitted {
+                if st.arrive("shared", &v, &[], &l, true).await.unwrap() == Arrival::Admitted {
                     admitted_ids.push(v);
                 }
             }
@@ -608,14 +707,20 @@ async fn ghosts_dropped_by_an_arrival_are_counted_by_the_next_tick() {
         abandon_after: Duration::from_millis(300),
         ..limits()
     };
-    let a = waiting(s.arrive("r", &id(1), &l, false).await.unwrap());
+    let a = waiting(s.arrive("r", &id(1), &[], &l, false).await.unwrap());
+    // a polls once (a ticket never polled is unconfirmed, not a ghost).
+    polled_place(
+        s.poll("r", &id(1), &[], polled_ticket(a.score_us), &l)
+            .await
+            .unwrap(),
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let b = waiting(s.arrive("r", &id(2), &l, false).await.unwrap());
+    let b = waiting(s.arrive("r", &id(2), &[], &l, false).await.unwrap());
     assert_eq!((b.position, b.waiting_total), (1, 1));
     let tick = s.admit_tick("r", &l, None).await.unwrap();
     assert_eq!(tick.abandoned, 1);
     // The ghost comes back at the back of the line, not at its old place.
-    let back = waiting(s.arrive("r", &id(1), &l, false).await.unwrap());
+    let back = waiting(s.arrive("r", &id(1), &[], &l, false).await.unwrap());
     assert!(back.score_us > a.score_us);
 }
 
@@ -631,8 +736,8 @@ async fn purged_no_shows_leave_tombstones_in_seen_until_abandon_after() {
         ..limits()
     };
     let seen_key = "qg:{r}:seen";
-    let a = waiting(s.arrive("r", &id(1), &l, false).await.unwrap());
-    let b = waiting(s.arrive("r", &id(2), &l, false).await.unwrap());
+    let a = waiting(s.arrive("r", &id(1), &[], &l, false).await.unwrap());
+    let b = waiting(s.arrive("r", &id(2), &[], &l, false).await.unwrap());
     let first = tick_that_runs(&s, "r", &l).await;
     assert_eq!(first.admitted_scores, vec![a.score_us, b.score_us]);
     let mut no_shows = 0;
@@ -654,11 +759,13 @@ async fn purged_no_shows_leave_tombstones_in_seen_until_abandon_after() {
         .iter()
         .all(|(m, score)| m.len() == 16 && *score < 0.0));
     assert_eq!(
-        s.poll("r", &id(1), a.score_us, &l).await.unwrap(),
+        s.poll("r", &id(1), &[], polled_ticket(a.score_us), &l)
+            .await
+            .unwrap(),
         Poll::Gone
     );
     // Joining again replaces the tombstone with a poll time.
-    let again = waiting(s.arrive("r", &id(2), &l, false).await.unwrap());
+    let again = waiting(s.arrive("r", &id(2), &[], &l, false).await.unwrap());
     assert!(again.score_us > b.score_us);
     let id2_seen: Vec<(Vec<u8>, f64)> =
         server.query(&["ZRANGEBYSCORE", seen_key, "0", "+inf", "WITHSCORES"]);
@@ -668,7 +775,11 @@ async fn purged_no_shows_leave_tombstones_in_seen_until_abandon_after() {
     // Past abandon_after the tick forgets the remaining tombstone.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        polled_place(s.poll("r", &id(2), again.score_us, &l).await.unwrap());
+        polled_place(
+            s.poll("r", &id(2), &[], polled_ticket(again.score_us), &l)
+                .await
+                .unwrap(),
+        );
         tick_that_runs(&s, "r", &l).await;
         let left: u64 = server.query(&["ZCOUNT", seen_key, "-inf", "(0"]);
         if left == 0 {

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use queuegate::clock::Clock;
 use queuegate::queue::{
-    Arrival, Limits, MemoryStore, Place, Poll, QueueStore, RedisStore, RouteStats, VisitorId,
+    Arrival, Limits, MemoryStore, PassTimes, Place, Poll, QueueStore, RedisStore, RouteStats, Tick,
+    TicketTimes, VisitorId,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -142,6 +143,10 @@ fn limits() -> Limits {
         arrival_grace: Duration::from_millis(300),
         abandon_after: Duration::from_millis(300),
         max_waiting: 1_000,
+        // Not shorter than the lives above: checks of confirmation set their own.
+        confirm_within: Duration::from_secs(3),
+        client_places: 0,
+        client_joins_per_minute: 0,
     }
 }
 
@@ -151,9 +156,24 @@ fn visitor(n: u32) -> VisitorId {
     id
 }
 
+/// Client keys: an IPv4 address, an IPv6 /64.
+const CLIENT_A: &[u8] = &[192, 0, 2, 1];
+const CLIENT_B: &[u8] = &[0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 7];
+
 async fn arrive<H: Harness>(h: &H, route: &str, n: u32, limits: &Limits, now: bool) -> Arrival {
+    arrive_from(h, route, n, &[], limits, now).await
+}
+
+async fn arrive_from<H: Harness>(
+    h: &H,
+    route: &str,
+    n: u32,
+    client: &[u8],
+    limits: &Limits,
+    now: bool,
+) -> Arrival {
     h.store()
-        .arrive(route, &visitor(n), limits, now)
+        .arrive(route, &visitor(n), client, limits, now)
         .await
         .expect("arrive")
 }
@@ -166,18 +186,41 @@ async fn join<H: Harness>(h: &H, route: &str, n: u32, limits: &Limits) -> Place 
     }
 }
 
+/// Polls with a ticket polled once right after it was issued.
 async fn poll<H: Harness>(h: &H, route: &str, n: u32, score_us: u64, limits: &Limits) -> Poll {
+    let ticket = TicketTimes {
+        score_us,
+        seen_us: score_us + 1,
+    };
+    poll_with(h, route, n, ticket, limits).await
+}
+
+async fn poll_with<H: Harness>(
+    h: &H,
+    route: &str,
+    n: u32,
+    ticket: TicketTimes,
+    limits: &Limits,
+) -> Poll {
     h.store()
-        .poll(route, &visitor(n), score_us, limits)
+        .poll(route, &visitor(n), &[], ticket, limits)
         .await
         .expect("poll")
 }
 
-async fn renew<H: Harness>(h: &H, route: &str, n: u32, issued_s: u64, limits: &Limits) -> bool {
+async fn renew<H: Harness>(h: &H, route: &str, n: u32, pass: PassTimes, limits: &Limits) -> bool {
     h.store()
-        .renew(route, &visitor(n), issued_s, limits)
+        .renew(route, &visitor(n), &[], pass, limits)
         .await
         .expect("renew")
+}
+
+/// A ticket last seen at the store's time now.
+async fn seen_now<H: Harness>(h: &H, route: &str, score_us: u64, limits: &Limits) -> TicketTimes {
+    TicketTimes {
+        score_us,
+        seen_us: stats(h, route, limits).await.now_us,
+    }
 }
 
 async fn leave<H: Harness>(h: &H, route: &str, n: u32) {
@@ -189,13 +232,17 @@ async fn stats<H: Harness>(h: &H, route: &str, limits: &Limits) -> RouteStats {
 }
 
 async fn tick<H: Harness>(h: &H, route: &str, limits: &Limits) -> Vec<u64> {
+    full_tick(h, route, limits).await.admitted_scores
+}
+
+async fn full_tick<H: Harness>(h: &H, route: &str, limits: &Limits) -> Tick {
     let tick = h
         .store()
         .admit_tick(route, limits, None)
         .await
         .expect("tick");
     assert!(tick.ran, "a tick in a new window runs");
-    tick.admitted_scores
+    tick
 }
 
 /// Advances `total` in steps, polling the given waiters after each step so
@@ -232,8 +279,17 @@ async fn settled_route<H: Harness>(h: &mut H, limits: &Limits) -> String {
     route
 }
 
-async fn pass_issued_s<H: Harness>(h: &H, route: &str, limits: &Limits) -> u64 {
-    stats(h, route, limits).await.now_us / 1_000_000
+/// A pass issued now (store time); `confirmed` once a renewal issued it.
+async fn pass_issued<H: Harness>(
+    h: &H,
+    route: &str,
+    confirmed: bool,
+    limits: &Limits,
+) -> PassTimes {
+    PassTimes {
+        issued_ms: stats(h, route, limits).await.now_us / 1_000,
+        confirmed,
+    }
 }
 
 async fn admit_now_when_free<H: Harness>(h: &mut H) {
@@ -436,8 +492,12 @@ async fn ghosts_dropped_not_admitted<H: Harness>(h: &mut H) {
     assert_eq!(arrive(h, &route, 1, &limits, true).await, Arrival::Admitted);
     let b = join(h, &route, 2, &limits).await;
     let c = join(h, &route, 3, &limits).await;
-    join(h, &route, 4, &limits).await;
-    // Only visitor 3 keeps polling.
+    let d = join(h, &route, 4, &limits).await;
+    // Everyone polls once (a ticket never polled is unconfirmed, not a ghost),
+    // then only visitor 3 keeps polling.
+    for (n, score) in [(2, b.score_us), (3, c.score_us), (4, d.score_us)] {
+        poll(h, &route, n, score, &limits).await;
+    }
     wait_polling(
         h,
         &route,
@@ -654,7 +714,7 @@ async fn renew_extends_and_reports_gone<H: Harness>(h: &mut H) {
     };
     let route = settled_route(h, &limits).await;
     assert_eq!(arrive(h, &route, 1, &limits, true).await, Arrival::Admitted);
-    let issued = pass_issued_s(h, &route, &limits).await;
+    let issued = pass_issued(h, &route, false, &limits).await;
     h.advance(Duration::from_millis(600)).await;
     assert!(renew(h, &route, 1, issued, &limits).await);
     // 1.2 s after arriving with a 1 s session: alive only thanks to the renewal.
@@ -670,7 +730,7 @@ async fn renew_extends_and_reports_gone<H: Harness>(h: &mut H) {
     assert_eq!(stats(h, &route, &limits).await.active, 0);
 
     assert_eq!(arrive(h, &route, 2, &limits, true).await, Arrival::Admitted);
-    let issued = pass_issued_s(h, &route, &limits).await;
+    let issued = pass_issued(h, &route, true, &limits).await;
     h.advance(Duration::from_millis(1_200)).await;
     assert!(
         !renew(h, &route, 2, issued, &limits).await,
@@ -710,10 +770,16 @@ async fn restore_after_store_loss<H: Harness>(h: &mut H) {
     let limits = Limits {
         capacity: 5,
         max_admit_per_tick: 10,
+        // Room for the calls between the loss and the last ticket's return on
+        // a slow real-time run.
+        abandon_after: Duration::from_millis(600),
         ..limits()
     };
     assert_eq!(arrive(h, &route, 1, &limits, true).await, Arrival::Admitted);
-    let issued = pass_issued_s(h, &route, &limits).await;
+    // Visitor 1 comes back: its session is confirmed and its pass re-issued.
+    let first = pass_issued(h, &route, false, &limits).await;
+    assert!(renew(h, &route, 1, first, &limits).await);
+    let issued = pass_issued(h, &route, true, &limits).await;
     let b = join(h, &route, 2, &limits).await;
     let c = join(h, &route, 3, &limits).await;
     let d = join(h, &route, 4, &limits).await;
@@ -723,16 +789,19 @@ async fn restore_after_store_loss<H: Harness>(h: &mut H) {
     wait_polling(
         h,
         &route,
-        Duration::from_millis(500),
+        Duration::from_millis(700),
         &[(2, b.score_us), (3, c.score_us), (4, d.score_us)],
         &limits,
     )
     .await;
+    // Each ticket, re-issued on its last poll, says when it was last seen.
+    let seen_us = stats(h, &route, &limits).await.now_us;
+    let back = |score_us| TicketTimes { score_us, seen_us };
 
     h.restart().await;
 
     // Visitor 3 comes back first, then 2: restored at their own scores.
-    let Poll::Waiting(c_back) = poll(h, &route, 3, c.score_us, &limits).await else {
+    let Poll::Waiting(c_back) = poll_with(h, &route, 3, back(c.score_us), &limits).await else {
         panic!("a ticket from before the loss is restored");
     };
     assert_eq!((c_back.score_us, c_back.position), (c.score_us, 1));
@@ -741,7 +810,7 @@ async fn restore_after_store_loss<H: Harness>(h: &mut H) {
         s.hold_until_us > s.now_us,
         "a restored ticket starts a hold"
     );
-    let Poll::Waiting(b_back) = poll(h, &route, 2, b.score_us, &limits).await else {
+    let Poll::Waiting(b_back) = poll_with(h, &route, 2, back(b.score_us), &limits).await else {
         panic!("a ticket from before the loss is restored");
     };
     assert_eq!((b_back.score_us, b_back.position), (b.score_us, 1));
@@ -751,13 +820,9 @@ async fn restore_after_store_loss<H: Harness>(h: &mut H) {
     };
     assert_eq!(f.position, 3);
     // The admitted visitor's pass is still honoured.
-    assert!(h
-        .store()
-        .renew(&route, &visitor(1), issued, &limits)
-        .await
-        .expect("renew"));
+    assert!(renew(h, &route, 1, issued, &limits).await);
     // A later-returning ticket still goes ahead of the newcomer.
-    let Poll::Waiting(d_back) = poll(h, &route, 4, d.score_us, &limits).await else {
+    let Poll::Waiting(d_back) = poll_with(h, &route, 4, back(d.score_us), &limits).await else {
         panic!("a ticket from before the loss is restored");
     };
     assert_eq!(d_back.position, 3);
@@ -795,10 +860,19 @@ async fn lost_write_restored_when_young<H: Harness>(h: &mut H) {
     let limits = limits();
     let b = join(h, &route, 2, &limits).await;
     let c = join(h, &route, 3, &limits).await;
-    leave(h, &route, 2).await;
+    // A young ticket the store never held: its join was lost in a failover.
+    // (It ties with visitor 2's score, and comes after it by id.)
+    let lost = TicketTimes {
+        score_us: b.score_us,
+        seen_us: b.score_us + 1,
+    };
     assert_eq!(
-        poll(h, &route, 2, b.score_us, &limits).await,
-        Poll::Waiting(b.with_total(2)),
+        poll_with(h, &route, 5, lost, &limits).await,
+        Poll::Waiting(Place {
+            score_us: lost.score_us,
+            position: 2,
+            waiting_total: 3,
+        }),
         "a young ticket is restored at its own score"
     );
     assert_eq!(
@@ -807,6 +881,7 @@ async fn lost_write_restored_when_young<H: Harness>(h: &mut H) {
         "a lost write starts no hold"
     );
 
+    leave(h, &route, 5).await;
     let d = join(h, &route, 4, &limits).await;
     leave(h, &route, 4).await;
     wait_polling(
@@ -910,6 +985,361 @@ async fn positions_and_totals_are_consistent<H: Harness>(h: &mut H) {
     assert!(s.epoch_us <= s.now_us);
 }
 
+async fn client_places_limit_frees_when_a_place_is_given_up<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 1,
+        client_places: 3,
+        abandon_after: Duration::from_secs(30),
+        ..limits()
+    };
+    // Client A: one session and two tickets, three places.
+    let a = |n| arrive_from(h, &route, n, CLIENT_A, &limits, true);
+    assert_eq!(a(1).await, Arrival::Admitted);
+    let Arrival::Waiting(second) = a(2).await else {
+        panic!("visitor 2 should wait");
+    };
+    assert!(matches!(a(3).await, Arrival::Waiting(_)));
+    let Arrival::TooMany { retry_after } = a(4).await else {
+        panic!("a fourth place is too many");
+    };
+    assert!(retry_after > Duration::ZERO);
+    // An id already in line is no new place, and is not refused.
+    assert_eq!(a(2).await, Arrival::Waiting(second.with_total(2)));
+    // Other clients and unknown ones are not limited by A's places.
+    assert!(matches!(
+        arrive_from(h, &route, 5, CLIENT_B, &limits, true).await,
+        Arrival::Waiting(_)
+    ));
+    assert!(matches!(
+        arrive(h, &route, 6, &limits, true).await,
+        Arrival::Waiting(_)
+    ));
+
+    // A ticket given up frees its place.
+    leave(h, &route, 2).await;
+    let Arrival::Waiting(seventh) = a(7).await else {
+        panic!("a place given up is free again");
+    };
+    assert!(matches!(a(8).await, Arrival::TooMany { .. }));
+    // An admitted waiter still holds a place; the session given up does not.
+    leave(h, &route, 1).await;
+    let admitted = tick(h, &route, &limits).await;
+    assert_eq!(admitted.len(), 1, "visitor 3 is admitted");
+    assert!(matches!(a(9).await, Arrival::Waiting(_)));
+    assert!(matches!(a(10).await, Arrival::TooMany { .. }));
+    assert_eq!(
+        poll(h, &route, 7, seventh.score_us, &limits).await,
+        Poll::Waiting(Place {
+            position: 3,
+            waiting_total: 4,
+            ..seventh
+        })
+    );
+}
+
+async fn client_joins_per_minute_limit<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 10,
+        client_joins_per_minute: 3,
+        abandon_after: Duration::from_secs(30),
+        ..limits()
+    };
+    let a = |n, now| arrive_from(h, &route, n, CLIENT_A, &limits, now);
+    assert_eq!(a(1, true).await, Arrival::Admitted);
+    let Arrival::Waiting(second) = a(2, false).await else {
+        panic!("visitor 2 should wait");
+    };
+    assert!(matches!(a(3, false).await, Arrival::Waiting(_)));
+    // Arriving again with an id in line is no new join.
+    assert_eq!(a(2, false).await, Arrival::Waiting(second.with_total(2)));
+    // Joins count even once given up.
+    for n in 1..=3 {
+        leave(h, &route, n).await;
+    }
+    let Arrival::TooMany { retry_after } = a(4, true).await else {
+        panic!("a fourth join within a minute is too many");
+    };
+    assert!(retry_after > Duration::ZERO && retry_after <= Duration::from_secs(60));
+    assert!(matches!(
+        arrive_from(h, &route, 5, CLIENT_B, &limits, false).await,
+        Arrival::Waiting(_)
+    ));
+}
+
+async fn empty_client_key_is_unlimited<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 2,
+        client_places: 1,
+        client_joins_per_minute: 1,
+        ..limits()
+    };
+    for n in 0..8 {
+        let arrival = arrive(h, &route, n, &limits, true).await;
+        assert!(
+            matches!(arrival, Arrival::Admitted | Arrival::Waiting(_)),
+            "visitor {n}: {arrival:?}"
+        );
+    }
+    let s = stats(h, &route, &limits).await;
+    assert_eq!((s.active, s.waiting), (2, 6));
+}
+
+async fn too_many_leaves_nothing_behind<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 5,
+        client_places: 1,
+        ..limits()
+    };
+    assert_eq!(
+        arrive_from(h, &route, 1, CLIENT_A, &limits, true).await,
+        Arrival::Admitted
+    );
+    let before = stats(h, &route, &limits).await;
+    assert!(matches!(
+        arrive_from(h, &route, 2, CLIENT_A, &limits, true).await,
+        Arrival::TooMany { .. }
+    ));
+    assert!(matches!(
+        arrive_from(h, &route, 3, CLIENT_A, &limits, false).await,
+        Arrival::TooMany { .. }
+    ));
+    let after = stats(h, &route, &limits).await;
+    assert_eq!(
+        (after.active, after.waiting, after.admitted_total),
+        (before.active, before.waiting, before.admitted_total)
+    );
+    assert!(
+        !renew(
+            h,
+            &route,
+            2,
+            pass_issued(h, &route, true, &limits).await,
+            &limits
+        )
+        .await
+    );
+    // The refused visitor was not counted as a join either: once the place
+    // is given up, it comes in as anyone would.
+    leave(h, &route, 1).await;
+    assert_eq!(
+        arrive_from(h, &route, 2, CLIENT_A, &limits, true).await,
+        Arrival::Admitted
+    );
+    assert_eq!(stats(h, &route, &limits).await.admitted_total, 2);
+}
+
+async fn unconfirmed_session_frees_its_slot_after_confirm_within<H: Harness>(h: &mut H) {
+    let limits = Limits {
+        capacity: 1,
+        confirm_within: Duration::from_millis(400),
+        ..limits()
+    };
+    let route = settled_route(h, &limits).await;
+    assert_eq!(arrive(h, &route, 1, &limits, true).await, Arrival::Admitted);
+    let pass = pass_issued(h, &route, false, &limits).await;
+    assert!(matches!(
+        arrive(h, &route, 2, &limits, true).await,
+        Arrival::Waiting(_)
+    ));
+    leave(h, &route, 2).await;
+    h.advance(Duration::from_millis(600)).await;
+    assert_eq!(stats(h, &route, &limits).await.active, 0);
+    let freed = full_tick(h, &route, &limits).await;
+    assert_eq!((freed.unconfirmed_sessions, freed.no_shows), (1, 0));
+    assert_eq!(arrive(h, &route, 3, &limits, true).await, Arrival::Admitted);
+    assert!(
+        !renew(h, &route, 1, pass, &limits).await,
+        "an unconfirmed session past confirm_within is gone"
+    );
+}
+
+async fn renew_confirms_a_session<H: Harness>(h: &mut H) {
+    let limits = Limits {
+        capacity: 1,
+        confirm_within: Duration::from_millis(400),
+        ..limits()
+    };
+    let route = settled_route(h, &limits).await;
+    assert_eq!(arrive(h, &route, 1, &limits, true).await, Arrival::Admitted);
+    let pass = pass_issued(h, &route, false, &limits).await;
+    h.advance(Duration::from_millis(200)).await;
+    assert!(renew(h, &route, 1, pass, &limits).await);
+    // Past confirm_within, well within session_ttl: still active.
+    h.advance(Duration::from_millis(600)).await;
+    let tick = full_tick(h, &route, &limits).await;
+    assert_eq!(tick.unconfirmed_sessions, 0);
+    assert_eq!(stats(h, &route, &limits).await.active, 1);
+    assert!(matches!(
+        arrive(h, &route, 2, &limits, true).await,
+        Arrival::Waiting(_)
+    ));
+}
+
+async fn unconfirmed_ticket_drops_after_confirm_within_and_first_poll_confirms<H: Harness>(
+    h: &mut H,
+) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 0,
+        abandon_after: Duration::from_secs(30),
+        confirm_within: Duration::from_millis(400),
+        ..limits()
+    };
+    let b = join(h, &route, 2, &limits).await;
+    let c = join(h, &route, 3, &limits).await;
+    h.advance(Duration::from_millis(200)).await;
+    // Only visitor 3 comes back: its first poll confirms its ticket.
+    assert!(matches!(
+        poll(h, &route, 3, c.score_us, &limits).await,
+        Poll::Waiting(p) if p.position == 2
+    ));
+    h.advance(Duration::from_millis(400)).await;
+    let tick = full_tick(h, &route, &limits).await;
+    assert_eq!((tick.unconfirmed_tickets, tick.abandoned), (1, 0));
+    assert!(tick.admitted_scores.is_empty());
+    assert_eq!(stats(h, &route, &limits).await.waiting, 1);
+    assert_eq!(
+        poll_with(h, &route, 2, TicketTimes::new(b.score_us), &limits).await,
+        Poll::Gone,
+        "a ticket never confirmed is not restored"
+    );
+    assert!(matches!(
+        poll(h, &route, 3, c.score_us, &limits).await,
+        Poll::Waiting(p) if p.position == 1
+    ));
+}
+
+async fn leave_tombstone_blocks_lost_write_restore<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        abandon_after: Duration::from_secs(30),
+        ..limits()
+    };
+    let b = join(h, &route, 2, &limits).await;
+    assert!(matches!(
+        poll(h, &route, 2, b.score_us, &limits).await,
+        Poll::Waiting(_)
+    ));
+    let ticket = seen_now(h, &route, b.score_us, &limits).await;
+    leave(h, &route, 2).await;
+    assert_eq!(
+        poll_with(h, &route, 2, ticket, &limits).await,
+        Poll::Gone,
+        "a ticket given up does not come back as a lost write"
+    );
+    assert_eq!(stats(h, &route, &limits).await.waiting, 0);
+
+    // A session given up does not either, whatever its pass says.
+    assert_eq!(arrive(h, &route, 3, &limits, true).await, Arrival::Admitted);
+    leave(h, &route, 3).await;
+    let old_pass = PassTimes {
+        issued_ms: stats(h, &route, &limits).await.epoch_us / 1_000 - 1,
+        confirmed: true,
+    };
+    assert!(!renew(h, &route, 3, old_pass, &limits).await);
+    assert_eq!(stats(h, &route, &limits).await.active, 0);
+}
+
+async fn restore_bounds_for_poll_after_a_wipe<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        abandon_after: Duration::from_millis(600),
+        ..limits()
+    };
+    let b = join(h, &route, 2, &limits).await;
+    let c = join(h, &route, 3, &limits).await;
+    let d = join(h, &route, 4, &limits).await;
+    // Visitor 4 polls once and falls silent; 2 keeps polling; 3 never polls.
+    poll(h, &route, 4, d.score_us, &limits).await;
+    let d_ticket = seen_now(h, &route, d.score_us, &limits).await;
+    wait_polling(
+        h,
+        &route,
+        Duration::from_millis(700),
+        &[(2, b.score_us)],
+        &limits,
+    )
+    .await;
+    let b_ticket = seen_now(h, &route, b.score_us, &limits).await;
+
+    h.restart().await;
+
+    assert_eq!(
+        poll_with(h, &route, 4, d_ticket, &limits).await,
+        Poll::Gone,
+        "silent for abandon_after: it would have been a ghost"
+    );
+    assert_eq!(
+        poll_with(h, &route, 3, TicketTimes::new(c.score_us), &limits).await,
+        Poll::Gone,
+        "never confirmed: never restored"
+    );
+    let Poll::Waiting(b_back) = poll_with(h, &route, 2, b_ticket, &limits).await else {
+        panic!("a live ticket lost with the store is restored");
+    };
+    assert_eq!((b_back.score_us, b_back.position), (b.score_us, 1));
+    assert_eq!(stats(h, &route, &limits).await.waiting, 1);
+}
+
+async fn restore_bounds_for_renew_after_a_wipe<H: Harness>(h: &mut H) {
+    let limits = Limits {
+        capacity: 10,
+        session_ttl: Duration::from_secs(1),
+        ..limits()
+    };
+    let route = settled_route(h, &limits).await;
+    // Visitor 1 renews as it browses; visitor 2 renewed once and went idle;
+    // visitor 3 never came back after being admitted.
+    for n in 1..=3 {
+        assert_eq!(arrive(h, &route, n, &limits, true).await, Arrival::Admitted);
+    }
+    let unconfirmed = pass_issued(h, &route, false, &limits).await;
+    assert!(renew(h, &route, 1, unconfirmed, &limits).await);
+    assert!(renew(h, &route, 2, unconfirmed, &limits).await);
+    let idle = pass_issued(h, &route, true, &limits).await;
+    let mut browsing = idle;
+    for _ in 0..3 {
+        h.advance(Duration::from_millis(400)).await;
+        assert!(renew(h, &route, 1, browsing, &limits).await);
+        browsing = pass_issued(h, &route, true, &limits).await;
+    }
+
+    h.restart().await;
+    h.advance(Duration::from_millis(50)).await;
+
+    assert!(
+        renew(h, &route, 1, browsing, &limits).await,
+        "a session active at the loss is restored"
+    );
+    let epoch_ms = stats(h, &route, &limits).await.epoch_us / 1_000;
+    assert!(
+        !renew(h, &route, 2, idle, &limits).await,
+        "idle for session_ttl before the loss: not restored"
+    );
+    assert!(
+        !renew(h, &route, 3, unconfirmed, &limits).await,
+        "never confirmed: not restored"
+    );
+    let at_epoch = PassTimes {
+        issued_ms: epoch_ms,
+        confirmed: true,
+    };
+    assert!(
+        !renew(h, &route, 4, at_epoch, &limits).await,
+        "a pass issued at the epoch is not from before the loss"
+    );
+    let just_before = PassTimes {
+        issued_ms: epoch_ms - 1,
+        ..at_epoch
+    };
+    assert!(renew(h, &route, 5, just_before, &limits).await);
+    assert_eq!(stats(h, &route, &limits).await.active, 2);
+}
+
 /// Polls everyone in `line` (in order) and checks places and the total.
 async fn assert_line<H: Harness>(h: &H, route: &str, line: &[(u32, u64)], limits: &Limits) {
     let total = line.len() as u64;
@@ -951,7 +1381,17 @@ macro_rules! contract_suite {
                 restore_after_store_loss,
                 lost_write_restored_when_young,
                 epoch_change_seen_by_admitter_starts_hold,
-                positions_and_totals_are_consistent
+                positions_and_totals_are_consistent,
+                client_places_limit_frees_when_a_place_is_given_up,
+                client_joins_per_minute_limit,
+                empty_client_key_is_unlimited,
+                too_many_leaves_nothing_behind,
+                unconfirmed_session_frees_its_slot_after_confirm_within,
+                renew_confirms_a_session,
+                unconfirmed_ticket_drops_after_confirm_within_and_first_poll_confirms,
+                leave_tombstone_blocks_lost_write_restore,
+                restore_bounds_for_poll_after_a_wipe,
+                restore_bounds_for_renew_after_a_wipe
             );
         }
     };

@@ -296,6 +296,11 @@ pub struct Route {
     pub abandon_after: Duration,
     /// Default 200000.
     pub max_waiting: u64,
+    /// Time a new ticket or admit-now session holds its place unconfirmed.
+    /// Default 30s, or `abandon_after` / `session_ttl` if shorter.
+    pub confirm_within: Duration,
+    /// Default 20 places, 120 joins per minute.
+    pub client_limits: ClientLimits,
     /// Default 503.
     pub waiting_status: http::StatusCode,
     /// Default gate.
@@ -303,6 +308,25 @@ pub struct Route {
     /// Default local.
     pub on_store_error: OnStoreError,
     pub page: PageConfig,
+}
+
+/// Per-client limits of a route, counted in the store across instances; 0
+/// turns a limit off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// Tickets in line plus active sessions one client may hold.
+    pub places: u64,
+    /// Arrivals that joined or were admitted, per client per minute.
+    pub joins_per_minute: u64,
+}
+
+impl Default for ClientLimits {
+    fn default() -> ClientLimits {
+        ClientLimits {
+            places: 20,
+            joins_per_minute: 120,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Default)]

@@ -160,10 +160,19 @@ pub(crate) struct RawRoute {
     pub arrival_grace: Option<DurationText>,
     pub abandon_after: Option<DurationText>,
     pub max_waiting: Option<u64>,
+    pub confirm_within: Option<DurationText>,
+    pub client_limits: Option<RawClientLimits>,
     pub waiting_status: Option<u16>,
     pub mode: Option<Mode>,
     pub on_store_error: Option<OnStoreError>,
     pub page: Option<RawPage>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawClientLimits {
+    pub places: Option<u64>,
+    pub joins_per_minute: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -14,10 +14,10 @@ use super::raw::{
     RawRedis, RawRoute, RawStore, RawUpstream, RawWorkers,
 };
 use super::{
-    is_key_id, is_route_name, Admin, Backend, BypassRule, ClientIp, Config, CookieConfig,
-    HostPattern, KeyFrom, KeySource, Listen, Mode, OnStoreError, PageConfig, PageTemplate, Pool,
-    RedisConfig, RedisMode, Route, RouteMatch, ServerLimits, StoreConfig, TlsFiles, Upstream,
-    MAX_KEY_ID_LEN, MAX_ROUTE_NAME_LEN,
+    is_key_id, is_route_name, Admin, Backend, BypassRule, ClientIp, ClientLimits, Config,
+    CookieConfig, HostPattern, KeyFrom, KeySource, Listen, Mode, OnStoreError, PageConfig,
+    PageTemplate, Pool, RedisConfig, RedisMode, Route, RouteMatch, ServerLimits, StoreConfig,
+    TlsFiles, Upstream, MAX_KEY_ID_LEN, MAX_ROUTE_NAME_LEN,
 };
 
 pub(crate) const DEFAULT_ADMIN_ADDR: SocketAddr =
@@ -46,6 +46,7 @@ const MIN_PASS_TTL: Duration = Duration::from_secs(2);
 const ARRIVAL_GRACE: Duration = Duration::from_secs(60);
 const ABANDON_AFTER: Duration = Duration::from_secs(30);
 const MAX_WAITING: u64 = 200_000;
+const CONFIRM_WITHIN: Duration = Duration::from_secs(30);
 const WAITING_STATUS: u16 = 503;
 
 /// Problems found so far, each at its field path.
@@ -849,6 +850,15 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
         &at.key("abandon_after"),
         problems,
     );
+    let confirm_within =
+        confirm_within(raw.confirm_within, session_ttl, abandon_after, at, problems);
+    let client_limits = raw.client_limits.map_or_else(ClientLimits::default, |raw| {
+        let default = ClientLimits::default();
+        ClientLimits {
+            places: raw.places.unwrap_or(default.places),
+            joins_per_minute: raw.joins_per_minute.unwrap_or(default.joins_per_minute),
+        }
+    });
     let waiting_status = raw.waiting_status.unwrap_or(WAITING_STATUS);
     let waiting_status = match http::StatusCode::from_u16(waiting_status) {
         Ok(status) if (400..=599).contains(&waiting_status) => Some(status),
@@ -890,6 +900,8 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
         arrival_grace,
         abandon_after,
         max_waiting: raw.max_waiting.unwrap_or(MAX_WAITING),
+        confirm_within,
+        client_limits,
         waiting_status: waiting_status?,
         mode,
         on_store_error,
@@ -899,6 +911,40 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
             template: template?,
         },
     })
+}
+
+/// `confirm_within`: more than 0 and no longer than `session_ttl` or
+/// `abandon_after` (an unconfirmed place never outlives a confirmed one). The
+/// default 30s shrinks to fit those when they are shorter.
+fn confirm_within(
+    value: Option<DurationText>,
+    session_ttl: Duration,
+    abandon_after: Duration,
+    at: &FieldPath,
+    problems: &mut Problems,
+) -> Duration {
+    let Some(DurationText(value)) = value else {
+        return CONFIRM_WITHIN.min(session_ttl).min(abandon_after);
+    };
+    let at = at.key("confirm_within");
+    if value.is_zero() {
+        problems.report(at, "must be more than 0s");
+    } else if value > session_ttl || value > abandon_after {
+        let (name, limit) = if value > session_ttl {
+            ("session_ttl", session_ttl)
+        } else {
+            ("abandon_after", abandon_after)
+        };
+        problems.report(
+            at,
+            format!(
+                "{} is longer than {name} {}: an unconfirmed place must not outlive a confirmed one",
+                show(value),
+                show(limit)
+            ),
+        );
+    }
+    value
 }
 
 fn route_match(raw: RawMatch, at: &FieldPath, problems: &mut Problems) -> Option<RouteMatch> {
@@ -1293,6 +1339,42 @@ keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]
         let errors = Config::from_yaml(text).unwrap_err();
         let paths: Vec<&str> = errors.errors.iter().map(|e| e.path.as_str()).collect();
         assert_eq!(paths, ["keys[0]", "keys[1]", "keys[2].id", "keys[3].id"]);
+    }
+
+    #[test]
+    fn confirm_within_and_client_limits_default_and_are_checked() {
+        let route = |extra: &str| {
+            format!("routes: [{{ name: a, match: {{ path_prefix: /a }}, capacity: 1{extra} }}]\n")
+        };
+        let config = parse(&route("")).unwrap();
+        assert_eq!(config.routes[0].confirm_within, Duration::from_secs(30));
+        assert_eq!(config.routes[0].client_limits, ClientLimits::default());
+        // The default shrinks to fit a shorter abandon_after.
+        let config = parse(&route(", abandon_after: 10s")).unwrap();
+        assert_eq!(config.routes[0].confirm_within, Duration::from_secs(10));
+        let config = parse(&route(
+            ", confirm_within: 5s, client_limits: { places: 0, joins_per_minute: 7 }",
+        ))
+        .unwrap();
+        assert_eq!(config.routes[0].confirm_within, Duration::from_secs(5));
+        assert_eq!(
+            config.routes[0].client_limits,
+            ClientLimits {
+                places: 0,
+                joins_per_minute: 7
+            }
+        );
+        for bad in [
+            ", confirm_within: 0s",
+            ", confirm_within: 31s",
+            ", confirm_within: 5m, abandon_after: 10m, session_ttl: 4m",
+        ] {
+            let errors = parse(&route(bad)).unwrap_err();
+            let paths: Vec<&str> = errors.errors.iter().map(|e| e.path.as_str()).collect();
+            assert_eq!(paths, ["routes[0].confirm_within"], "{bad}");
+        }
+        let errors = parse(&route(", client_limits: { place: 3 }")).unwrap_err();
+        assert!(errors.to_string().contains("place"), "{errors}");
     }
 
     #[test]

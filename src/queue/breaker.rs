@@ -12,7 +12,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Arrival, Limits, Poll, QueueStore, RouteStats, Store, StoreError, Tick, VisitorId};
+use super::{
+    Arrival, ClientKey, Limits, PassTimes, Poll, QueueStore, RouteStats, Store, StoreError, Tick,
+    TicketTimes, VisitorId,
+};
 use crate::config::StoreConfig;
 
 /// When the breaker opens and how long it stays open.
@@ -306,13 +309,14 @@ impl QueueStore for Guarded {
         &self,
         route: &str,
         id: &VisitorId,
+        client: ClientKey<'_>,
         limits: &Limits,
         admit_now: bool,
     ) -> Result<Arrival, StoreError> {
         self.breaker
             .call(
                 Operation::Arrive,
-                self.store.arrive(route, id, limits, admit_now),
+                self.store.arrive(route, id, client, limits, admit_now),
             )
             .await
     }
@@ -321,13 +325,14 @@ impl QueueStore for Guarded {
         &self,
         route: &str,
         id: &VisitorId,
-        ticket_score_us: u64,
+        client: ClientKey<'_>,
+        ticket: TicketTimes,
         limits: &Limits,
     ) -> Result<Poll, StoreError> {
         self.breaker
             .call(
                 Operation::Poll,
-                self.store.poll(route, id, ticket_score_us, limits),
+                self.store.poll(route, id, client, ticket, limits),
             )
             .await
     }
@@ -336,13 +341,14 @@ impl QueueStore for Guarded {
         &self,
         route: &str,
         id: &VisitorId,
-        pass_issued_s: u64,
+        client: ClientKey<'_>,
+        pass: PassTimes,
         limits: &Limits,
     ) -> Result<bool, StoreError> {
         self.breaker
             .call(
                 Operation::Renew,
-                self.store.renew(route, id, pass_issued_s, limits),
+                self.store.renew(route, id, client, pass, limits),
             )
             .await
     }

@@ -8,12 +8,17 @@
 //!   order-statistics tree so a waiter's place is found in O(log n);
 //! - `seen`: id → last poll (ms), with an index by time so ghosts are dropped
 //!   from the oldest without scanning the line;
-//! - `no_shows`: admitted waiters purged for not showing up, by expiry (ms),
-//!   kept for `abandon_after` so their young tickets are not restored as lost
-//!   writes (the tombstones Redis keeps in `seen`);
-//! - `active`: id → expiry (ms), with an index by expiry; expired sessions are
-//!   purged at the start of every operation, so the active count is the number
-//!   of unexpired expiries, never a counter;
+//! - `tombstones`: visitors who left and admitted waiters purged for not
+//!   showing up, by time buried (ms), kept for `abandon_after` so their young
+//!   tickets are not restored as lost writes (the tombstones Redis keeps in
+//!   `seen`);
+//! - `active`: id → expiry (ms) and kind (arriving, unconfirmed, live), with
+//!   an index by expiry; expired sessions are purged at the start of every
+//!   operation, so the active count is the number of unexpired expiries,
+//!   never a counter;
+//! - `clients`: per client key, the ids it brought in with their join time,
+//!   forgotten `client_memory` after the client's last contact (the
+//!   `qg:{route}:client:…` keys of Redis);
 //! - the route's numbers (`stats`): epoch, admissions, admit rate, hold, the
 //!   tick window and its admissions.
 //!
@@ -42,7 +47,10 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
-use super::{Arrival, Limits, Place, Poll, QueueStore, RouteStats, StoreError, Tick, VisitorId};
+use super::{
+    Arrival, ClientKey, Limits, PassTimes, Place, Poll, QueueStore, RouteStats, StoreError, Tick,
+    TicketTimes, VisitorId, JOIN_WINDOW,
+};
 use crate::clock::Clock;
 use ranked_set::RankedSet;
 
@@ -133,7 +141,8 @@ struct Route {
     epoch_us: u64,
     line: Line,
     sessions: Sessions,
-    no_shows: NoShows,
+    tombstones: Tombstones,
+    clients: Clients,
     /// The last join score handed out, so scores strictly increase.
     last_score_us: u64,
     /// Nobody new is admitted before this (µs); 0 when no hold was started.
@@ -149,10 +158,18 @@ struct Route {
     window_admitted: u64,
     admitted_total: u64,
     rate: AdmitRate,
-    /// Ghosts dropped and no-shows purged outside a tick, reported by the next
-    /// tick that runs.
-    pending_abandoned: u64,
-    pending_no_shows: u64,
+    /// Ghosts dropped, no-shows purged and unconfirmed entries let go outside
+    /// a tick, reported by the next tick that runs.
+    pending: Pending,
+}
+
+/// Counts kept for the next tick (see `Tick`).
+#[derive(Default)]
+struct Pending {
+    abandoned: u64,
+    no_shows: u64,
+    unconfirmed_sessions: u64,
+    unconfirmed_tickets: u64,
 }
 
 impl Route {
@@ -161,7 +178,8 @@ impl Route {
             epoch_us,
             line: Line::default(),
             sessions: Sessions::default(),
-            no_shows: NoShows::default(),
+            tombstones: Tombstones::default(),
+            clients: Clients::default(),
             last_score_us: 0,
             hold_until_us: 0,
             loss_noticed: false,
@@ -170,26 +188,35 @@ impl Route {
             window_admitted: 0,
             admitted_total: 0,
             rate: AdmitRate::new(epoch_us),
-            pending_abandoned: 0,
-            pending_no_shows: 0,
+            pending: Pending::default(),
         }
     }
 
-    /// Purges expired sessions, remembering the no-shows among them for the
-    /// next tick and, unless they joined the line again, for `poll`.
+    /// Purges expired sessions, remembering the no-shows and unconfirmed
+    /// sessions among them for the next tick, and the no-shows (unless they
+    /// joined the line again) for `poll`.
     fn purge_sessions(&mut self, now: Now) {
-        for (expiry_ms, id) in self.sessions.purge(now.ms) {
-            self.pending_no_shows += 1;
-            if !self.line.contains(&id) {
-                self.no_shows.bury(id, expiry_ms);
+        for (expiry_ms, id, kind) in self.sessions.purge(now.ms) {
+            match kind {
+                SessionKind::Arriving => {
+                    self.pending.no_shows += 1;
+                    if !self.line.contains(&id) {
+                        self.tombstones.bury(id, expiry_ms);
+                    }
+                }
+                SessionKind::Unconfirmed => self.pending.unconfirmed_sessions += 1,
+                SessionKind::Live => {}
             }
         }
     }
 
-    /// Drops waiters silent for `abandon_after` (remembered for the next tick).
+    /// Drops waiters silent for `abandon_after` and tickets never polled
+    /// within `confirm_within` (remembered for the next tick).
     fn drop_ghosts(&mut self, now: Now, limits: &Limits) {
         let silent_since = now.ms.saturating_sub(as_ms(limits.abandon_after));
-        self.pending_abandoned += self.line.drop_silent_before(silent_since);
+        let (abandoned, unconfirmed) = self.line.drop_silent_before(silent_since);
+        self.pending.abandoned += abandoned;
+        self.pending.unconfirmed_tickets += unconfirmed;
     }
 
     fn held(&self, now: Now) -> bool {
@@ -225,16 +252,36 @@ impl Route {
         self.rate.record(now.us, n);
     }
 
-    fn arrive(&mut self, now: Now, id: &VisitorId, limits: &Limits, admit_now: bool) -> Arrival {
+    fn arrive(
+        &mut self,
+        now: Now,
+        id: &VisitorId,
+        client: ClientKey<'_>,
+        limits: &Limits,
+        admit_now: bool,
+    ) -> Arrival {
         self.purge_sessions(now);
         self.drop_ghosts(now, limits);
-        let session_end = now.ms.saturating_add(as_ms(limits.session_ttl));
-        if self.sessions.is_active(id, now.ms) {
-            self.sessions.extend(id, session_end);
+        if let Some(kind) = self.sessions.kind_if_active(id, now.ms) {
+            // Arriving again is not coming back with a cookie: an unconfirmed
+            // session stays unconfirmed.
+            if kind != SessionKind::Unconfirmed {
+                let session_end = now.ms.saturating_add(as_ms(limits.session_ttl));
+                self.sessions.start(*id, session_end, SessionKind::Live);
+            }
             return Arrival::Admitted;
         }
-        if let Some(place) = self.line.heartbeat(id, now.ms) {
+        if self.line.is_confirmed(id) {
+            if let Some(place) = self.line.heartbeat(id, now.ms) {
+                return Arrival::Waiting(place);
+            }
+        } else if let Some(place) = self.line.place_of(id) {
             return Arrival::Waiting(place);
+        }
+        let (line, sessions) = (&self.line, &self.sessions);
+        let holds = |held: &VisitorId| line.contains(held) || sessions.is_active(held, now.ms);
+        if let Some(retry_after) = self.clients.refusal(client, now.ms, limits, holds) {
+            return Arrival::TooMany { retry_after };
         }
         if admit_now
             && !self.held(now)
@@ -242,8 +289,11 @@ impl Route {
             && self.sessions.len() < limits.capacity
             && self.budget_left(now, limits) > 0
         {
-            self.sessions.start(*id, session_end, false);
+            let unconfirmed_end = now.ms.saturating_add(as_ms(limits.unconfirmed_session()));
+            self.sessions
+                .start(*id, unconfirmed_end, SessionKind::Unconfirmed);
             self.count_admitted(now, 1);
+            self.clients.record(client, *id, now.ms, limits);
             return Arrival::Admitted;
         }
         if self.line.len() >= limits.max_waiting {
@@ -253,50 +303,86 @@ impl Route {
         }
         let score_us = now.us.max(self.last_score_us.saturating_add(1));
         self.last_score_us = score_us;
-        self.no_shows.forget(id);
-        Arrival::Waiting(self.line.join(*id, score_us, now.ms))
+        self.tombstones.forget(id);
+        self.clients.record(client, *id, now.ms, limits);
+        // Recorded as last seen so long ago that the ghost rule drops it
+        // `confirm_within` from now unless a poll confirms it first.
+        let head_start = as_ms(
+            limits
+                .abandon_after
+                .saturating_sub(limits.unconfirmed_ticket()),
+        );
+        let seen_ms = now.ms.saturating_sub(head_start);
+        Arrival::Waiting(self.line.join(*id, score_us, seen_ms, false))
     }
 
-    fn poll(&mut self, now: Now, id: &VisitorId, ticket_score_us: u64, limits: &Limits) -> Poll {
+    fn poll(
+        &mut self,
+        now: Now,
+        id: &VisitorId,
+        client: ClientKey<'_>,
+        ticket: TicketTimes,
+        limits: &Limits,
+    ) -> Poll {
         self.purge_sessions(now);
         if let Some(place) = self.line.heartbeat(id, now.ms) {
+            self.clients.touch(client, id, now.ms, limits);
             return Poll::Waiting(place);
         }
         if self.sessions.is_active(id, now.ms) {
             let session_end = now.ms.saturating_add(as_ms(limits.session_ttl));
-            self.sessions.extend(id, session_end);
+            self.sessions.start(*id, session_end, SessionKind::Live);
+            self.clients.touch(client, id, now.ms, limits);
             return Poll::Admitted;
         }
-        // Admitted and never came: gone, however young the ticket.
-        if self.no_shows.contains(id) {
+        // Left, or admitted and never came: gone, however young the ticket.
+        if self.tombstones.contains(id) {
             return Poll::Gone;
         }
-        let store_lost = self.epoch_us > ticket_score_us;
-        let write_lost = now.us.saturating_sub(ticket_score_us) < as_us(limits.abandon_after);
+        // Never polled, or silent so long it would be a ghost by now.
+        let alive_until_us = ticket.seen_us.saturating_add(as_us(limits.abandon_after));
+        if !ticket.confirmed() || alive_until_us <= now.us {
+            return Poll::Gone;
+        }
+        let store_lost = self.epoch_us > ticket.score_us;
+        let write_lost = now.us.saturating_sub(ticket.score_us) < as_us(limits.abandon_after);
         if !(store_lost || write_lost) {
             return Poll::Gone;
         }
         if store_lost {
             self.notice_loss(now, limits);
         }
-        Poll::Waiting(self.line.join(*id, ticket_score_us, now.ms))
+        Poll::Waiting(self.line.join(*id, ticket.score_us, now.ms, true))
     }
 
-    fn renew(&mut self, now: Now, id: &VisitorId, pass_issued_s: u64, limits: &Limits) -> bool {
+    fn renew(
+        &mut self,
+        now: Now,
+        id: &VisitorId,
+        client: ClientKey<'_>,
+        pass: PassTimes,
+        limits: &Limits,
+    ) -> bool {
         self.purge_sessions(now);
         let session_end = now.ms.saturating_add(as_ms(limits.session_ttl));
         if self.sessions.is_active(id, now.ms) {
-            self.sessions.extend(id, session_end);
+            self.sessions.start(*id, session_end, SessionKind::Live);
+            self.clients.touch(client, id, now.ms, limits);
             return true;
         }
-        // The pass's time has one-second resolution: allow a second's slack.
-        let issued_us = pass_issued_s.saturating_sub(1).saturating_mul(1_000_000);
-        if self.epoch_us <= issued_us {
+        if self.tombstones.contains(id) || !pass.confirmed {
+            return false;
+        }
+        // Issued before the loss (strictly, in ms) and recently enough that the
+        // session could still have been active when the store was lost.
+        let epoch_ms = self.epoch_us / 1_000;
+        let before_loss = pass.issued_ms < epoch_ms;
+        let active_at_loss = pass.issued_ms.saturating_add(as_ms(limits.session_ttl)) > epoch_ms;
+        if !(before_loss && active_at_loss) {
             return false;
         }
         self.line.remove(id);
-        self.no_shows.forget(id);
-        self.sessions.start(*id, session_end, false);
+        self.sessions.start(*id, session_end, SessionKind::Live);
         self.notice_loss(now, limits);
         true
     }
@@ -304,8 +390,9 @@ impl Route {
     fn leave(&mut self, now: Now, id: &VisitorId) {
         self.purge_sessions(now);
         self.line.remove(id);
-        self.no_shows.forget(id);
         self.sessions.remove(id);
+        self.tombstones.forget(id);
+        self.tombstones.bury(*id, now.ms);
     }
 
     fn admit_tick(&mut self, now: Now, limits: &Limits, known_epoch_us: Option<u64>) -> Tick {
@@ -317,6 +404,8 @@ impl Route {
             admitted_scores: Vec::new(),
             abandoned: 0,
             no_shows: 0,
+            unconfirmed_sessions: 0,
+            unconfirmed_tickets: 0,
             now_us: now.us,
             epoch_us: self.epoch_us,
         };
@@ -326,12 +415,16 @@ impl Route {
         }
         self.ticked_window = Some(window);
         tick.ran = true;
-        self.no_shows
-            .forget_expired_before(now.ms.saturating_sub(as_ms(limits.abandon_after)));
+        self.tombstones
+            .forget_before(now.ms.saturating_sub(as_ms(limits.abandon_after)));
+        self.clients.purge(now.ms);
         self.purge_sessions(now);
         self.drop_ghosts(now, limits);
-        tick.abandoned = std::mem::take(&mut self.pending_abandoned);
-        tick.no_shows = std::mem::take(&mut self.pending_no_shows);
+        let pending = std::mem::take(&mut self.pending);
+        tick.abandoned = pending.abandoned;
+        tick.no_shows = pending.no_shows;
+        tick.unconfirmed_sessions = pending.unconfirmed_sessions;
+        tick.unconfirmed_tickets = pending.unconfirmed_tickets;
         if self.held(now) {
             return tick;
         }
@@ -342,7 +435,7 @@ impl Route {
             let Some((score_us, id)) = self.line.pop_head() else {
                 break;
             };
-            self.sessions.start(id, arrival_end, true);
+            self.sessions.start(id, arrival_end, SessionKind::Arriving);
             tick.admitted_scores.push(score_us);
         }
         self.count_admitted(now, tick.admitted_scores.len() as u64);
@@ -372,7 +465,9 @@ impl Route {
 struct Line {
     order: RankedSet<(u64, VisitorId)>,
     scores: HashMap<VisitorId, u64>,
-    seen: HashMap<VisitorId, u64>,
+    /// id → (last poll ms, confirmed). An unconfirmed ticket's time is set
+    /// back so that the ghost rule drops it after `confirm_within`.
+    seen: HashMap<VisitorId, (u64, bool)>,
     /// (last poll ms, id), oldest first.
     seen_order: BTreeSet<(u64, VisitorId)>,
 }
@@ -390,6 +485,10 @@ impl Line {
         self.scores.contains_key(id)
     }
 
+    fn is_confirmed(&self, id: &VisitorId) -> bool {
+        self.seen.get(id).is_some_and(|&(_, confirmed)| confirmed)
+    }
+
     /// The place of a waiter whose join score is `score_us`.
     fn place_at(&self, id: VisitorId, score_us: u64) -> Place {
         Place {
@@ -399,27 +498,35 @@ impl Line {
         }
     }
 
-    /// Puts `id` in line at `score_us` (moving it there if already in line).
-    fn join(&mut self, id: VisitorId, score_us: u64, now_ms: u64) -> Place {
-        self.remove(&id);
-        self.order.insert((score_us, id));
-        self.scores.insert(id, score_us);
-        self.see(id, now_ms);
-        self.place_at(id, score_us)
-    }
-
-    /// Records a poll and answers the place; `None` if `id` is not in line.
-    fn heartbeat(&mut self, id: &VisitorId, now_ms: u64) -> Option<Place> {
+    /// The place of `id`, without counting it as a poll.
+    fn place_of(&self, id: &VisitorId) -> Option<Place> {
         let score_us = *self.scores.get(id)?;
-        self.see(*id, now_ms);
         Some(self.place_at(*id, score_us))
     }
 
-    fn see(&mut self, id: VisitorId, now_ms: u64) {
-        if let Some(before) = self.seen.insert(id, now_ms) {
+    /// Puts `id` in line at `score_us` (moving it there if already in line),
+    /// last seen at `seen_ms`.
+    fn join(&mut self, id: VisitorId, score_us: u64, seen_ms: u64, confirmed: bool) -> Place {
+        self.remove(&id);
+        self.order.insert((score_us, id));
+        self.scores.insert(id, score_us);
+        self.see(id, seen_ms, confirmed);
+        self.place_at(id, score_us)
+    }
+
+    /// Records a poll (confirming the ticket) and answers the place; `None`
+    /// if `id` is not in line.
+    fn heartbeat(&mut self, id: &VisitorId, now_ms: u64) -> Option<Place> {
+        let place = self.place_of(id)?;
+        self.see(*id, now_ms, true);
+        Some(place)
+    }
+
+    fn see(&mut self, id: VisitorId, seen_ms: u64, confirmed: bool) {
+        if let Some((before, _)) = self.seen.insert(id, (seen_ms, confirmed)) {
             self.seen_order.remove(&(before, id));
         }
-        self.seen_order.insert((now_ms, id));
+        self.seen_order.insert((seen_ms, id));
     }
 
     fn remove(&mut self, id: &VisitorId) {
@@ -437,22 +544,27 @@ impl Line {
     }
 
     fn forget_seen(&mut self, id: &VisitorId) {
-        if let Some(seen) = self.seen.remove(id) {
+        if let Some((seen, _)) = self.seen.remove(id) {
             self.seen_order.remove(&(seen, *id));
         }
     }
 
-    /// Drops waiters whose last poll is before `cutoff_ms`; returns how many.
-    fn drop_silent_before(&mut self, cutoff_ms: u64) -> u64 {
-        let mut dropped = 0;
+    /// Drops waiters whose last poll is before `cutoff_ms`; returns how many
+    /// were confirmed (ghosts) and how many never polled.
+    fn drop_silent_before(&mut self, cutoff_ms: u64) -> (u64, u64) {
+        let (mut ghosts, mut unconfirmed) = (0, 0);
         while let Some(&(seen, id)) = self.seen_order.first() {
             if seen >= cutoff_ms {
                 break;
             }
+            if self.is_confirmed(&id) {
+                ghosts += 1;
+            } else {
+                unconfirmed += 1;
+            }
             self.remove(&id);
-            dropped += 1;
         }
-        dropped
+        (ghosts, unconfirmed)
     }
 }
 
@@ -466,8 +578,17 @@ struct Sessions {
 
 struct Session {
     expiry_ms: u64,
+    kind: SessionKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SessionKind {
     /// Admitted from the line and not yet shown up: expiring makes it a no-show.
-    arriving: bool,
+    Arriving,
+    /// Admitted at once and not yet renewed: it lives `confirm_within`.
+    Unconfirmed,
+    /// Shown up or renewed: it lives `session_ttl` past the last contact.
+    Live,
 }
 
 impl Sessions {
@@ -477,40 +598,37 @@ impl Sessions {
     }
 
     fn is_active(&self, id: &VisitorId, now_ms: u64) -> bool {
-        self.by_id.get(id).is_some_and(|s| s.expiry_ms > now_ms)
+        self.kind_if_active(id, now_ms).is_some()
     }
 
-    /// Removes sessions whose expiry is not after `now_ms`; returns the
-    /// admitted waiters among them that never showed up, with their expiry.
-    fn purge(&mut self, now_ms: u64) -> Vec<(u64, VisitorId)> {
-        let mut no_shows = Vec::new();
+    fn kind_if_active(&self, id: &VisitorId, now_ms: u64) -> Option<SessionKind> {
+        self.by_id
+            .get(id)
+            .filter(|s| s.expiry_ms > now_ms)
+            .map(|s| s.kind)
+    }
+
+    /// Removes sessions whose expiry is not after `now_ms`; returns them with
+    /// their expiry and kind.
+    fn purge(&mut self, now_ms: u64) -> Vec<(u64, VisitorId, SessionKind)> {
+        let mut expired = Vec::new();
         while let Some(&(expiry_ms, id)) = self.expiries.first() {
             if expiry_ms > now_ms {
                 break;
             }
             self.expiries.pop_first();
-            if self.by_id.remove(&id).is_some_and(|s| s.arriving) {
-                no_shows.push((expiry_ms, id));
+            if let Some(session) = self.by_id.remove(&id) {
+                expired.push((expiry_ms, id, session.kind));
             }
         }
-        no_shows
+        expired
     }
 
-    fn start(&mut self, id: VisitorId, expiry_ms: u64, arriving: bool) {
+    /// Starts (or restarts) `id`'s session, ending at `expiry_ms`.
+    fn start(&mut self, id: VisitorId, expiry_ms: u64, kind: SessionKind) {
         self.remove(&id);
-        self.by_id.insert(
-            id,
-            Session {
-                expiry_ms,
-                arriving,
-            },
-        );
+        self.by_id.insert(id, Session { expiry_ms, kind });
         self.expiries.insert((expiry_ms, id));
-    }
-
-    /// The visitor showed up or renewed: the session lives until `expiry_ms`.
-    fn extend(&mut self, id: &VisitorId, expiry_ms: u64) {
-        self.start(*id, expiry_ms, false);
     }
 
     fn remove(&mut self, id: &VisitorId) {
@@ -520,25 +638,27 @@ impl Sessions {
     }
 }
 
-/// Tombstones of admitted waiters that never showed up: a poll with such a
-/// visitor's ticket answers `Gone` instead of restoring it as a lost write.
-/// Kept until `abandon_after` past the expiry, when the lost-write rule no
-/// longer applies to any ticket they could meet.
+/// Tombstones of visitors who left and of admitted waiters that never showed
+/// up: a poll with such a ticket answers `Gone` (and a renewal with such a
+/// pass `false`) instead of restoring it as a lost write. Kept until
+/// `abandon_after` past the time buried (the leave, or the expiry of the
+/// arrival grace), when the lost-write rule no longer applies to any ticket
+/// they could meet.
 #[derive(Default)]
-struct NoShows {
+struct Tombstones {
     by_id: HashMap<VisitorId, u64>,
-    /// (expiry ms, id), oldest first.
-    by_expiry: BTreeSet<(u64, VisitorId)>,
+    /// (time buried ms, id), oldest first.
+    by_time: BTreeSet<(u64, VisitorId)>,
 }
 
-impl NoShows {
+impl Tombstones {
     /// Records a tombstone; one already there stays (as `ZADD NX` in Redis).
-    fn bury(&mut self, id: VisitorId, expiry_ms: u64) {
+    fn bury(&mut self, id: VisitorId, at_ms: u64) {
         if self.contains(&id) {
             return;
         }
-        self.by_id.insert(id, expiry_ms);
-        self.by_expiry.insert((expiry_ms, id));
+        self.by_id.insert(id, at_ms);
+        self.by_time.insert((at_ms, id));
     }
 
     fn contains(&self, id: &VisitorId) -> bool {
@@ -546,17 +666,17 @@ impl NoShows {
     }
 
     fn forget(&mut self, id: &VisitorId) {
-        if let Some(expiry_ms) = self.by_id.remove(id) {
-            self.by_expiry.remove(&(expiry_ms, *id));
+        if let Some(at_ms) = self.by_id.remove(id) {
+            self.by_time.remove(&(at_ms, *id));
         }
     }
 
-    fn forget_expired_before(&mut self, cutoff_ms: u64) {
-        while let Some(&(expiry_ms, id)) = self.by_expiry.first() {
-            if expiry_ms >= cutoff_ms {
+    fn forget_before(&mut self, cutoff_ms: u64) {
+        while let Some(&(at_ms, id)) = self.by_time.first() {
+            if at_ms >= cutoff_ms {
                 break;
             }
-            self.by_expiry.pop_first();
+            self.by_time.pop_first();
             self.by_id.remove(&id);
         }
     }
@@ -564,6 +684,130 @@ impl NoShows {
     #[cfg(test)]
     fn len(&self) -> usize {
         self.by_id.len()
+    }
+}
+
+/// Per-client limits: for each client key, the visitors it brought in (joined
+/// or admitted at once) with the time, kept while they may still hold a place
+/// or fall in the join window. Places are counted from the line and the
+/// active set themselves (an id still in either), never kept as a counter, so
+/// the count cannot drift when a place is given up.
+#[derive(Default)]
+struct Clients {
+    by_key: HashMap<Vec<u8>, Client>,
+    /// (forget at ms, key), soonest first.
+    expiries: BTreeSet<(u64, Vec<u8>)>,
+}
+
+struct Client {
+    /// (joined ms, id), oldest first.
+    joins: Vec<(u64, VisitorId)>,
+    /// Forgotten at this time unless touched again.
+    forget_at_ms: u64,
+}
+
+impl Clients {
+    /// Why `client` may not bring in one more visitor now, as the time to
+    /// wait; `None` if it may. `holds(id)` tells whether an id still holds a
+    /// place. Forgets the client's visitors that matter no more.
+    fn refusal(
+        &mut self,
+        client: ClientKey<'_>,
+        now_ms: u64,
+        limits: &Limits,
+        holds: impl Fn(&VisitorId) -> bool,
+    ) -> Option<Duration> {
+        if !limits.limits_client(client) {
+            return None;
+        }
+        let entry = self.by_key.get_mut(client)?;
+        if entry.forget_at_ms <= now_ms {
+            self.remove(client);
+            return None;
+        }
+        let window_start = now_ms.saturating_sub(as_ms(JOIN_WINDOW));
+        let in_window = |joined: u64| limits.client_joins_per_minute > 0 && joined > window_start;
+        let mut places = 0;
+        entry.joins.retain(|&(joined, id)| {
+            let holding = limits.client_places > 0 && holds(&id);
+            places += u64::from(holding);
+            holding || in_window(joined)
+        });
+        let mut wait = None;
+        if limits.client_places > 0 && places >= limits.client_places {
+            wait = Some(limits.unconfirmed_ticket());
+        }
+        let mut recent = entry.joins.iter().filter(|&&(joined, _)| in_window(joined));
+        let joins = recent.clone().count() as u64;
+        if limits.client_joins_per_minute > 0 && joins >= limits.client_joins_per_minute {
+            let oldest = recent.next().map_or(now_ms, |&(joined, _)| joined);
+            let room_at = oldest.saturating_add(as_ms(JOIN_WINDOW));
+            let until = Duration::from_millis(room_at.saturating_sub(now_ms));
+            wait = Some(wait.map_or(until, |w: Duration| w.max(until)));
+        }
+        wait.map(|w| w.max(Duration::from_millis(1)))
+    }
+
+    /// `client` brought `id` in (joined or admitted) at `now_ms`.
+    fn record(&mut self, client: ClientKey<'_>, id: VisitorId, now_ms: u64, limits: &Limits) {
+        if !limits.limits_client(client) {
+            return;
+        }
+        let forget_at_ms = now_ms.saturating_add(as_ms(limits.client_memory()));
+        let entry = self
+            .by_key
+            .entry(client.to_vec())
+            .or_insert_with(|| Client {
+                joins: Vec::new(),
+                forget_at_ms,
+            });
+        entry.joins.push((now_ms, id));
+        let before = std::mem::replace(&mut entry.forget_at_ms, forget_at_ms);
+        self.expiries.remove(&(before, client.to_vec()));
+        self.expiries.insert((forget_at_ms, client.to_vec()));
+    }
+
+    /// `id`, one of `client`'s visitors, is still holding its place at
+    /// `now_ms`: the client is remembered `client_memory` from now.
+    fn touch(&mut self, client: ClientKey<'_>, id: &VisitorId, now_ms: u64, limits: &Limits) {
+        if client.is_empty() || limits.client_places == 0 {
+            return;
+        }
+        let Some(entry) = self.by_key.get_mut(client) else {
+            return;
+        };
+        if !entry.joins.iter().any(|(_, held)| held == id) {
+            return;
+        }
+        let forget_at_ms = now_ms.saturating_add(as_ms(limits.client_memory()));
+        if forget_at_ms > entry.forget_at_ms {
+            let before = std::mem::replace(&mut entry.forget_at_ms, forget_at_ms);
+            self.expiries.remove(&(before, client.to_vec()));
+            self.expiries.insert((forget_at_ms, client.to_vec()));
+        }
+    }
+
+    fn remove(&mut self, client: ClientKey<'_>) {
+        if let Some(entry) = self.by_key.remove(client) {
+            self.expiries.remove(&(entry.forget_at_ms, client.to_vec()));
+        }
+    }
+
+    /// Forgets clients not touched within their memory.
+    fn purge(&mut self, now_ms: u64) {
+        while let Some((forget_at_ms, _)) = self.expiries.first() {
+            if *forget_at_ms > now_ms {
+                break;
+            }
+            if let Some((_, key)) = self.expiries.pop_first() {
+                self.by_key.remove(&key);
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.by_key.len()
     }
 }
 
@@ -619,30 +863,33 @@ impl QueueStore for MemoryStore {
         &self,
         route: &str,
         id: &VisitorId,
+        client: ClientKey<'_>,
         limits: &Limits,
         admit_now: bool,
     ) -> Result<Arrival, StoreError> {
-        Ok(self.with_route(route, |r, now| r.arrive(now, id, limits, admit_now)))
+        Ok(self.with_route(route, |r, now| r.arrive(now, id, client, limits, admit_now)))
     }
 
     async fn poll(
         &self,
         route: &str,
         id: &VisitorId,
-        ticket_score_us: u64,
+        client: ClientKey<'_>,
+        ticket: TicketTimes,
         limits: &Limits,
     ) -> Result<Poll, StoreError> {
-        Ok(self.with_route(route, |r, now| r.poll(now, id, ticket_score_us, limits)))
+        Ok(self.with_route(route, |r, now| r.poll(now, id, client, ticket, limits)))
     }
 
     async fn renew(
         &self,
         route: &str,
         id: &VisitorId,
-        pass_issued_s: u64,
+        client: ClientKey<'_>,
+        pass: PassTimes,
         limits: &Limits,
     ) -> Result<bool, StoreError> {
-        Ok(self.with_route(route, |r, now| r.renew(now, id, pass_issued_s, limits)))
+        Ok(self.with_route(route, |r, now| r.renew(now, id, client, pass, limits)))
     }
 
     async fn leave(&self, route: &str, id: &VisitorId) -> Result<(), StoreError> {
@@ -682,7 +929,15 @@ mod tests {
             arrival_grace: Duration::from_secs(60),
             abandon_after: Duration::from_secs(600),
             max_waiting: 1_000,
+            confirm_within: Duration::from_secs(60),
+            client_places: 0,
+            client_joins_per_minute: 0,
         }
+    }
+
+    /// A ticket polled since it was issued.
+    fn seen(score_us: u64, seen_us: u64) -> TicketTimes {
+        TicketTimes { score_us, seen_us }
     }
 
     fn visitor(n: u32) -> VisitorId {
@@ -700,7 +955,10 @@ mod tests {
         let store = store();
         let limits = limits();
         for n in 0..10 {
-            store.arrive("r", &visitor(n), &limits, true).await.unwrap();
+            store
+                .arrive("r", &visitor(n), &[], &limits, true)
+                .await
+                .unwrap();
         }
         tokio::time::advance(Duration::from_secs(5)).await;
         let rate = store.stats("r", &limits).await.unwrap().admit_rate;
@@ -717,7 +975,10 @@ mod tests {
         for per_second in [1, 5] {
             for _ in 0..600 {
                 for _ in 0..per_second {
-                    store.arrive("r", &visitor(n), &limits, true).await.unwrap();
+                    store
+                        .arrive("r", &visitor(n), &[], &limits, true)
+                        .await
+                        .unwrap();
                     store.leave("r", &visitor(n)).await.unwrap();
                     n += 1;
                 }
@@ -733,7 +994,10 @@ mod tests {
         let store = store();
         let limits = limits();
         assert_eq!(store.stats("r", &limits).await.unwrap().admit_rate, 0.0);
-        store.arrive("r", &visitor(1), &limits, true).await.unwrap();
+        store
+            .arrive("r", &visitor(1), &[], &limits, true)
+            .await
+            .unwrap();
         tokio::time::advance(Duration::from_secs(1)).await;
         assert!(store.stats("r", &limits).await.unwrap().admit_rate > 0.0);
         tokio::time::advance(Duration::from_secs(301)).await;
@@ -748,7 +1012,7 @@ mod tests {
             ..limits()
         };
         store
-            .arrive("r", &visitor(1), &limits, false)
+            .arrive("r", &visitor(1), &[], &limits, false)
             .await
             .unwrap();
         let tick = store.admit_tick("r", &limits, None).await.unwrap();
@@ -774,7 +1038,7 @@ mod tests {
         let mut tickets = Vec::new();
         for n in 0..3 {
             let Arrival::Waiting(place) = store
-                .arrive("r", &visitor(n), &limits, false)
+                .arrive("r", &visitor(n), &[], &limits, false)
                 .await
                 .unwrap()
             else {
@@ -787,17 +1051,23 @@ mod tests {
         tokio::time::advance(Duration::from_secs(2)).await;
         let tick = store.admit_tick("r", &limits, None).await.unwrap();
         assert_eq!(tick.no_shows, 3);
-        let tombstones = |store: &MemoryStore| store.route("r").lock().unwrap().no_shows.len();
+        let tombstones = |store: &MemoryStore| store.route("r").lock().unwrap().tombstones.len();
         assert_eq!(tombstones(&store), 3);
         // Visitor 0 joins again: its tombstone goes with the new ticket.
         store
-            .arrive("r", &visitor(0), &limits, false)
+            .arrive("r", &visitor(0), &[], &limits, false)
             .await
             .unwrap();
         assert_eq!(tombstones(&store), 2);
         assert_eq!(
             store
-                .poll("r", &visitor(1), tickets[1], &limits)
+                .poll(
+                    "r",
+                    &visitor(1),
+                    &[],
+                    seen(tickets[1], tickets[1] + 1),
+                    &limits
+                )
                 .await
                 .unwrap(),
             Poll::Gone
@@ -816,7 +1086,13 @@ mod tests {
         tokio::time::advance(Duration::from_secs(1)).await;
         // A ticket older than the epoch comes back: the store was lost.
         store
-            .poll("r", &visitor(1), tick.epoch_us - 1, &limits)
+            .poll(
+                "r",
+                &visitor(1),
+                &[],
+                seen(tick.epoch_us - 1, tick.now_us),
+                &limits,
+            )
             .await
             .unwrap();
         let hold = store.stats("r", &limits).await.unwrap().hold_until_us;
@@ -824,7 +1100,13 @@ mod tests {
         tokio::time::advance(Duration::from_secs(5)).await;
         store.leave("r", &visitor(1)).await.unwrap();
         store
-            .poll("r", &visitor(1), tick.epoch_us - 1, &limits)
+            .poll(
+                "r",
+                &visitor(1),
+                &[],
+                seen(tick.epoch_us - 1, tick.now_us),
+                &limits,
+            )
             .await
             .unwrap();
         store
@@ -832,6 +1114,79 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(store.stats("r", &limits).await.unwrap().hold_until_us, hold);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn join_window_slides_and_idle_clients_are_forgotten() {
+        let store = store();
+        let limits = Limits {
+            client_places: 0,
+            client_joins_per_minute: 2,
+            ..limits()
+        };
+        let client: &[u8] = &[198, 51, 100, 9];
+        let arrive = |n| {
+            let id = visitor(n);
+            let (store, limits) = (&store, &limits);
+            async move { store.arrive("r", &id, client, limits, false).await.unwrap() }
+        };
+        assert!(matches!(arrive(1).await, Arrival::Waiting(_)));
+        tokio::time::advance(Duration::from_secs(20)).await;
+        assert!(matches!(arrive(2).await, Arrival::Waiting(_)));
+        let Arrival::TooMany { retry_after } = arrive(3).await else {
+            panic!("a third join within a minute is too many");
+        };
+        // The first join leaves the window 60 s after it was made.
+        assert_eq!(retry_after, Duration::from_secs(40));
+        tokio::time::advance(retry_after).await;
+        assert!(matches!(arrive(3).await, Arrival::Waiting(_)));
+        let clients = |store: &MemoryStore| store.route("r").lock().unwrap().clients.len();
+        assert_eq!(clients(&store), 1);
+        tokio::time::advance(limits.client_memory()).await;
+        store.admit_tick("r", &limits, None).await.unwrap();
+        assert_eq!(clients(&store), 0, "an idle client is forgotten");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_holding_places_is_remembered_while_it_polls() {
+        let store = store();
+        let limits = Limits {
+            capacity: 0,
+            client_places: 1,
+            client_joins_per_minute: 0,
+            abandon_after: Duration::from_secs(600),
+            ..limits()
+        };
+        let client: &[u8] = &[198, 51, 100, 9];
+        let Arrival::Waiting(place) = store
+            .arrive("r", &visitor(1), client, &limits, false)
+            .await
+            .unwrap()
+        else {
+            panic!("visitor 1 should wait");
+        };
+        // Polling for longer than the client's memory keeps it remembered.
+        let step = limits.abandon_after / 2;
+        let ticket = TicketTimes::new(place.score_us);
+        for i in 0..5 {
+            if i > 0 {
+                tokio::time::advance(step).await;
+            }
+            let polled = store
+                .poll("r", &visitor(1), client, ticket, &limits)
+                .await
+                .unwrap();
+            assert!(matches!(polled, Poll::Waiting(_)));
+            store.admit_tick("r", &limits, None).await.unwrap();
+        }
+        assert!(step * 4 > limits.client_memory());
+        assert!(matches!(
+            store
+                .arrive("r", &visitor(2), client, &limits, false)
+                .await
+                .unwrap(),
+            Arrival::TooMany { .. }
+        ));
     }
 
     #[tokio::test(start_paused = true)]
@@ -843,12 +1198,15 @@ mod tests {
         };
         for n in 0..100_000 {
             store
-                .arrive("r", &visitor(n), &limits, false)
+                .arrive("r", &visitor(n), &[], &limits, false)
                 .await
                 .unwrap();
         }
         for n in [0, 1, 49_999, 99_999] {
-            let Poll::Waiting(place) = store.poll("r", &visitor(n), 0, &limits).await.unwrap()
+            let Poll::Waiting(place) = store
+                .poll("r", &visitor(n), &[], TicketTimes::new(0), &limits)
+                .await
+                .unwrap()
             else {
                 panic!("visitor {n} is not waiting");
             };

@@ -15,22 +15,41 @@
 //! - A waiter admitted by the admitter gets `arrival_grace` to show up (poll or
 //!   request); showing up turns the slot into a session that lives
 //!   `session_ttl` past the last store contact (arrival, renewal).
-//! - Each route has an epoch: the time its keys were created. Entries missing
-//!   from a store whose epoch is newer than the visitor's ticket or pass were
-//!   lost with the store, not given up, and are restored; the first notice of
-//!   the loss (restoring such an entry, or an instance seeing the epoch it
-//!   remembered change) starts a hold of one `pass_ttl` during which nobody
-//!   new is admitted, so returning admitted visitors are counted first. Later
+//! - A new admit-now session and a new ticket are unconfirmed until the
+//!   visitor comes back: the session holds its slot `confirm_within` (not
+//!   `session_ttl`) unless a renewal confirms it; the ticket leaves the line
+//!   `confirm_within` after joining unless a poll confirms it. Ticks report
+//!   both apart from ghosts and no-shows. An unconfirmed entry is never
+//!   restored.
+//! - Per-client limits (a non-empty client key, a limit not 0): `places`
+//!   counts the client's ids still in line (no ghost) or holding a live slot,
+//!   counted from the line and the active set, never a counter, so it cannot
+//!   drift; `joins_per_minute` counts the client's arrivals that joined or
+//!   were admitted in the last 60 s. Beyond either, `arrive` answers `TooMany`
+//!   and stores nothing. An id already in line or active is no new place.
+//!   What the store keeps per client expires `client_memory` after a contact
+//!   (an arrival, or a poll or renewal from the same client key).
+//! - Each route has an epoch: the time its keys were created. An entry missing
+//!   from the store is restored only if the store could have held it at the
+//!   loss: a ticket confirmed, with no tombstone, whose holder was seen less
+//!   than `abandon_after` ago, and older than the epoch (a wiped store) or
+//!   younger than `abandon_after` (a write lost in a failover); a pass
+//!   confirmed, with no tombstone, issued before the epoch (strictly, in ms)
+//!   and less than `session_ttl` before it. The first notice of a loss
+//!   (restoring such an entry, or an instance seeing the epoch it remembered
+//!   change) starts a hold of one `pass_ttl` during which nobody new is
+//!   admitted, so returning admitted visitors are counted first. Later
 //!   notices in the same epoch do not extend the hold: otherwise one visitor
 //!   leaving and coming back with an old ticket could stop the line for good.
 //! - Every operation creates the route's state (and so its epoch) when missing.
 //! - Expired sessions may be purged by any operation; the admitted waiters
 //!   among them that never showed up are reported as `no_shows` by the next
 //!   tick that runs, and ghosts dropped outside a tick as `abandoned`.
-//! - A no-show is not restored: once its arrival grace ran out, a poll with
-//!   its ticket answers `Gone` however young the ticket is (the store keeps a
-//!   tombstone until the ticket is too old for the lost-write rule), so it
-//!   joins again at the back.
+//! - A no-show and a visitor who left are not restored: once the arrival
+//!   grace ran out, or after `leave`, a poll with the ticket answers `Gone`
+//!   (and a renewal with the pass `false`) however young it is: the store
+//!   keeps a tombstone for `abandon_after`, until the ticket is too old for
+//!   the lost-write rule. The visitor joins again at the back.
 //! - Admissions in one tick window (`floor(now / tick)`), by the admitter and
 //!   by admit-now together, never exceed `max_admit_per_tick`.
 
@@ -71,6 +90,91 @@ pub struct Limits {
     pub abandon_after: Duration,
     /// Line length beyond which nobody new is queued.
     pub max_waiting: u64,
+    /// How long an unconfirmed admit-now session holds its slot (at most
+    /// `session_ttl`) and an unconfirmed ticket its place (at most
+    /// `abandon_after`) before the visitor comes back.
+    pub confirm_within: Duration,
+    /// Places (tickets in line plus active sessions) one client key may hold;
+    /// 0 turns the limit off.
+    pub client_places: u64,
+    /// Arrivals that joined the line or were admitted, per client key over the
+    /// last minute; 0 turns the limit off.
+    pub client_joins_per_minute: u64,
+}
+
+/// The length of the window `client_joins_per_minute` counts in.
+pub const JOIN_WINDOW: Duration = Duration::from_secs(60);
+
+impl Limits {
+    /// How long an unconfirmed admit-now session holds its slot.
+    pub fn unconfirmed_session(&self) -> Duration {
+        self.confirm_within.min(self.session_ttl)
+    }
+
+    /// How long an unconfirmed ticket keeps its place.
+    pub fn unconfirmed_ticket(&self) -> Duration {
+        self.confirm_within.min(self.abandon_after)
+    }
+
+    /// Whether arrivals from `client` are counted: a known client and a limit on.
+    pub fn limits_client(&self, client: ClientKey<'_>) -> bool {
+        !client.is_empty() && (self.client_places > 0 || self.client_joins_per_minute > 0)
+    }
+
+    /// How long after its last contact a client's arrivals are remembered: at
+    /// least the join window, and long enough that no place it holds can
+    /// outlive it without a poll or renewal touching it again (a ticket silent
+    /// `abandon_after`, then admitted and given `arrival_grace`; a session
+    /// `session_ttl` after its last renewal).
+    pub fn client_memory(&self) -> Duration {
+        self.session_ttl
+            .max(self.abandon_after.saturating_add(self.arrival_grace))
+            .max(self.confirm_within)
+            .max(JOIN_WINDOW)
+    }
+}
+
+/// Who is arriving, as far as per-client limits go: opaque bytes the gate
+/// derives from the client address (an IPv4 address, an IPv6 /64). Empty
+/// means the client is unknown, and no per-client limit applies.
+pub type ClientKey<'a> = &'a [u8];
+
+/// What a waiter's ticket says, for `poll`: when it joined and when it was
+/// last known alive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TicketTimes {
+    /// The join score, µs (store time): the place the ticket stands for.
+    pub score_us: u64,
+    /// The last poll answered for this ticket, µs; the join score itself when
+    /// it was never polled. A ticket whose `seen_us` is not after its score is
+    /// unconfirmed: it is never restored.
+    pub seen_us: u64,
+}
+
+impl TicketTimes {
+    /// A ticket as issued on joining, never polled since.
+    pub fn new(score_us: u64) -> TicketTimes {
+        TicketTimes {
+            score_us,
+            seen_us: score_us,
+        }
+    }
+
+    /// Whether a poll was answered for this ticket: the visitor came back.
+    pub fn confirmed(&self) -> bool {
+        self.seen_us > self.score_us
+    }
+}
+
+/// What a pass says, for `renew`: when it was issued and whether its session
+/// was confirmed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PassTimes {
+    /// When the pass was issued, ms since the Unix epoch.
+    pub issued_ms: u64,
+    /// False for the pass admit-now issued, until its first return renews it:
+    /// a session never confirmed is never restored after a loss.
+    pub confirmed: bool,
 }
 
 /// A place in line.
@@ -94,6 +198,12 @@ pub enum Arrival {
     Waiting(Place),
     /// The line holds `max_waiting` already: nobody was queued.
     Full { waiting_total: u64 },
+    /// The client key holds `client_places` places already, or joined
+    /// `client_joins_per_minute` times in the last minute: nobody was queued
+    /// or admitted. `retry_after` is when the join window has room again, and
+    /// for places the time an unconfirmed ticket keeps its place (how soon a
+    /// place nobody uses frees).
+    TooMany { retry_after: Duration },
 }
 
 /// The answer to a waiter's poll.
@@ -121,6 +231,10 @@ pub struct Tick {
     pub abandoned: u64,
     /// Admitted waiters whose arrival grace ran out without them showing up.
     pub no_shows: u64,
+    /// Admit-now sessions never confirmed within `confirm_within`, freed.
+    pub unconfirmed_sessions: u64,
+    /// Tickets never polled within `confirm_within`, dropped from the line.
+    pub unconfirmed_tickets: u64,
     /// Store time of the tick, µs.
     pub now_us: u64,
     /// The route's epoch, µs.
@@ -166,46 +280,59 @@ pub enum StoreError {
 
 /// The operations the gate and the admitter need. Every call is atomic.
 pub trait QueueStore: Send + Sync {
-    /// A visitor with no usable ticket or pass arrives. With `admit_now`, admit
-    /// at once when there is free capacity, nobody waits, the tick budget has
-    /// room and no hold is on; otherwise join the back of the line (unless the
-    /// line is full). An id already in line keeps its place; an id already
-    /// active stays admitted.
+    /// A visitor with no usable ticket or pass arrives from `client` (empty:
+    /// unknown). An id already in line keeps its place and an id already
+    /// active stays admitted, without counting against the client. Otherwise,
+    /// beyond the client's limits the answer is `TooMany` and nothing is
+    /// stored; with `admit_now`, admit at once (an unconfirmed session,
+    /// `confirm_within`) when there is free capacity, nobody waits, the tick
+    /// budget has room and no hold is on; otherwise join the back of the line
+    /// (an unconfirmed ticket) unless the line is full.
     fn arrive(
         &self,
         route: &str,
         id: &VisitorId,
+        client: ClientKey<'_>,
         limits: &Limits,
         admit_now: bool,
     ) -> impl Future<Output = Result<Arrival, StoreError>> + Send;
 
-    /// A waiter polls (a heartbeat). `ticket_score_us` is the join score its
-    /// ticket carries: an entry missing from the store is restored at it when
-    /// the route's epoch is newer than the score (the store was wiped) or the
-    /// score is younger than `abandon_after` (a write lost in a failover),
-    /// but never for a waiter admitted who did not show up within
-    /// `arrival_grace` (a no-show).
+    /// A waiter polls (a heartbeat, and the confirmation of a new ticket) from
+    /// `client`, which keeps the client's count of places alive. An entry
+    /// missing from the store is restored at the ticket's score only when the
+    /// ticket is confirmed, its holder could still be in line now
+    /// (`seen_us + abandon_after > now`, so it could at the loss), no
+    /// tombstone says it left or never showed up, and either the route's
+    /// epoch is newer than the score (the store was wiped: a hold starts) or
+    /// the score is younger than `abandon_after` (a write lost in a failover).
     fn poll(
         &self,
         route: &str,
         id: &VisitorId,
-        ticket_score_us: u64,
+        client: ClientKey<'_>,
+        ticket: TicketTimes,
         limits: &Limits,
     ) -> impl Future<Output = Result<Poll, StoreError>> + Send;
 
-    /// A pass holder renews: extends the session to `session_ttl` from now and
-    /// answers whether it is still active. A session missing from a store whose
-    /// epoch is newer than `pass_issued_s` (less one second for the pass's
-    /// resolution) is restored as active and starts a hold.
+    /// A pass holder renews from `client`: extends the session to
+    /// `session_ttl` from now (confirming an admit-now session) and answers
+    /// whether it is still active. A session missing from the store is
+    /// restored as active, starting a hold, only when the pass is confirmed,
+    /// no tombstone says it left, and it was issued before the route's epoch
+    /// (strictly, in ms) but less than `session_ttl` before it, so the session
+    /// could still have been active at the loss.
     fn renew(
         &self,
         route: &str,
         id: &VisitorId,
-        pass_issued_s: u64,
+        client: ClientKey<'_>,
+        pass: PassTimes,
         limits: &Limits,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Leaves the line or frees the slot. Unknown ids are fine.
+    /// Leaves the line or frees the slot, leaving a tombstone for
+    /// `abandon_after` so the ticket or pass is not restored as a lost write.
+    /// Unknown ids are fine.
     fn leave(
         &self,
         route: &str,
@@ -269,30 +396,33 @@ impl QueueStore for Store {
         &self,
         route: &str,
         id: &VisitorId,
+        client: ClientKey<'_>,
         limits: &Limits,
         admit_now: bool,
     ) -> Result<Arrival, StoreError> {
-        dispatch!(self, s => s.arrive(route, id, limits, admit_now).await)
+        dispatch!(self, s => s.arrive(route, id, client, limits, admit_now).await)
     }
 
     async fn poll(
         &self,
         route: &str,
         id: &VisitorId,
-        ticket_score_us: u64,
+        client: ClientKey<'_>,
+        ticket: TicketTimes,
         limits: &Limits,
     ) -> Result<Poll, StoreError> {
-        dispatch!(self, s => s.poll(route, id, ticket_score_us, limits).await)
+        dispatch!(self, s => s.poll(route, id, client, ticket, limits).await)
     }
 
     async fn renew(
         &self,
         route: &str,
         id: &VisitorId,
-        pass_issued_s: u64,
+        client: ClientKey<'_>,
+        pass: PassTimes,
         limits: &Limits,
     ) -> Result<bool, StoreError> {
-        dispatch!(self, s => s.renew(route, id, pass_issued_s, limits).await)
+        dispatch!(self, s => s.renew(route, id, client, pass, limits).await)
     }
 
     async fn leave(&self, route: &str, id: &VisitorId) -> Result<(), StoreError> {

@@ -3,8 +3,10 @@
 //! bounded by the configured timeout.
 //!
 //! Every route lives in five keys under one hash tag (`qg:{route}:…`, see
-//! DESIGN §3), passed through `KEYS` so Cluster routes the call to the slot
-//! that holds them. Visitor ids are raw 16-byte members, never part of a key.
+//! DESIGN §3), plus one key per client that the per-client limits count
+//! (`qg:{route}:client:<hex>`, expiring by itself), all passed through `KEYS`
+//! so Cluster routes the call to the slot that holds them. Visitor ids are
+//! raw 16-byte members, never part of a key.
 //! All times come from Redis `TIME` inside the scripts, so instance clocks
 //! never matter.
 //!
@@ -22,7 +24,10 @@ use redis::sentinel::Sentinel;
 use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, ServerErrorKind};
 use tokio::sync::{watch, Notify};
 
-use super::{Arrival, Limits, Place, Poll, QueueStore, RouteStats, StoreError, Tick, VisitorId};
+use super::{
+    Arrival, ClientKey, Limits, PassTimes, Place, Poll, QueueStore, RouteStats, StoreError, Tick,
+    TicketTimes, VisitorId, JOIN_WINDOW,
+};
 use crate::config::{RedisConfig, RedisMode};
 
 /// Builds a script from the shared prelude and one operation's file.
@@ -212,10 +217,30 @@ fn route_keys(route: &str) -> [String; 5] {
     ["waiting", "seen", "active", "tick", "stats"].map(|k| format!("qg:{{{route}}}:{k}"))
 }
 
-fn prepare<'a>(script: &'a Script, route: &str) -> ScriptInvocation<'a> {
+/// The key of one client's arrivals, under the route's hash tag; the client
+/// key's bytes in hex, so keys stay printable.
+fn client_key(route: &str, client: ClientKey<'_>) -> String {
+    use std::fmt::Write as _;
+    let mut key = format!("qg:{{{route}}}:client:");
+    for byte in client {
+        // Writing to a String cannot fail.
+        let _ = write!(key, "{byte:02x}");
+    }
+    key
+}
+
+/// The route's keys, then the client's key when `client` is `Some`.
+fn prepare<'a>(
+    script: &'a Script,
+    route: &str,
+    client: Option<ClientKey<'_>>,
+) -> ScriptInvocation<'a> {
     let mut invocation = script.prepare_invoke();
     for key in route_keys(route) {
         invocation.key(key);
+    }
+    if let Some(client) = client {
+        invocation.key(client_key(route, client));
     }
     invocation
 }
@@ -338,6 +363,12 @@ async fn follow_master(
     }
 }
 
+/// The client whose places a poll or renewal keeps alive: only a known
+/// client, and only while the places limit is on.
+fn touched<'a>(client: ClientKey<'a>, limits: &Limits) -> Option<ClientKey<'a>> {
+    (!client.is_empty() && limits.client_places > 0).then_some(client)
+}
+
 /// Reads a script reply that is an integer array, or says what was wrong.
 fn field(reply: &[u64], i: usize, what: &str) -> Result<u64, StoreError> {
     reply
@@ -359,10 +390,12 @@ impl QueueStore for RedisStore {
         &self,
         route: &str,
         id: &VisitorId,
+        client: ClientKey<'_>,
         limits: &Limits,
         admit_now: bool,
     ) -> impl Future<Output = Result<Arrival, StoreError>> + Send {
-        let mut invocation = prepare(&self.scripts.arrive, route);
+        let counted = limits.limits_client(client).then_some(client);
+        let mut invocation = prepare(&self.scripts.arrive, route, counted);
         invocation
             .arg(&id[..])
             .arg(u8::from(admit_now))
@@ -371,7 +404,13 @@ impl QueueStore for RedisStore {
             .arg(ms(limits.tick).max(1))
             .arg(ms(limits.session_ttl))
             .arg(ms(limits.abandon_after))
-            .arg(limits.max_waiting);
+            .arg(limits.max_waiting)
+            .arg(ms(limits.unconfirmed_session()))
+            .arg(ms(limits.unconfirmed_ticket()))
+            .arg(limits.client_places)
+            .arg(limits.client_joins_per_minute)
+            .arg(ms(limits.client_memory()))
+            .arg(ms(JOIN_WINDOW));
         async move {
             let reply: Vec<u64> = self.run(&invocation).await?;
             match field(&reply, 0, "arrive")? {
@@ -379,6 +418,9 @@ impl QueueStore for RedisStore {
                 2 => Ok(Arrival::Waiting(place(&reply, "arrive")?)),
                 3 => Ok(Arrival::Full {
                     waiting_total: field(&reply, 1, "arrive")?,
+                }),
+                4 => Ok(Arrival::TooMany {
+                    retry_after: Duration::from_millis(field(&reply, 1, "arrive")?),
                 }),
                 other => Err(unexpected_reply(format!("arrive: reply kind {other}"))),
             }
@@ -389,16 +431,19 @@ impl QueueStore for RedisStore {
         &self,
         route: &str,
         id: &VisitorId,
-        ticket_score_us: u64,
+        client: ClientKey<'_>,
+        ticket: TicketTimes,
         limits: &Limits,
     ) -> impl Future<Output = Result<Poll, StoreError>> + Send {
-        let mut invocation = prepare(&self.scripts.poll, route);
+        let mut invocation = prepare(&self.scripts.poll, route, touched(client, limits));
         invocation
             .arg(&id[..])
-            .arg(ticket_score_us)
+            .arg(ticket.score_us)
+            .arg(ticket.seen_us)
             .arg(ms(limits.session_ttl))
             .arg(ms(limits.abandon_after))
-            .arg(ms(limits.pass_ttl));
+            .arg(ms(limits.pass_ttl))
+            .arg(ms(limits.client_memory()));
         async move {
             let reply: Vec<u64> = self.run(&invocation).await?;
             match field(&reply, 0, "poll")? {
@@ -414,15 +459,18 @@ impl QueueStore for RedisStore {
         &self,
         route: &str,
         id: &VisitorId,
-        pass_issued_s: u64,
+        client: ClientKey<'_>,
+        pass: PassTimes,
         limits: &Limits,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let mut invocation = prepare(&self.scripts.renew, route);
+        let mut invocation = prepare(&self.scripts.renew, route, touched(client, limits));
         invocation
             .arg(&id[..])
-            .arg(pass_issued_s)
+            .arg(pass.issued_ms)
+            .arg(u8::from(pass.confirmed))
             .arg(ms(limits.session_ttl))
-            .arg(ms(limits.pass_ttl));
+            .arg(ms(limits.pass_ttl))
+            .arg(ms(limits.client_memory()));
         async move {
             let active: i64 = self.run(&invocation).await?;
             Ok(active == 1)
@@ -434,7 +482,7 @@ impl QueueStore for RedisStore {
         route: &str,
         id: &VisitorId,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let mut invocation = prepare(&self.scripts.leave, route);
+        let mut invocation = prepare(&self.scripts.leave, route, None);
         invocation.arg(&id[..]);
         async move {
             let _removed: i64 = self.run(&invocation).await?;
@@ -448,7 +496,7 @@ impl QueueStore for RedisStore {
         limits: &Limits,
         known_epoch_us: Option<u64>,
     ) -> impl Future<Output = Result<Tick, StoreError>> + Send {
-        let mut invocation = prepare(&self.scripts.admit_tick, route);
+        let mut invocation = prepare(&self.scripts.admit_tick, route, None);
         invocation
             .arg(limits.capacity)
             .arg(limits.max_admit_per_tick)
@@ -465,7 +513,9 @@ impl QueueStore for RedisStore {
                 epoch_us: field(&reply, 2, "admit_tick")?,
                 abandoned: field(&reply, 3, "admit_tick")?,
                 no_shows: field(&reply, 4, "admit_tick")?,
-                admitted_scores: reply.get(5..).unwrap_or_default().to_vec(),
+                unconfirmed_sessions: field(&reply, 5, "admit_tick")?,
+                unconfirmed_tickets: field(&reply, 6, "admit_tick")?,
+                admitted_scores: reply.get(7..).unwrap_or_default().to_vec(),
             })
         }
     }
@@ -475,7 +525,7 @@ impl QueueStore for RedisStore {
         route: &str,
         _limits: &Limits,
     ) -> impl Future<Output = Result<RouteStats, StoreError>> + Send {
-        let invocation = prepare(&self.scripts.stats, route);
+        let invocation = prepare(&self.scripts.stats, route, None);
         async move {
             let (waiting, active, admitted_total, rate, epoch_us, hold_until_us, now_us): (
                 u64,
@@ -551,6 +601,15 @@ mod tests {
     }
 
     #[test]
+    fn client_keys_share_the_route_hash_tag_and_stay_printable() {
+        assert_eq!(
+            client_key("tickets", &[192, 0, 2, 7]),
+            "qg:{tickets}:client:c0000207"
+        );
+        assert_eq!(client_key("t", b"}{"), "qg:{t}:client:7d7b");
+    }
+
+    #[test]
     fn every_route_script_starts_with_the_prelude_and_documents_itself() {
         for file in [
             include_str!("../../lua/arrive.lua"),
@@ -561,7 +620,11 @@ mod tests {
             include_str!("../../lua/stats.lua"),
             include_str!("../../lua/ready.lua"),
         ] {
-            let head: String = file.lines().take(12).collect::<Vec<_>>().join("\n");
+            let head: String = file
+                .lines()
+                .take_while(|line| line.starts_with("--"))
+                .collect::<Vec<_>>()
+                .join("\n");
             assert!(head.starts_with("-- "), "script must open with a comment");
             for part in ["KEYS", "ARGV", "Returns", "Invariant"] {
                 assert!(head.contains(part), "header lacks {part}: {head}");

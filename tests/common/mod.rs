@@ -276,6 +276,8 @@ pub fn route(name: &str, prefix: &str, capacity: u64) -> Route {
         arrival_grace: Duration::from_secs(60),
         abandon_after: Duration::from_secs(30),
         max_waiting: 200_000,
+        confirm_within: Duration::from_secs(30),
+        client_limits: ClientLimits::default(),
         waiting_status: http::StatusCode::SERVICE_UNAVAILABLE,
         mode: Mode::Gate,
         on_store_error: OnStoreError::Local,
