@@ -4,11 +4,17 @@
 //!
 //! A value reads `v1.<state>.<route>.<id>.<t>.<kid>.<mac>`, ASCII only:
 //!
-//! - `state`: `w` for a waiting ticket, `a` for an admission pass;
+//! - `state`: `w` for a waiting ticket, `a` for an admission pass, `n` for
+//!   the pass of a visitor admitted at once who has not come back yet (an
+//!   unconfirmed session, DESIGN §8.3);
 //! - `route`: the route name, `[A-Za-z0-9_-]{1,32}` (`config::is_route_name`);
 //! - `id`: the visitor's 16 random bytes, base64url without padding (22 chars);
 //! - `t`: decimal `u64` without sign or leading zeros; a ticket's join score
-//!   (store time, µs) or a pass's expiry (unix seconds);
+//!   (store time, µs) or a pass's expiry (unix seconds); optionally followed
+//!   by `-` and a second such number, `at`: for a ticket the last time the
+//!   line saw its holder (µs), for a pass when it was issued (unix ms). The
+//!   store's restore rules need them; values signed without `at` (older
+//!   ones) still verify;
 //! - `kid`: the id of the key that signed it, `[A-Za-z0-9_-]{1,16}`
 //!   (`config::is_key_id`);
 //! - `mac`: base64url without padding (43 chars) of HMAC-SHA256 under that key
@@ -77,6 +83,9 @@ pub enum Kind {
     Ticket,
     /// `a`: admission; `t` is the pass's expiry (unix seconds).
     Pass,
+    /// `n`: admission at once, not confirmed yet: the visitor's first return
+    /// renews it through the store (DESIGN §8.3).
+    NewPass,
 }
 
 impl Kind {
@@ -84,6 +93,7 @@ impl Kind {
         match self {
             Kind::Ticket => "w",
             Kind::Pass => "a",
+            Kind::NewPass => "n",
         }
     }
 
@@ -91,6 +101,7 @@ impl Kind {
         match state {
             "w" => Some(Kind::Ticket),
             "a" => Some(Kind::Pass),
+            "n" => Some(Kind::NewPass),
             _ => None,
         }
     }
@@ -103,6 +114,9 @@ pub struct Claims {
     pub id: VisitorId,
     /// Join score (µs) for a ticket, expiry (unix seconds) for a pass.
     pub t: u64,
+    /// Last seen (µs) for a ticket, issue time (unix ms) for a pass; `None`
+    /// in a value signed without it.
+    pub at: Option<u64>,
     /// Position in the ring of the key that verified it; 0 is the signing key,
     /// so anything else was signed by a key that is being rotated out.
     pub key_index: usize,
@@ -311,13 +325,26 @@ impl KeyRing {
     /// a valid route name ([`is_route_name`], which config validation
     /// checks); a value signed for any other name never verifies.
     pub fn sign(&self, kind: Kind, route: &str, id: &VisitorId, t: u64) -> String {
+        self.sign_at(kind, route, id, t, None)
+    }
+
+    /// [`KeyRing::sign`] with the optional `at` field (see the module doc).
+    pub fn sign_at(
+        &self,
+        kind: Kind,
+        route: &str,
+        id: &VisitorId,
+        t: u64,
+        at: Option<u64>,
+    ) -> String {
         let key = &self.signer;
         let mut out = String::with_capacity(
             VERSION.len()
                 + 3
                 + route.len()
                 + ID_CHARS
-                + MAX_T_DIGITS
+                + 2 * MAX_T_DIGITS
+                + 1
                 + key.id.len()
                 + MAC_CHARS
                 + 6,
@@ -331,6 +358,10 @@ impl KeyRing {
         URL_SAFE_NO_PAD.encode_string(id, &mut out);
         out.push('.');
         push_decimal(&mut out, t);
+        if let Some(at) = at {
+            out.push('-');
+            push_decimal(&mut out, at);
+        }
         out.push('.');
         out.push_str(&key.id);
         let mut mac = key.mac.clone();
@@ -387,6 +418,10 @@ impl KeyRing {
             return Err(Reject::Malformed);
         }
         let id = decode_fixed::<16>(id, ID_CHARS).ok_or(Reject::Malformed)?;
+        let (t, at) = match t.split_once('-') {
+            Some((t, at)) => (t, Some(parse_decimal(at).ok_or(Reject::Malformed)?)),
+            None => (t, None),
+        };
         let t = parse_decimal(t).ok_or(Reject::Malformed)?;
         if !is_key_id(kid) {
             return Err(Reject::Malformed);
@@ -414,6 +449,7 @@ impl KeyRing {
             kind,
             id,
             t,
+            at,
             key_index,
         })
     }
@@ -591,6 +627,7 @@ mod tests {
                 kind: Kind::Pass,
                 id: ID,
                 t: 1_700_000_060,
+                at: None,
                 key_index: 0,
             })
         );
@@ -606,6 +643,7 @@ mod tests {
                 kind: Kind::Ticket,
                 id: ID,
                 t: 1_700_000_000_123_456,
+                at: None,
                 key_index: 0,
             })
         );
@@ -736,6 +774,7 @@ mod tests {
                 kind: Kind::Pass,
                 id: ID,
                 t: 1000,
+                at: None,
                 key_index: 1,
             })
         );
@@ -899,6 +938,7 @@ mod tests {
             kind: Kind::Pass,
             id: ID,
             t: 1060,
+            at: None,
             key_index: 0,
         };
         assert_eq!(pass.pass_life(1000, ttl), PassLife::Fresh);
@@ -1184,5 +1224,37 @@ mod tests {
             let deleted: String = deleted.into_iter().collect();
             prop_assert!(ring.verify(&deleted, &route).claims().is_none(), "{} accepted", deleted);
         }
+    }
+
+    #[test]
+    fn the_optional_at_field_round_trips_and_is_strict() {
+        let ring = two_keys();
+        let id = [7u8; 16];
+        for kind in [Kind::Ticket, Kind::Pass, Kind::NewPass] {
+            let value = ring.sign_at(kind, ROUTE, &id, 1_700_000_000, Some(1_700_000_000_123));
+            let claims = ring.verify(&value, ROUTE).claims().unwrap();
+            assert_eq!(claims.kind, kind);
+            assert_eq!(claims.t, 1_700_000_000);
+            assert_eq!(claims.at, Some(1_700_000_000_123));
+        }
+        let plain = ring.sign(Kind::Pass, ROUTE, &id, 5);
+        assert_eq!(ring.verify(&plain, ROUTE).claims().unwrap().at, None);
+        // The `at` field is covered by the MAC, and written one way only.
+        let value = ring.sign_at(Kind::Ticket, ROUTE, &id, 5, Some(9));
+        for (from, to) in [
+            ("5-9", "5-8"),
+            ("5-9", "5-09"),
+            ("5-9", "5-"),
+            ("5-9", "-9"),
+            ("5-9", "5-9-9"),
+            ("5-9", "5+9"),
+        ] {
+            let forged = value.replacen(from, to, 1);
+            assert!(ring.verify(&forged, ROUTE).claims().is_none(), "{forged}");
+        }
+        // Promoting an unconfirmed pass to a confirmed one breaks the MAC.
+        let new = ring.sign_at(Kind::NewPass, ROUTE, &id, 5, Some(9));
+        let promoted = new.replacen(".n.", ".a.", 1);
+        assert!(ring.verify(&promoted, ROUTE).claims().is_none());
     }
 }

@@ -14,11 +14,12 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::admission::KeyRing;
+use crate::client_ip::{self, LimitKey};
 use crate::clock::Clock;
-use crate::config::{AmbiguousPaths, Config, HostPattern};
+use crate::config::{AmbiguousPaths, ClientIp, Config, HostPattern};
 use crate::cookie::{self, CookieMemo};
 use crate::framing::AmbiguousHead;
-use crate::gate::{Admitted, Decision, Gate};
+use crate::gate::{Admitted, Decision, Gate, Requester};
 use crate::metrics::{Metrics, Outcome, UpstreamFailure};
 use crate::proxy::{self, Peer, Upstream};
 use crate::queue::{BreakerConfig, Guarded, Store};
@@ -38,6 +39,8 @@ pub struct App {
     ambiguous_paths: AmbiguousPaths,
     /// `limits.allowed_hosts`; empty for any host.
     allowed_hosts: Vec<HostPattern>,
+    /// Whose forwarding headers name the client (`client_ip`).
+    client_ip: ClientIp,
     draining: AtomicBool,
 }
 
@@ -68,8 +71,19 @@ impl App {
             metrics,
             ambiguous_paths: config.limits.ambiguous_paths,
             allowed_hosts: config.limits.allowed_hosts.clone(),
+            client_ip: config.client_ip.clone(),
             draining: AtomicBool::new(false),
         })
+    }
+
+    /// The key the client of a request is counted under for per-client
+    /// limits: its address behind trusted proxies (DESIGN §8.2, §8.3).
+    fn limit_key(&self, peer: &Peer, headers: &http::HeaderMap) -> LimitKey {
+        client_ip::limit_key(client_ip::client_of(
+            peer.addr.ip(),
+            headers,
+            &self.client_ip,
+        ))
     }
 
     /// Marks the process as draining (readiness turns false).
@@ -136,7 +150,15 @@ impl App {
                 Outcome::Reserved,
                 // Boxed so the waiting room's larger future does not set the
                 // size of every request's future (see `Gate::decide`).
-                Box::pin(waiting::serve(&self.gate, s, req, peer, &conn.cookies)).await,
+                Box::pin(async {
+                    let key = self.limit_key(peer, req.headers());
+                    let who = Requester {
+                        tls: peer.tls,
+                        client: key.as_bytes(),
+                    };
+                    waiting::serve(&self.gate, s, req, who, &conn.cookies).await
+                })
+                .await,
             );
         }
         // Bypass rules and routes see every reading of the path an origin
@@ -164,9 +186,14 @@ impl App {
             );
         };
         let route = &s.routes[index];
+        let key = self.limit_key(peer, req.headers());
+        let who = Requester {
+            tls: peer.tls,
+            client: key.as_bytes(),
+        };
         let decision = self
             .gate
-            .decide(s, index, peer.tls, || {
+            .decide(s, index, who, || {
                 s.credentials(index, req.headers(), peer.tls, &conn.cookies)
             })
             .await;
@@ -256,6 +283,7 @@ pub fn outcome_of(decision: &Decision) -> Outcome {
         },
         Decision::Wait { .. } => Outcome::Held,
         Decision::Full { .. } => Outcome::Full,
+        Decision::TooMany { .. } => Outcome::TooMany,
         Decision::Closed => Outcome::Closed,
         Decision::Unavailable => Outcome::StoreDown,
     }

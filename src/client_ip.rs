@@ -55,18 +55,39 @@ fn parse_hop(hop: &str) -> Option<IpAddr> {
 /// The bytes a client is counted under for per-client limits (DESIGN
 /// §8.3): an IPv4 address, or the /64 of an IPv6 address (one household or
 /// one cloud host gets a whole /64, so counting single v6 addresses would
-/// give it unlimited places).
-pub fn limit_key(ip: IpAddr) -> Vec<u8> {
+/// give it unlimited places). Held inline: no allocation per request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimitKey {
+    bytes: [u8; 9],
+    len: u8,
+}
+
+impl LimitKey {
+    /// The key of no client: no per-client limit applies.
+    pub const NONE: LimitKey = LimitKey {
+        bytes: [0; 9],
+        len: 0,
+    };
+
+    /// The key bytes, as the store takes them.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
+
+/// The [`LimitKey`] of `ip`.
+pub fn limit_key(ip: IpAddr) -> LimitKey {
+    let mut bytes = [0u8; 9];
     match ip.to_canonical() {
         IpAddr::V4(v4) => {
-            let mut key = vec![4];
-            key.extend_from_slice(&v4.octets());
-            key
+            bytes[0] = 4;
+            bytes[1..5].copy_from_slice(&v4.octets());
+            LimitKey { bytes, len: 5 }
         }
         IpAddr::V6(v6) => {
-            let mut key = vec![6];
-            key.extend_from_slice(&v6.octets()[..8]);
-            key
+            bytes[0] = 6;
+            bytes[1..9].copy_from_slice(&v6.octets()[..8]);
+            LimitKey { bytes, len: 9 }
         }
     }
 }

@@ -12,11 +12,18 @@ use crate::clock::Clock;
 use crate::config::{Mode, OnStoreError};
 use crate::cookie::{self, Credentials};
 use crate::queue::{
-    Arrival, Guarded, MemoryStore, PassTimes, Place, Poll, QueueStore, StoreError, TicketTimes,
+    Arrival, ClientKey, Guarded, MemoryStore, PassTimes, Place, Poll, QueueStore, StoreError,
+    TicketTimes,
 };
 
-/// The client key passed to the store: none yet, so no per-client limit applies.
-const UNKNOWN_CLIENT: &[u8] = &[];
+/// Who is asking, as far as the gate cares: whether the request came over
+/// TLS (which names the cookie and sets `Secure`) and the key the client's
+/// places and joins are counted under (empty: unknown, no limit).
+#[derive(Clone, Copy, Debug)]
+pub struct Requester<'a> {
+    pub tls: bool,
+    pub client: ClientKey<'a>,
+}
 use crate::route::{RouteRt, Settings};
 
 /// A ticket cookie outlives any reasonable wait; the place itself is kept by
@@ -57,6 +64,9 @@ pub enum Decision {
     },
     /// The line is full: nobody was queued.
     Full { waiting_total: u64 },
+    /// The client holds as many places as it may, or joined too often
+    /// (DESIGN §8.3): nobody was queued or admitted.
+    TooMany { retry_after: std::time::Duration },
     /// The route is closed.
     Closed,
     /// The store is down and the route's policy is `closed`.
@@ -124,7 +134,7 @@ impl Gate {
         &self,
         s: &Settings,
         index: usize,
-        tls: bool,
+        who: Requester<'_>,
         creds: impl FnOnce() -> Credentials,
     ) -> Decision {
         let route = &s.routes[index];
@@ -140,94 +150,81 @@ impl Gate {
         }
         let creds = creds();
         if let Some(pass) = creds.pass {
-            if let Some(decision) = self.check_pass(s, route, &pass, tls).await {
+            if let Some(decision) = self.check_pass(s, route, &pass, who).await {
                 return decision;
             }
         } else if let Some(ticket) = creds.ticket {
-            if let Some(decision) = Box::pin(self.check_ticket(s, route, &ticket, tls)).await {
+            if let Some(decision) = Box::pin(self.check_ticket(s, route, &ticket, who)).await {
                 return decision;
             }
         }
-        Box::pin(self.arrive(s, route, tls)).await
+        Box::pin(self.arrive(s, route, who)).await
     }
 
-    /// A pass: forward while fresh; past half its life renew it through the
+    /// A pass: forward while fresh; past half its life, or on the first
+    /// return of an admit-now pass (which confirms the session, DESIGN §8.3),
+    /// or when the store was lost since it was issued, renew it through the
     /// store. `None` means the session is gone: treat as no cookie.
     pub async fn check_pass(
         &self,
         s: &Settings,
         route: &RouteRt,
         pass: &Claims,
-        tls: bool,
+        who: Requester<'_>,
     ) -> Option<Decision> {
         let now_s = self.clock.now_s();
-        let ttl_s = route.limits.pass_ttl.as_secs();
-        let issued_s = pass.t.saturating_sub(ttl_s);
-        let epoch_s = route.live.epoch_us.load(Ordering::Relaxed) / 1_000_000;
-        let before_epoch = epoch_s > 0 && issued_s < epoch_s;
+        let times = pass_times(pass, route.limits.pass_ttl.as_secs());
+        let epoch_ms = route.live.epoch_us.load(Ordering::Relaxed) / 1_000;
+        let before_epoch = epoch_ms > 0 && times.issued_ms < epoch_ms;
         let fresh = pass.pass_life(now_s, route.limits.pass_ttl) == PassLife::Fresh;
-        if fresh && !before_epoch {
+        if fresh && times.confirmed && !before_epoch {
             return Some(Decision::Admit {
                 how: Admitted::Pass,
                 set_cookie: None,
             });
         }
-        // The pass carries whole seconds and no confirmation yet: as before,
-        // a pass is taken as confirmed and issued at the start of its second.
-        let times = PassTimes {
-            issued_ms: issued_s.saturating_mul(1_000),
-            confirmed: true,
-        };
-        let renewed = Box::pin(self.store.renew(
-            route.name(),
-            &pass.id,
-            UNKNOWN_CLIENT,
-            times,
-            &route.limits,
-        ))
-        .await;
-        let how = match renewed {
-            Ok(true) => Admitted::Renewed,
+        let renewed =
+            Box::pin(
+                self.store
+                    .renew(route.name(), &pass.id, who.client, times, &route.limits),
+            )
+            .await;
+        let (how, confirmed) = match renewed {
+            Ok(true) => (Admitted::Renewed, true),
             Ok(false) => return None,
             Err(err) => {
                 // Admitted visitors never depend on the store, but a pass long
-                // past its session is not revived.
+                // past its session is not revived. The store has not seen
+                // this return: an unconfirmed pass stays unconfirmed.
                 if now_s > pass.t + route.limits.session_ttl.as_secs() {
                     return None;
                 }
                 tracing::debug!(route = route.name(), error = %err, "pass renewed locally");
-                Admitted::RenewedLocally
+                (Admitted::RenewedLocally, times.confirmed)
             }
         };
         Some(Decision::Admit {
             how,
-            set_cookie: Some(self.pass_cookie(s, route, &pass.id, tls)),
+            set_cookie: Some(self.pass_cookie(s, route, &pass.id, confirmed, who.tls)),
         })
     }
 
-    /// A ticket: poll the line (a heartbeat). `None` means the place is gone.
+    /// A ticket: poll the line (a heartbeat; the first one confirms the
+    /// ticket). `None` means the place is gone.
     pub async fn check_ticket(
         &self,
         s: &Settings,
         route: &RouteRt,
         ticket: &Claims,
-        tls: bool,
+        who: Requester<'_>,
     ) -> Option<Decision> {
-        // The ticket does not carry its last poll yet: taken as seen now,
-        // which restores what was restored before.
         let times = TicketTimes {
             score_us: ticket.t,
-            seen_us: self.clock.now_us(),
+            seen_us: ticket.at.unwrap_or(ticket.t),
         };
         let polled = match self
             .store
-            .poll(
-                route.name(),
-                &ticket.id,
-                UNKNOWN_CLIENT,
-                times,
-                &route.limits,
-            )
+            .poll(route.name(), &ticket.id, who.client, times, &route.limits)
             .await
         {
             Ok(p) => p,
@@ -238,7 +235,7 @@ impl Gate {
                         .poll(
                             route.name(),
                             &ticket.id,
-                            UNKNOWN_CLIENT,
+                            who.client,
                             times,
                             &route.local_limits,
                         )
@@ -249,25 +246,35 @@ impl Gate {
             },
         };
         match polled {
-            Poll::Waiting(place) => Some(Decision::Wait {
-                place,
-                set_cookie: None,
-            }),
+            Poll::Waiting(place) => {
+                // The ticket carries when the line last saw its holder, so a
+                // restore after a store loss can tell a live waiter from one
+                // that had gone silent before it (DESIGN §8.3). Written again
+                // on the first poll and then every quarter of abandon_after,
+                // not on every poll.
+                let now_us = self.clock.now_us().max(ticket.t + 1);
+                let refresh_us = route.limits.abandon_after.as_micros() as u64 / 4;
+                let stale = !times.confirmed() || now_us.saturating_sub(times.seen_us) > refresh_us;
+                let set_cookie = stale.then(|| {
+                    self.ticket_cookie(s, route, &ticket.id, ticket.t, Some(now_us), who.tls)
+                });
+                Some(Decision::Wait { place, set_cookie })
+            }
             Poll::Admitted => Some(Decision::Admit {
                 how: Admitted::FromLine,
-                set_cookie: Some(self.pass_cookie(s, route, &ticket.id, tls)),
+                set_cookie: Some(self.pass_cookie(s, route, &ticket.id, true, who.tls)),
             }),
             Poll::Gone => None,
         }
     }
 
     /// No usable cookie: admit at once or join the line.
-    pub async fn arrive(&self, s: &Settings, route: &RouteRt, tls: bool) -> Decision {
+    pub async fn arrive(&self, s: &Settings, route: &RouteRt, who: Requester<'_>) -> Decision {
         let id = admission::new_visitor_id();
         let admit_now = route.cfg.mode == Mode::Gate;
         let arrival = match self
             .store
-            .arrive(route.name(), &id, UNKNOWN_CLIENT, &route.limits, admit_now)
+            .arrive(route.name(), &id, who.client, &route.limits, admit_now)
             .await
         {
             Ok(a) => a,
@@ -277,7 +284,7 @@ impl Gate {
                     .arrive(
                         route.name(),
                         &id,
-                        UNKNOWN_CLIENT,
+                        who.client,
                         &route.local_limits,
                         admit_now,
                     )
@@ -290,18 +297,17 @@ impl Gate {
             },
         };
         match arrival {
+            // Unconfirmed until the visitor comes back with the pass.
             Arrival::Admitted => Decision::Admit {
                 how: Admitted::AtOnce,
-                set_cookie: Some(self.pass_cookie(s, route, &id, tls)),
+                set_cookie: Some(self.pass_cookie(s, route, &id, false, who.tls)),
             },
             Arrival::Waiting(place) => Decision::Wait {
                 place,
-                set_cookie: Some(self.ticket_cookie(s, route, &id, place.score_us, tls)),
+                set_cookie: Some(self.ticket_cookie(s, route, &id, place.score_us, None, who.tls)),
             },
             Arrival::Full { waiting_total } => Decision::Full { waiting_total },
-            // Only a known client can be over its limits, and the gate names
-            // none yet; like a full line, nobody was queued.
-            Arrival::TooMany { .. } => Decision::Full { waiting_total: 0 },
+            Arrival::TooMany { retry_after } => Decision::TooMany { retry_after },
         }
     }
 
@@ -316,16 +322,22 @@ impl Gate {
         }
     }
 
-    /// A fresh pass for `id`, as a `Set-Cookie` value.
+    /// A fresh pass for `id`, as a `Set-Cookie` value: confirmed, or the
+    /// `n` pass of an admit-now session the visitor has not come back to.
     pub fn pass_cookie(
         &self,
         s: &Settings,
         route: &RouteRt,
         id: &VisitorId,
+        confirmed: bool,
         tls: bool,
     ) -> HeaderValue {
-        let expiry = self.clock.now_s() + route.limits.pass_ttl.as_secs();
-        let value = s.ring.sign(Kind::Pass, route.name(), id, expiry);
+        let now_us = self.clock.now_us();
+        let expiry = now_us / 1_000_000 + route.limits.pass_ttl.as_secs();
+        let kind = if confirmed { Kind::Pass } else { Kind::NewPass };
+        let value = s
+            .ring
+            .sign_at(kind, route.name(), id, expiry, Some(now_us / 1_000));
         let max_age = route.limits.session_ttl.as_secs() + route.limits.pass_ttl.as_secs();
         cookie::set_cookie(
             route.cookie_name(tls),
@@ -336,16 +348,20 @@ impl Gate {
         )
     }
 
-    /// A ticket for `id` at join score `score_us`, as a `Set-Cookie` value.
+    /// A ticket for `id` at join score `score_us`, last seen at `seen_us`
+    /// (none for a new ticket), as a `Set-Cookie` value.
     pub fn ticket_cookie(
         &self,
         s: &Settings,
         route: &RouteRt,
         id: &VisitorId,
         score_us: u64,
+        seen_us: Option<u64>,
         tls: bool,
     ) -> HeaderValue {
-        let value = s.ring.sign(Kind::Ticket, route.name(), id, score_us);
+        let value = s
+            .ring
+            .sign_at(Kind::Ticket, route.name(), id, score_us, seen_us);
         cookie::set_cookie(
             route.cookie_name(tls),
             &value,
@@ -353,5 +369,24 @@ impl Gate {
             tls,
             s.cookie_domain.as_deref(),
         )
+    }
+}
+
+/// What a pass tells the store's restore rules: when it was issued (ms) and
+/// whether its session was confirmed. A pass signed before passes carried
+/// their issue time is taken as issued at the last millisecond of its
+/// second, so one issued in the same second as a store's epoch is never
+/// taken for one issued before it.
+fn pass_times(pass: &Claims, pass_ttl_s: u64) -> PassTimes {
+    let issued_ms = pass.at.unwrap_or_else(|| {
+        pass.t
+            .saturating_sub(pass_ttl_s)
+            .saturating_add(1)
+            .saturating_mul(1_000)
+            .saturating_sub(1)
+    });
+    PassTimes {
+        issued_ms,
+        confirmed: pass.kind == Kind::Pass,
     }
 }

@@ -50,6 +50,12 @@ struct RejectedLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UnconfirmedLabels {
+    route: String,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OperationLabel {
     operation: &'static str,
 }
@@ -116,16 +122,19 @@ pub enum Outcome {
     /// Sent to the waiting room.
     Held,
     Full,
+    /// Over the client's limits (DESIGN §8.3).
+    TooMany,
     Closed,
     StoreDown,
     /// One of queuegate's own paths.
     Reserved,
-    /// Refused before any decision: ambiguous framing.
+    /// Refused before any decision: ambiguous framing or path, a missing or
+    /// malformed Host, a host not served here.
     BadRequest,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 15] = [
+    const ALL: [Outcome; 16] = [
         Outcome::Forwarded,
         Outcome::Bypass,
         Outcome::Pass,
@@ -137,6 +146,7 @@ impl Outcome {
         Outcome::Passthrough,
         Outcome::Held,
         Outcome::Full,
+        Outcome::TooMany,
         Outcome::Closed,
         Outcome::StoreDown,
         Outcome::Reserved,
@@ -156,6 +166,7 @@ impl Outcome {
             Outcome::Passthrough => "passthrough",
             Outcome::Held => "held",
             Outcome::Full => "full",
+            Outcome::TooMany => "too_many",
             Outcome::Closed => "closed",
             Outcome::StoreDown => "store_down",
             Outcome::Reserved => "reserved",
@@ -177,6 +188,7 @@ pub struct Metrics {
     wait: Family<RouteLabel, Histogram>,
     abandoned: Family<RouteLabel, Counter>,
     no_show: Family<RouteLabel, Counter>,
+    unconfirmed: Family<UnconfirmedLabels, Counter>,
     fail_open: Family<RouteLabel, Counter>,
     store_errors: Family<OperationLabel, Counter>,
     breaker_state: Gauge,
@@ -213,6 +225,7 @@ impl Metrics {
         );
         let abandoned = Family::<RouteLabel, Counter>::default();
         let no_show = Family::<RouteLabel, Counter>::default();
+        let unconfirmed = Family::<UnconfirmedLabels, Counter>::default();
         let fail_open = Family::<RouteLabel, Counter>::default();
         let store_errors = Family::<OperationLabel, Counter>::default();
         let breaker_state = Gauge::default();
@@ -274,6 +287,11 @@ impl Metrics {
             "queuegate_no_show",
             "Admitted waiters who never came",
             no_show.clone(),
+        );
+        registry.register(
+            "queuegate_unconfirmed",
+            "Admit-now sessions and tickets whose visitor never came back within confirm_within",
+            unconfirmed.clone(),
         );
         registry.register(
             "queuegate_store_errors",
@@ -369,6 +387,7 @@ impl Metrics {
             wait,
             abandoned,
             no_show,
+            unconfirmed,
             fail_open,
             store_errors,
             breaker_state,
@@ -400,6 +419,10 @@ impl Metrics {
             route: name.to_owned(),
             reason,
         };
+        let unconfirmed = |kind| UnconfirmedLabels {
+            route: name.to_owned(),
+            kind,
+        };
         let eta = self.eta.get_or_create_owned(&route);
         eta.set(f64::NAN);
         RouteMetrics {
@@ -409,6 +432,7 @@ impl Metrics {
             admitted_at_once: self.admitted.get_or_create_owned(&admitted("at_once")),
             admitted_from_line: self.admitted.get_or_create_owned(&admitted("from_line")),
             rejected_full: self.rejected.get_or_create_owned(&rejected("full")),
+            rejected_too_many: self.rejected.get_or_create_owned(&rejected("too_many")),
             rejected_closed: self.rejected.get_or_create_owned(&rejected("closed")),
             rejected_store_down: self.rejected.get_or_create_owned(&rejected("store_down")),
             held: self.held.get_or_create_owned(&route),
@@ -416,6 +440,10 @@ impl Metrics {
             wait: self.wait.get_or_create_owned(&route),
             abandoned: self.abandoned.get_or_create_owned(&route),
             no_show: self.no_show.get_or_create_owned(&route),
+            unconfirmed_sessions: self
+                .unconfirmed
+                .get_or_create_owned(&unconfirmed("session")),
+            unconfirmed_tickets: self.unconfirmed.get_or_create_owned(&unconfirmed("ticket")),
             fail_open: self.fail_open.get_or_create_owned(&route),
         }
     }
@@ -439,7 +467,13 @@ impl Metrics {
                 how,
             });
         }
-        for reason in ["full", "closed", "store_down"] {
+        for kind in ["session", "ticket"] {
+            self.unconfirmed.remove(&UnconfirmedLabels {
+                route: name.to_owned(),
+                kind,
+            });
+        }
+        for reason in ["full", "too_many", "closed", "store_down"] {
             self.rejected.remove(&RejectedLabels {
                 route: name.to_owned(),
                 reason,
@@ -576,6 +610,7 @@ pub struct RouteMetrics {
     admitted_at_once: Counter,
     admitted_from_line: Counter,
     rejected_full: Counter,
+    rejected_too_many: Counter,
     rejected_closed: Counter,
     rejected_store_down: Counter,
     held: Counter,
@@ -583,6 +618,8 @@ pub struct RouteMetrics {
     wait: Histogram,
     abandoned: Counter,
     no_show: Counter,
+    unconfirmed_sessions: Counter,
+    unconfirmed_tickets: Counter,
     fail_open: Counter,
 }
 
@@ -601,6 +638,9 @@ impl RouteMetrics {
             }
             Outcome::Full => {
                 self.rejected_full.inc();
+            }
+            Outcome::TooMany => {
+                self.rejected_too_many.inc();
             }
             Outcome::Closed => {
                 self.rejected_closed.inc();
@@ -623,6 +663,8 @@ impl RouteMetrics {
         }
         self.abandoned.inc_by(tick.abandoned);
         self.no_show.inc_by(tick.no_shows);
+        self.unconfirmed_sessions.inc_by(tick.unconfirmed_sessions);
+        self.unconfirmed_tickets.inc_by(tick.unconfirmed_tickets);
     }
 
     /// The route's live numbers; `eta_s` is `None` while there is no rate.

@@ -50,7 +50,8 @@ async fn capacity_n_then_the_line() {
             a.reached_origin(),
             "visitor {i} should be admitted at once: {a:?}"
         );
-        assert!(v.cookie("qg_tickets").unwrap().starts_with("v1.a.tickets."));
+        // Admitted at once: a pass not yet confirmed by a return (§8.3).
+        assert!(v.cookie("qg_tickets").unwrap().starts_with("v1.n.tickets."));
         admitted.push(v);
     }
     assert_eq!(hits.load(Ordering::SeqCst), 3);
@@ -129,7 +130,10 @@ async fn nothing_without_a_valid_pass_reaches_the_origin() {
     let flipped = format!("{first}{}", &mac[1..]);
     flipped_mac[6] = &flipped;
     let mut edited_expiry = fields.clone();
-    let later = (fields[4].parse::<u64>().unwrap() + 3600).to_string();
+    let later = match fields[4].split_once('-') {
+        Some((expiry, at)) => format!("{}-{at}", expiry.parse::<u64>().unwrap() + 3600),
+        None => (fields[4].parse::<u64>().unwrap() + 3600).to_string(),
+    };
     edited_expiry[4] = &later;
     let relabelled = ticket.replacen("v1.w.", "v1.a.", 1);
     let foreign = KeyRing::new(vec![("k9".into(), vec![7u8; 32])]).unwrap();
@@ -257,7 +261,13 @@ async fn a_pass_renews_and_stops_working_after_leave() {
     tokio::time::sleep(Duration::from_millis(2_100)).await;
     let mut a = Visitor::new();
     assert!(a.navigate(&gate.url("/tickets")).await.reached_origin());
+    // The first return confirms the session through the store: a
+    // confirmed pass replaces the admit-now one.
+    assert!(a.cookie("qg_tickets").unwrap().starts_with("v1.n."));
+    let confirmed = a.navigate(&gate.url("/tickets")).await;
+    assert!(confirmed.reached_origin());
     let first = a.cookie("qg_tickets").unwrap().to_owned();
+    assert!(first.starts_with("v1.a."), "{first}");
     // Within the first half of its life, no new pass.
     let again = a.navigate(&gate.url("/tickets")).await;
     assert!(again.reached_origin());
@@ -522,7 +532,14 @@ async fn refresh_and_a_second_tab_keep_one_place() {
     let other = tab.status(&gate, "tickets").await;
     assert_eq!(other["position"], 2);
     assert_eq!(other["waiting_total"], 2);
-    assert_eq!(v.cookie("qg_tickets").unwrap(), ticket);
+    // The same place: the same id and join score. The cookie itself is
+    // written again once the first poll confirms it (it then carries when
+    // the line last saw its holder).
+    let place = |c: &str| {
+        let f: Vec<&str> = c.split('.').collect();
+        (f[3].to_owned(), f[4].split('-').next().unwrap().to_owned())
+    };
+    assert_eq!(place(v.cookie("qg_tickets").unwrap()), place(&ticket));
 }
 
 #[tokio::test]

@@ -60,7 +60,8 @@ impl Instance {
 fn route_yaml(capacity: u64, extra: &str) -> String {
     format!(
         "  - name: tickets\n    match: {{ path_prefix: /tickets }}\n    capacity: {capacity}\n    \
-         tick: 50ms\n    pass_ttl: 2s\n{extra}"
+         tick: 50ms\n    pass_ttl: 2s\n    \
+         client_limits: {{ places: 0, joins_per_minute: 0 }}\n{extra}"
     )
 }
 
@@ -175,6 +176,12 @@ async fn flushall_loses_no_place_and_never_exceeds_capacity() {
             .navigate(&instances[i % 3].url("/tickets"))
             .await
             .reached_origin());
+        // A browser comes back at once (the page's own assets): that
+        // confirms the session. One never confirmed is not restored.
+        assert!(v
+            .navigate(&instances[(i + 1) % 3].url("/tickets"))
+            .await
+            .reached_origin());
         admitted.push(v);
     }
     let mut line = Vec::new();
@@ -184,6 +191,8 @@ async fn flushall_loses_no_place_and_never_exceeds_capacity() {
             v.navigate(&instances[i % 3].url("/tickets")).await.status,
             http::StatusCode::FOUND
         );
+        // The waiting page's first poll confirms the ticket.
+        assert_eq!(status(&mut v, &instances[i % 3]).await["state"], "waiting");
         line.push(v);
     }
     let _: () = redis.query(&["FLUSHALL"]);

@@ -12,8 +12,7 @@ use rand::Rng;
 use serde_json::json;
 
 use crate::cookie::CookieMemo;
-use crate::gate::{Decision, Gate};
-use crate::proxy::Peer;
+use crate::gate::{Decision, Gate, Requester};
 use crate::queue::Place;
 use crate::response::{self, Body};
 use crate::route::{RouteRt, Settings};
@@ -117,6 +116,10 @@ fn api_answer(s: &Settings, route: &RouteRt, decision: &Decision) -> Response<Bo
             (route.cfg.waiting_status, poll.div_ceil(1000).max(1))
         }
         (Decision::Full { .. }, _) => (StatusCode::SERVICE_UNAVAILABLE, 30),
+        (Decision::TooMany { retry_after }, _) => (
+            StatusCode::TOO_MANY_REQUESTS,
+            retry_after.as_secs_f64().ceil().max(1.0) as u64,
+        ),
         (Decision::Closed, _) => (StatusCode::SERVICE_UNAVAILABLE, 60),
         _ => (StatusCode::SERVICE_UNAVAILABLE, 10),
     };
@@ -137,6 +140,7 @@ fn fill_decision(
         Decision::Admit { .. } => "admitted",
         Decision::Wait { place, .. } => return Some(fill_place(body, route, place)),
         Decision::Full { .. } => "full",
+        Decision::TooMany { .. } => "too_many",
         Decision::Closed => "closed",
         Decision::Unavailable => "store_down",
     };
@@ -149,17 +153,16 @@ pub async fn serve(
     gate: &Gate,
     s: &Settings,
     req: Request<Incoming>,
-    peer: &Peer,
+    who: Requester<'_>,
     cookies: &CookieMemo,
 ) -> Response<Body> {
     let rest = &req.uri().path()[s.reserved_prefix.len()..];
-    let tls = peer.tls;
     match (rest, req.method()) {
         ("/waiting", &Method::GET | &Method::HEAD) => {
-            waiting_page(gate, s, &req, tls, cookies).await
+            waiting_page(gate, s, &req, who, cookies).await
         }
-        ("/status", &Method::GET) => status(gate, s, &req, tls, cookies).await,
-        ("/leave", &Method::POST) => leave(gate, s, &req, tls, cookies).await,
+        ("/status", &Method::GET) => status(gate, s, &req, who, cookies).await,
+        ("/leave", &Method::POST) => leave(gate, s, &req, who.tls, cookies).await,
         ("/waiting" | "/status" | "/leave", _) => response::plain(
             StatusCode::METHOD_NOT_ALLOWED,
             "method-not-allowed",
@@ -182,7 +185,7 @@ async fn waiting_page(
     gate: &Gate,
     s: &Settings,
     req: &Request<Incoming>,
-    tls: bool,
+    who: Requester<'_>,
     cookies: &CookieMemo,
 ) -> Response<Body> {
     let query = WaitingQuery::parse(req.uri().query().unwrap_or(""));
@@ -192,8 +195,8 @@ async fn waiting_page(
     };
     let route = &s.routes[index];
     let decision = gate
-        .decide(s, index, tls, || {
-            s.credentials(index, req.headers(), tls, cookies)
+        .decide(s, index, who, || {
+            s.credentials(index, req.headers(), who.tls, cookies)
         })
         .await;
     let (state, place, set_cookie) = match decision {
@@ -206,6 +209,7 @@ async fn waiting_page(
         }
         Decision::Wait { place, set_cookie } => (PageState::Waiting, Some(place), set_cookie),
         Decision::Full { .. } => (PageState::Full, None, None),
+        Decision::TooMany { .. } => (PageState::TooMany, None, None),
         Decision::Closed => (PageState::Closed, None, None),
         Decision::Unavailable => (PageState::StoreDown, None, None),
     };
@@ -243,6 +247,7 @@ async fn waiting_page(
     let html = page::render(&view, route.template.as_deref());
     let status = match state {
         PageState::Waiting => StatusCode::OK,
+        PageState::TooMany => StatusCode::TOO_MANY_REQUESTS,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };
     let mut resp = response::html(status, "waiting", html);
@@ -276,7 +281,7 @@ async fn status(
     gate: &Gate,
     s: &Settings,
     req: &Request<Incoming>,
-    tls: bool,
+    who: Requester<'_>,
     cookies: &CookieMemo,
 ) -> Response<Body> {
     let route_name = query_param(req, "route").unwrap_or("");
@@ -289,14 +294,14 @@ async fn status(
         );
     };
     let route = &s.routes[index];
-    let creds = s.credentials(index, req.headers(), tls, cookies);
+    let creds = s.credentials(index, req.headers(), who.tls, cookies);
     let mut body = json!({"route": route.name(), "return": return_path});
     let mut set_cookie = None;
     if creds.pass.is_none() && creds.ticket.is_none() {
         body["state"] = json!("unknown");
     } else {
         // The credentials just read, not read again.
-        let decision = gate.decide(s, index, tls, || creds).await;
+        let decision = gate.decide(s, index, who, || creds).await;
         fill_decision(&mut body, route, &decision);
         if let Decision::Admit { set_cookie: c, .. } | Decision::Wait { set_cookie: c, .. } =
             decision

@@ -83,6 +83,9 @@ pub enum PageState {
     Closed,
     /// The line is full: try again later; retries by itself too.
     Full,
+    /// The visitor's network holds as many places as it may, or joined too
+    /// often (DESIGN §8.3): try again later; retries by itself too.
+    TooMany,
     /// The store cannot take new places right now; retries.
     StoreDown,
 }
@@ -94,6 +97,7 @@ impl PageState {
             PageState::Waiting => "waiting",
             PageState::Closed => "closed",
             PageState::Full => "full",
+            PageState::TooMany => "too_many",
             PageState::StoreDown => "store_down",
         }
     }
@@ -104,7 +108,7 @@ impl PageState {
         match self {
             PageState::Waiting => None,
             PageState::Closed => Some(60),
-            PageState::Full => Some(30),
+            PageState::Full | PageState::TooMany => Some(30),
             PageState::StoreDown => Some(10),
         }
     }
@@ -573,6 +577,7 @@ mod tests {
                 PageState::Waiting,
                 PageState::Closed,
                 PageState::Full,
+                PageState::TooMany,
                 PageState::StoreDown,
             ] {
                 let html = render(
