@@ -203,7 +203,7 @@ impl Settings {
         self.bypass.iter().any(|rule| match rule {
             BypassRule::Method(m) => m == method,
             BypassRule::Path(p) => p == path,
-            BypassRule::PathPrefix(p) => path.starts_with(p.as_str()),
+            BypassRule::PathPrefix(p) => path::prefix_matches(path, p),
         })
     }
 

@@ -251,6 +251,9 @@ impl GateSpec {
         let _ = writeln!(y, "    abandon_after: {}", ms(self.abandon_after));
         let _ = writeln!(y, "    max_waiting: {}", self.max_waiting);
         let _ = writeln!(y, "    on_store_error: closed");
+        // Every simulated visitor comes from 127.0.0.1: one client as far as
+        // the per-client limits go, so they are off here.
+        let _ = writeln!(y, "    client_limits: {{ places: 0, joins_per_minute: 0 }}");
         y
     }
 }

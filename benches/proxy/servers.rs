@@ -237,6 +237,21 @@ keys:
         "queuegate answered {} to a first visit with free capacity (expected 200 and a pass)",
         first.status
     );
+    // A pass given at once is confirmed by the visitor's first return, which
+    // renews it through the store; the confirmed pass is what a browser
+    // holds from then on, and what wrk sends.
+    let back = http::get(
+        server.addr,
+        "/small",
+        &[format!("Cookie: {cookie_name}={pass}")],
+    )?;
+    let pass = back.cookie(&cookie_name).with_context(|| {
+        format!(
+            "queuegate answered {} to a first return without a confirmed `{cookie_name}` pass",
+            back.status
+        )
+    })?;
+    ensure!(pass.starts_with("v1.a."), "not a confirmed pass: {pass}");
     let cookie = format!("{cookie_name}={pass}");
     check_bodies(&server, &[format!("Cookie: {cookie}")])?;
     Ok((server, Some(cookie)))
