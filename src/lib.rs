@@ -3,14 +3,16 @@
 //! # Layout
 //!
 //! Modules are listed from the top down: each imports only modules listed
-//! below it (or beside it, never back).
+//! below it, never one above (nor one that imports it back).
 //!
+//! - `demo`: the embedded demo origin, with queuegate in front of it.
 //! - `server`: accept loops, connection limit, HTTP/1.1 and HTTP/2, drain.
-//! - `idle`: parks idle HTTP/1 keep-alive connections down to their socket.
-//! - `framing`: watches raw HTTP/1 heads for ambiguous framing hyper would resolve.
-//! - `app`: shared state and the per-request entry point.
 //! - `admin`: the admin listener: /metrics, /healthz, /readyz, /routes.
 //! - `reload`: live config reload (file watch, SIGHUP).
+//! - `idle`: parks idle HTTP/1 keep-alive connections down to their socket.
+//! - `app`: shared state and the per-request entry point: host and path
+//!   checks, queuegate's own paths, bypass, route, gate, forward.
+//! - `framing`: watches raw HTTP/1 heads for ambiguous framing hyper would resolve.
 //! - `admitter`: the per-route tick loop.
 //! - `waiting`: the waiting page, status JSON and leave.
 //! - `gate`: the per-request decision (`Decision`), no socket I/O.
@@ -20,19 +22,19 @@
 //!   per-connection memo, stripping our cookies before the origin.
 //! - `admission`: signing and verifying tickets and passes.
 //! - `proxy`: the pooled upstream client, header rewriting, upgrades.
-//! - `queue`: the `QueueStore` trait and its memory and Redis backends.
-//! - `metrics`: every exported Prometheus metric, one `Metrics` struct.
-//! - `config`: the YAML file, parsed and validated into a typed `Config`.
-//! - `template`: the waiting page's template language and phrase table.
-//! - `path`: path normalisation and the segment-boundary prefix match.
-//! - `host`: the host a request is for, canonical, and `allowed_hosts` patterns.
 //! - `client_ip`: who the client is behind trusted proxies; its limit key.
-//! - `response`: the one body type and every response queuegate makes.
 //! - `tls`: the TLS listeners' server config and certificate reload.
 //! - `file_watch`: notices changed files (config, certificates) by their directories.
+//! - `metrics`: every exported Prometheus metric, one `Metrics` struct.
+//! - `queue`: the `QueueStore` trait and its memory and Redis backends.
+//! - `config`: the YAML file, parsed and validated into a typed `Config`.
+//! - `template`: the waiting page's template language and phrase table.
+//! - `path`: every reading of a request path, and the segment-boundary prefix match.
+//! - `response`: the one body type and every response queuegate makes.
+//! - `host`: the host a request is for, canonical, and `allowed_hosts` patterns.
 //! - `clock`: wall-clock time read through tokio, so tests can pause it.
 //! - `shutdown`: SIGTERM/SIGINT.
-//! - `cli`: the command line; `demo`: the embedded demo origin.
+//! - `cli`: the command line.
 #![forbid(unsafe_code)]
 
 pub mod admin;
