@@ -289,12 +289,14 @@ fn evalsha_per_second(redis: &RedisServer, ticket: &str, clients: usize, request
     let id = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(fields[3])
         .expect("the ticket's id is base64url");
-    let score = fields[4];
+    // `t` is the join score, then `-` and when the line last saw the holder.
+    let (score, seen) = fields[4].split_once('-').unwrap_or((fields[4], fields[4]));
     let keys: Vec<String> = ["waiting", "seen", "active", "tick", "stats"]
         .iter()
         .map(|k| format!("qg:{{{ROUTE}}}:{k}"))
         .collect();
-    let (session_ttl, abandon_after, pass_ttl) = ("600000", "600000", "60000");
+    let (session_ttl, abandon_after, pass_ttl, client_memory) =
+        ("600000", "600000", "60000", "600000");
 
     // The same call once through the client: the waiter is in line.
     let mut con = redis.connection();
@@ -304,9 +306,11 @@ fn evalsha_per_second(redis: &RedisServer, ticket: &str, clients: usize, request
         .arg(&keys)
         .arg(&id[..])
         .arg(score)
+        .arg(seen)
         .arg(session_ttl)
         .arg(abandon_after)
         .arg(pass_ttl)
+        .arg(client_memory)
         .query(&mut con)
         .expect("EVALSHA poll");
     assert_eq!(
@@ -327,7 +331,14 @@ fn evalsha_per_second(redis: &RedisServer, ticket: &str, clients: usize, request
         .args(["EVALSHA", &sha, "5"])
         .args(&keys)
         .arg(std::ffi::OsStr::from_bytes(&id))
-        .args([score, session_ttl, abandon_after, pass_ttl])
+        .args([
+            score,
+            seen,
+            session_ttl,
+            abandon_after,
+            pass_ttl,
+            client_memory,
+        ])
         .output()
         .expect("run redis-benchmark (apt-get install redis-tools)");
     let text = String::from_utf8_lossy(&out.stdout);

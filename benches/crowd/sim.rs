@@ -187,12 +187,14 @@ impl Jar {
     }
 
     /// The join score of the waiting ticket held for `route`, if any:
-    /// `v1.w.<route>.<id>.<t>.<kid>.<mac>`.
+    /// `v1.w.<route>.<id>.<t>[-<seen>].<kid>.<mac>`.
     pub fn ticket_score(&self, route: &str) -> Option<u64> {
         let value = self.get(&format!("qg_{route}"))?;
         let fields: Vec<&str> = value.split('.').collect();
         match fields.as_slice() {
-            ["v1", "w", r, _, t, _, _] if *r == route => t.parse().ok(),
+            ["v1", "w", r, _, t, _, _] if *r == route => {
+                t.split('-').next().and_then(|t| t.parse().ok())
+            }
             _ => None,
         }
     }
