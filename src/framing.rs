@@ -1,18 +1,22 @@
 //! Smuggling watch on accepted connections: follows the HTTP/1 request heads
 //! in the bytes hyper reads and reports a head whose framing is ambiguous
 //! (Content-Length with Transfer-Encoding, or Content-Length repeated), which
-//! hyper resolves silently before the service sees the headers. It only
-//! reports: the stream is never changed or held back, and only a head split
-//! across reads is copied aside.
+//! hyper resolves silently before the service sees the headers. A request
+//! that asks for `Upgrade` leaves the watch on until the server says a `101`
+//! actually switched the protocol. On HTTP/2 it follows the frame headers
+//! only, to report since when a header block has been open (its deadline is
+//! the server's). It only reports: the stream is never changed or held back,
+//! and only a head split across reads is copied aside.
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 
 use memchr::{memchr, memchr2};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
 
 /// A request head that two HTTP parsers could frame differently.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,6 +35,10 @@ pub struct FramingWatch(Arc<Report>);
 struct Report {
     ambiguous: OnceLock<AmbiguousHead>,
     requests: AtomicU64,
+    /// A `101` (or a `2xx` to `CONNECT`) handed the connection over.
+    switched: AtomicBool,
+    /// HTTP/2: when the header block being read began, while one is open.
+    header_block: Mutex<Option<Instant>>,
 }
 
 impl FramingWatch {
@@ -49,6 +57,31 @@ impl FramingWatch {
     /// How many requests hyper has handed to the service so far.
     pub fn requests(&self) -> u64 {
         self.0.requests.load(Ordering::Relaxed)
+    }
+
+    /// Call when the protocol was switched (a `101`, or a `2xx` answering
+    /// `CONNECT`): what follows is a tunnel, no longer followed. Until then
+    /// a request asking for `Upgrade` is just a request.
+    pub fn switched(&self) {
+        self.0.switched.store(true, Ordering::Relaxed);
+    }
+
+    /// HTTP/2: since when a header block (`HEADERS` and its `CONTINUATION`s)
+    /// has been open, if one is.
+    pub fn header_block_since(&self) -> Option<Instant> {
+        *self
+            .0
+            .header_block
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn set_header_block(&self, since: Option<Instant>) {
+        *self
+            .0
+            .header_block
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = since;
     }
 }
 
@@ -86,8 +119,8 @@ impl<IO> Watched<IO> {
     }
 
     /// Whether every byte read so far ends a request (or begins the next
-    /// head): false inside a body, and once the watch has stopped (HTTP/2,
-    /// an upgrade, an ambiguous or unreadable head).
+    /// head): false inside a body, on HTTP/2, and once the watch has stopped
+    /// (a switched protocol, an ambiguous or unreadable head).
     pub fn between_requests(&self) -> bool {
         self.scan.state == State::Head
     }
@@ -104,7 +137,11 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
         let polled = Pin::new(&mut this.io).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = polled {
             if !matches!(this.scan.state, State::Off) {
-                this.scan.feed(&buf.filled()[before..]);
+                if this.scan.watch.0.switched.load(Ordering::Relaxed) {
+                    this.scan.stop();
+                } else {
+                    this.scan.feed(&buf.filled()[before..]);
+                }
             }
         }
         polled
@@ -150,10 +187,32 @@ enum State {
     Length(u64),
     /// Skipping a chunked body.
     Chunked(Chunk),
-    /// Not following this connection any more: HTTP/2, an upgrade, a head
+    /// HTTP/2, after the preface's request line: following frame headers.
+    H2(H2Frames),
+    /// Not following this connection any more: a switched protocol, a head
     /// that was ambiguous, too large or that hyper will refuse.
     Off,
 }
+
+/// Where the scan is in an HTTP/2 frame stream (RFC 9113 §4.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct H2Frames {
+    /// Bytes of the preface still to skip (its `SM` line).
+    preface: u8,
+    /// The frame header being read, and how much of it has arrived.
+    header: [u8; 9],
+    have: u8,
+    /// Payload bytes of the current frame still to skip.
+    left: u32,
+    /// The current frame is the end of a header block (`HEADERS` or
+    /// `CONTINUATION` with `END_HEADERS`).
+    ends_block: bool,
+}
+
+/// HTTP/2 frame types that carry a header block, and the flag ending one.
+const H2_HEADERS: u8 = 0x1;
+const H2_CONTINUATION: u8 = 0x9;
+const H2_END_HEADERS: u8 = 0x4;
 
 /// The steps of a chunked body, as hyper decodes it (strict CRLF).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -202,6 +261,7 @@ impl Scan {
                     self.state = state;
                     used
                 }
+                State::H2(frames) => self.h2_bytes(frames, bytes),
             };
             bytes = &bytes[used..];
         }
@@ -247,6 +307,47 @@ impl Scan {
         bytes.len()
     }
 
+    /// Consumes HTTP/2 bytes (at least one), noting header blocks.
+    fn h2_bytes(&mut self, mut frames: H2Frames, bytes: &[u8]) -> usize {
+        let used;
+        if frames.preface > 0 {
+            used = bytes.len().min(usize::from(frames.preface));
+            frames.preface -= used as u8;
+        } else if frames.left > 0 {
+            used = bytes.len().min(frames.left as usize);
+            frames.left -= used as u32;
+            if frames.left == 0 {
+                self.h2_frame_done(&mut frames);
+            }
+        } else {
+            let have = usize::from(frames.have);
+            used = bytes.len().min(9 - have);
+            frames.header[have..have + used].copy_from_slice(&bytes[..used]);
+            frames.have += used as u8;
+            if frames.have == 9 {
+                let [l0, l1, l2, kind, flags, ..] = frames.header;
+                frames.have = 0;
+                frames.left = u32::from_be_bytes([0, l0, l1, l2]);
+                let block = kind == H2_HEADERS || kind == H2_CONTINUATION;
+                frames.ends_block = block && flags & H2_END_HEADERS != 0;
+                if block && self.watch.header_block_since().is_none() {
+                    self.watch.set_header_block(Some(Instant::now()));
+                }
+                if frames.left == 0 {
+                    self.h2_frame_done(&mut frames);
+                }
+            }
+        }
+        self.state = State::H2(frames);
+        used
+    }
+
+    fn h2_frame_done(&mut self, frames: &mut H2Frames) {
+        if std::mem::take(&mut frames.ends_block) {
+            self.watch.set_header_block(None);
+        }
+    }
+
     /// Reads one complete head and sets the framing of its body.
     fn on_head(&mut self, head: &[u8]) {
         let index = self.heads;
@@ -255,19 +356,24 @@ impl Scan {
             .split(|&b| b == b'\n')
             .map(|line| line.strip_suffix(b"\r").unwrap_or(line));
         let request_line = lines.next().unwrap_or_default();
-        let method = request_line
-            .split(|&b| b == b' ')
-            .next()
-            .unwrap_or_default();
         let version = request_line
             .rsplit(|&b| b == b' ')
             .next()
             .unwrap_or_default();
-        // Also what ends the watch on HTTP/2: its preface reads `PRI * HTTP/2.0`.
+        // HTTP/2's preface reads `PRI * HTTP/2.0`, then `SM`; frames follow.
+        if request_line == b"PRI * HTTP/2.0" && index == 0 {
+            self.state = State::H2(H2Frames {
+                preface: 6,
+                header: [0; 9],
+                have: 0,
+                left: 0,
+                ends_block: false,
+            });
+            return;
+        }
         if version != b"HTTP/1.1" && version != b"HTTP/1.0" {
             return self.stop();
         }
-        let mut upgrade = method == b"CONNECT";
         let (mut lengths, mut length, mut chunked) = (0u32, None, None);
         let mut readable = true;
         for line in lines.take_while(|line| !line.is_empty()) {
@@ -286,8 +392,6 @@ impl Scan {
             } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
                 let last = value.rsplit(|&b| b == b',').next().unwrap_or_default();
                 chunked = Some(trim(last).eq_ignore_ascii_case(b"chunked"));
-            } else if name.eq_ignore_ascii_case(b"upgrade") {
-                upgrade = true;
             }
         }
         let reason = match (lengths, chunked) {
@@ -302,8 +406,10 @@ impl Scan {
             });
             return self.stop();
         }
+        // An `Upgrade` request or `CONNECT` is followed like any other: only
+        // the server knows whether the protocol switched (`switched`).
         self.state = match (chunked, length) {
-            _ if upgrade || !readable => State::Off,
+            _ if !readable => State::Off,
             (Some(true), _) => State::Chunked(Chunk::Start),
             // hyper refuses a request whose last coding is not chunked.
             (Some(false), _) => State::Off,
@@ -527,22 +633,81 @@ mod tests {
     }
 
     #[test]
-    fn http2_preface_passes_through_unscanned() {
+    fn http2_frames_are_followed_but_never_read_as_heads() {
         let mut stream = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
         stream.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
         stream.extend_from_slice(AMBIGUOUS);
         let scan = fed(&[&stream[..5], &stream[5..]]);
-        assert_eq!((scan.state, flagged(&scan)), (State::Off, None));
+        assert!(matches!(scan.state, State::H2(_)), "{:?}", scan.state);
+        assert_eq!(flagged(&scan), None);
+    }
+
+    /// An HTTP/2 frame header: length, type, flags, stream 1.
+    fn frame(len: u32, kind: u8, flags: u8) -> Vec<u8> {
+        let [_, l0, l1, l2] = len.to_be_bytes();
+        vec![l0, l1, l2, kind, flags, 0, 0, 0, 1]
     }
 
     #[test]
-    fn upgrades_oversize_heads_and_garbage_end_the_scan() {
-        let upgrade = b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n";
+    fn an_open_http2_header_block_is_reported_until_it_ends() {
+        let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        let settings = frame(0, 0x4, 0);
+        // HEADERS without END_HEADERS, then CONTINUATION with it.
+        let headers = [frame(3, H2_HEADERS, 0), b"abc".to_vec()].concat();
+        let continuation = [frame(2, H2_CONTINUATION, H2_END_HEADERS), b"de".to_vec()].concat();
+        let data = [frame(4, 0x0, 0x1), b"body".to_vec()].concat();
+        let stream = [preface, settings, headers, continuation.clone(), data].concat();
+        let end_of_block = stream.len() - 13;
+        for at in 0..=stream.len() {
+            let mut scan = scan();
+            scan.feed(&stream[..at]);
+            let open_from = stream.len() - 13 - continuation.len() - 12 + 9;
+            let open = (open_from..end_of_block).contains(&at);
+            assert_eq!(
+                scan.watch.header_block_since().is_some(),
+                open,
+                "split at {at}"
+            );
+            scan.feed(&stream[at..]);
+            assert_eq!(scan.watch.header_block_since(), None, "split at {at}");
+            assert!(matches!(scan.state, State::H2(_)));
+        }
+    }
+
+    #[test]
+    fn an_upgrade_without_a_switch_keeps_the_watch_on() {
+        let upgrade = b"GET /ws HTTP/1.1\r\nUpgrade: foo\r\nConnection: upgrade\r\n\r\n";
         let connect = b"CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n";
+        for first in [&upgrade[..], connect] {
+            let scan = fed(&[first, AMBIGUOUS]);
+            assert_eq!(flagged(&scan).map(|h| h.request), Some(1));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_switched_protocol_ends_the_watch() {
+        let (mut client, server) = tokio::io::duplex(1024);
+        let mut watched = Watched::new(server, 8192);
+        let watch = watched.watch();
+        let upgrade = b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n";
+        client.write_all(upgrade).await.unwrap();
+        let mut got = vec![0; upgrade.len()];
+        watched.read_exact(&mut got).await.unwrap();
+        assert_eq!(watch.next_request(), None);
+        watch.switched();
+        client.write_all(AMBIGUOUS).await.unwrap();
+        let mut tunnel = vec![0; AMBIGUOUS.len()];
+        watched.read_exact(&mut tunnel).await.unwrap();
+        assert_eq!(watched.scan.state, State::Off);
+        assert_eq!(flagged(&watched.scan), None);
+    }
+
+    #[test]
+    fn oversize_heads_and_garbage_end_the_scan() {
         let bad_chunk = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n";
         let bad_length = b"POST / HTTP/1.1\r\nContent-Length: 1x\r\n\r\n";
         let garbage = b"\x16\x03\x01 not http\r\n\r\n";
-        for first in [&upgrade[..], connect, bad_chunk, bad_length, garbage] {
+        for first in [&bad_chunk[..], bad_length, garbage] {
             let scan = fed(&[first, AMBIGUOUS]);
             assert_eq!((scan.state, flagged(&scan)), (State::Off, None));
         }

@@ -5,6 +5,13 @@
 //! connection picks the socket up again when the client sends more, first
 //! replaying what hyper had already read. nginx frees a keep-alive
 //! connection's request buffers the same way.
+//!
+//! The connection's stream also keeps its timing: an idle connection is
+//! closed after `limits.idle_timeout` (parked or not), and a write the client
+//! accepts no bytes of for `limits.send_timeout` fails the connection (the
+//! watchdog sits on the stream, so it covers HTTP/1, HTTP/2 and tunnels).
+//! It counts requests whose answer the client gave up on before it came, so
+//! the server can close an HTTP/2 connection that resets streams in a flood.
 
 use std::future::Future;
 use std::io;
@@ -24,8 +31,8 @@ use hyper::service::HttpService;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::watch;
-use tokio::time::Instant;
+use tokio::sync::{watch, Notify};
+use tokio::time::{Instant, Sleep};
 
 use crate::framing::{FramingWatch, Watched};
 use crate::metrics::ConnectionMetrics;
@@ -33,6 +40,12 @@ use crate::metrics::ConnectionMetrics;
 /// How long an HTTP/1 connection stays quiet (nothing in flight, no bytes
 /// read or written) before it is parked: between this and twice this.
 pub const PARK_AFTER: Duration = Duration::from_secs(1);
+
+/// Requests a client may give up on before their answer, beyond those it
+/// let finish, before its connection counts as a reset flood. Browsers
+/// cancel a few on every navigation away; the 2023 "rapid reset" attack
+/// cancels every stream it opens, thousands a second.
+pub const CANCEL_ALLOWANCE: u32 = 100;
 
 /// What a parked connection keeps: its socket, and a way to wait for it.
 pub trait Socket: AsyncRead + AsyncWrite + Unpin + Send + 'static {
@@ -94,6 +107,12 @@ pub struct Activity {
     /// When the connection last had nothing in flight: the next request
     /// head is due within the head timeout of this.
     idle_since: Mutex<Instant>,
+    /// Requests answered, and requests given up on before their answer.
+    answered: AtomicU32,
+    cancelled: AtomicU32,
+    /// Notified once cancelled requests outrun answered ones by more than
+    /// [`CANCEL_ALLOWANCE`].
+    flood: Notify,
 }
 
 impl Activity {
@@ -107,6 +126,36 @@ impl Activity {
             between_requests: AtomicBool::new(true),
             parking: AtomicBool::new(false),
             idle_since: Mutex::new(Instant::now()),
+            answered: AtomicU32::new(0),
+            cancelled: AtomicU32::new(0),
+            flood: Notify::new(),
+        }
+    }
+
+    /// Call when the service starts answering a request; the guard counts
+    /// it as given up on unless [`Answering::answered`] is called.
+    pub fn answering(self: &Arc<Self>) -> Answering {
+        Answering(Some(self.clone()))
+    }
+
+    /// Resolves once the client has given up on too many requests (see
+    /// [`CANCEL_ALLOWANCE`]).
+    pub async fn flooded(&self) {
+        self.flood.notified().await;
+    }
+
+    /// Since when nothing has been in flight; `None` while something is.
+    pub fn idle_since(&self) -> Option<Instant> {
+        if self.in_flight.load(Ordering::Relaxed) > 0 {
+            return None;
+        }
+        Some(self.since())
+    }
+
+    fn since(&self) -> Instant {
+        match self.idle_since.lock() {
+            Ok(since) => *since,
+            Err(poisoned) => *poisoned.into_inner(),
         }
     }
 
@@ -142,11 +191,33 @@ impl Activity {
 
     /// When the next request head is due.
     fn head_deadline(&self, head_timeout: Duration) -> Instant {
-        let since = match self.idle_since.lock() {
-            Ok(since) => *since,
-            Err(poisoned) => *poisoned.into_inner(),
+        self.since() + head_timeout
+    }
+}
+
+/// A request being answered (see [`Activity::answering`]).
+#[derive(Debug)]
+pub struct Answering(Option<Arc<Activity>>);
+
+impl Answering {
+    /// The answer is ready: the client did not give up on this request.
+    pub fn answered(mut self) {
+        if let Some(activity) = self.0.take() {
+            activity.answered.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        let Some(activity) = self.0.take() else {
+            return;
         };
-        since + head_timeout
+        let cancelled = activity.cancelled.fetch_add(1, Ordering::Relaxed) + 1;
+        let answered = activity.answered.load(Ordering::Relaxed);
+        if cancelled == answered.saturating_add(CANCEL_ALLOWANCE + 1) {
+            activity.flood.notify_one();
+        }
     }
 }
 
@@ -208,15 +279,67 @@ pub struct Parkable<S> {
     replay: Bytes,
     io: Watched<S>,
     activity: Arc<Activity>,
+    send: SendWatch,
+}
+
+/// The write-progress watchdog: a write or flush that stays blocked for
+/// `timeout` fails.
+struct SendWatch {
+    timeout: Duration,
+    /// Made on the first blocked write, then reused.
+    deadline: Option<Pin<Box<Sleep>>>,
+    /// The last write or flush could not complete: `deadline` is armed.
+    stalled: bool,
+}
+
+impl SendWatch {
+    /// Notes the outcome of a write, flush or shutdown: a blocked one arms
+    /// the deadline (if not yet armed), one that went through disarms it.
+    /// A blocked one past the deadline becomes an error.
+    fn check<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            self.stalled = false;
+            return polled;
+        }
+        if !self.stalled {
+            self.stalled = true;
+            let at = Instant::now() + self.timeout;
+            match &mut self.deadline {
+                Some(sleep) => sleep.as_mut().reset(at),
+                None => self.deadline = Some(Box::pin(tokio::time::sleep_until(at))),
+            }
+        }
+        let expired = match &mut self.deadline {
+            Some(sleep) => sleep.as_mut().poll(cx).is_ready(),
+            None => false,
+        };
+        if expired {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "send timeout: the client accepted no bytes",
+            )));
+        }
+        Poll::Pending
+    }
 }
 
 impl<S: Socket> Parkable<S> {
-    pub fn new(io: Watched<S>) -> Parkable<S> {
+    /// `send_timeout`: how long a write may stay blocked (see [`SendWatch`]).
+    pub fn new(io: Watched<S>, send_timeout: Duration) -> Parkable<S> {
         let activity = Arc::new(Activity::new(io.watch()));
         Parkable {
             replay: Bytes::new(),
             io,
             activity,
+            send: SendWatch {
+                timeout: send_timeout,
+                deadline: None,
+                stalled: false,
+            },
         }
     }
 
@@ -303,9 +426,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Parkable<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
-        self.note_write(&polled);
-        polled
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.note_write(&polled);
+        this.send.check(cx, polled)
     }
 
     fn poll_write_vectored(
@@ -313,9 +437,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Parkable<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        self.note_write(&polled);
-        polled
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.note_write(&polled);
+        this.send.check(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -323,11 +448,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Parkable<S> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let polled = Pin::new(&mut self.io).poll_flush(cx);
-        self.activity
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.io).poll_flush(cx);
+        this.activity
             .write_blocked
             .store(polled.is_pending(), Ordering::Relaxed);
-        polled
+        this.send.check(cx, polled)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -335,7 +461,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Parkable<S> {
             // hyper flushed what it had buffered before asking for this.
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut self.io).poll_shutdown(cx)
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.io).poll_shutdown(cx);
+        this.send.check(cx, polled)
     }
 }
 
@@ -344,8 +472,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Parkable<S> {
 pub struct Http1 {
     pub builder: http1::Builder,
     pub parking: Parking,
-    /// A request head must arrive within this of the connection going idle.
+    /// A request head must arrive within this of when it began (hyper's
+    /// timer), or, begun before a park, of the connection going idle.
     pub head_timeout: Duration,
+    /// A connection with nothing in flight is closed after this long.
+    pub idle_timeout: Duration,
     /// Where parks and resumes are counted.
     pub connections: ConnectionMetrics,
 }
@@ -370,7 +501,7 @@ pub async fn serve_h1<S, Svc, B>(
 {
     let activity = io.activity();
     let parking = &http1.parking;
-    let mut resumed = false;
+    let mut resumed_mid_head = false;
     loop {
         let requests_before = activity.requests();
         activity.read_lately.store(false, Ordering::Relaxed);
@@ -390,9 +521,9 @@ pub async fn serve_h1<S, Svc, B>(
         let mut look = tokio::time::interval_at(Instant::now() + parking.after, parking.after);
         look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // hyper times a head from when it starts reading one, which for a
-        // resumed connection is now: the first head after a park is held
+        // resumed connection is now: a head begun before the park is held
         // to the deadline that ran from when the connection went idle.
-        let mut head_due = resumed;
+        let mut head_due = resumed_mid_head;
         let ended = loop {
             tokio::select! {
                 ended = conn.as_mut() => break ended,
@@ -451,7 +582,14 @@ pub async fn serve_h1<S, Svc, B>(
         drop(read_buf);
         let parked = http1.connections.park();
         tracing::trace!(%remote, "connection parked");
-        let deadline = activity.head_deadline(http1.head_timeout);
+        // Parked with part of a head: it is due as if never parked.
+        // Parked with nothing: the connection may stay idle so long.
+        let begun = !io.replay.is_empty();
+        let deadline = if begun {
+            activity.head_deadline(http1.head_timeout)
+        } else {
+            activity.since() + http1.idle_timeout
+        };
         let woken = tokio::select! {
             ready = io.io.get_ref().tcp().readable() => ready.is_ok(),
             _ = drain.changed() => false,
@@ -464,7 +602,7 @@ pub async fn serve_h1<S, Svc, B>(
         }
         http1.connections.resumed();
         tracing::trace!(%remote, "connection resumed");
-        resumed = true;
+        resumed_mid_head = begun;
     }
 }
 

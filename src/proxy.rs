@@ -1,11 +1,18 @@
 //! Forwarding to the origin: the pooled keep-alive client, header rewriting,
-//! `Upgrade` pass-through, and the 502/504 answers when the origin fails.
+//! `Upgrade` pass-through (tunnels that keep their client connection's slot,
+//! end after `limits.tunnel_idle_timeout` of silence and at the drain
+//! deadline), and the 502/504 answers when the origin fails.
 //!
 //! It does not decide whether a request may pass: the gate does, before this.
 
 use std::future::Future;
+use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -18,6 +25,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{watch, OwnedSemaphorePermit};
+use tokio::time::Instant;
 
 use crate::client_ip;
 use crate::config;
@@ -51,6 +61,39 @@ pub struct Peer {
     /// The worker thread serving the connection: its requests use that
     /// worker's share of the upstream pool.
     worker: usize,
+    /// What a tunnel made from this connection holds; `None`: tunnels run
+    /// until either side closes.
+    lease: Option<Lease>,
+}
+
+/// What a tunnel takes over from the client connection it came from: the
+/// connection's slot (so tunnels count against `limits.max_connections`), a
+/// drain receiver (so the drain waits for it), the signal that the drain
+/// deadline has come, and how long it may stay silent.
+#[derive(Clone, Debug)]
+pub struct Lease {
+    _slot: Arc<OwnedSemaphorePermit>,
+    _drain: watch::Receiver<bool>,
+    closing: watch::Receiver<bool>,
+    idle_timeout: Duration,
+}
+
+impl Lease {
+    /// `closing` turns true at the drain deadline; `idle_timeout` is
+    /// `limits.tunnel_idle_timeout`.
+    pub fn new(
+        slot: Arc<OwnedSemaphorePermit>,
+        drain: watch::Receiver<bool>,
+        closing: watch::Receiver<bool>,
+        idle_timeout: Duration,
+    ) -> Lease {
+        Lease {
+            _slot: slot,
+            _drain: drain,
+            closing,
+            idle_timeout,
+        }
+    }
 }
 
 impl Peer {
@@ -66,12 +109,21 @@ impl Peer {
             tls,
             forwarded_for,
             worker: 0,
+            lease: None,
         }
     }
 
     /// The same client, served by worker thread `worker`.
     pub fn on_worker(self, worker: usize) -> Peer {
         Peer { worker, ..self }
+    }
+
+    /// The same client, whose tunnels hold `lease`.
+    pub fn with_lease(self, lease: Lease) -> Peer {
+        Peer {
+            lease: Some(lease),
+            ..self
+        }
     }
 }
 
@@ -198,9 +250,13 @@ impl Upstream {
         peer: &Peer,
     ) -> impl Future<Output = Result<Response<Body>, RequestError>> + Send + 'static {
         let upgrade = upgrade_protocol(&req);
-        let client_upgrade = upgrade
-            .as_ref()
-            .map(|_| (hyper::upgrade::on(&mut req), self.connections.clone()));
+        let client_upgrade = upgrade.as_ref().map(|_| {
+            let tunnel = Tunnel {
+                connections: self.connections.clone(),
+                lease: peer.lease.clone(),
+            };
+            (hyper::upgrade::on(&mut req), tunnel)
+        });
         let prepared = self.rewrite(req, peer, upgrade.as_ref()).map(|req| {
             let client = &self.clients[peer.worker % self.clients.len()];
             tokio::time::timeout(self.timeout, client.request(req))
@@ -212,8 +268,8 @@ impl Upstream {
                 Err(_) => return Err(RequestError::UpstreamTimeout),
             };
             if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-                if let Some((client_upgrade, connections)) = client_upgrade {
-                    return Ok(switch_protocols(resp, client_upgrade, connections));
+                if let Some((client_upgrade, tunnel)) = client_upgrade {
+                    return Ok(switch_protocols(resp, client_upgrade, tunnel));
                 }
             }
             let mut resp = resp.map(Body::Upstream);
@@ -333,12 +389,119 @@ fn client_tls(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, UpstreamEr
     )
 }
 
-/// Answers the client's `101` and joins both upgraded connections until
-/// either side closes, counting the tunnel in `connections` meanwhile.
+/// A tunnel about to be made: where it is counted, and what it holds.
+struct Tunnel {
+    connections: ConnectionMetrics,
+    lease: Option<Lease>,
+}
+
+impl Tunnel {
+    /// Joins both upgraded connections until either side closes, the
+    /// tunnel stays silent for the lease's idle timeout, or the drain
+    /// deadline comes; counted as a tunnel meanwhile.
+    async fn run(self, client: hyper::upgrade::Upgraded, origin: hyper::upgrade::Upgraded) {
+        let _open = self.connections.open(Protocol::Tunnel);
+        let heard = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
+        let mut client = Heard {
+            io: TokioIo::new(client),
+            started,
+            heard: heard.clone(),
+        };
+        let mut origin = TokioIo::new(origin);
+        let copy = tokio::io::copy_bidirectional(&mut client, &mut origin);
+        let Some(mut lease) = self.lease else {
+            if let Err(err) = copy.await {
+                tracing::debug!(error = %err, "upgraded connection ended");
+            }
+            return;
+        };
+        tokio::pin!(copy);
+        let idle = lease.idle_timeout;
+        let quiet = tokio::time::sleep(idle);
+        tokio::pin!(quiet);
+        let closing = lease.closing.wait_for(|closing| *closing);
+        tokio::pin!(closing);
+        loop {
+            tokio::select! {
+                copied = &mut copy => {
+                    if let Err(err) = copied {
+                        tracing::debug!(error = %err, "upgraded connection ended");
+                    }
+                    return;
+                }
+                () = &mut quiet => {
+                    let last = started + Duration::from_nanos(heard.load(Ordering::Relaxed));
+                    if last + idle <= Instant::now() {
+                        tracing::debug!(?idle, "tunnel silent too long: closing");
+                        return;
+                    }
+                    quiet.as_mut().reset(last + idle);
+                }
+                _ = &mut closing => {
+                    tracing::debug!("drain deadline: closing the tunnel");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The client side of a tunnel, noting when bytes last moved either way.
+struct Heard<T> {
+    io: T,
+    started: Instant,
+    /// Nanoseconds from `started` to the last read or write.
+    heard: Arc<AtomicU64>,
+}
+
+impl<T> Heard<T> {
+    fn note<R>(&self, polled: &Poll<io::Result<R>>) {
+        if let Poll::Ready(Ok(_)) = polled {
+            let nanos = u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.heard.store(nanos, Ordering::Relaxed);
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Heard<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        self.note(&polled);
+        polled
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Heard<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.note(&polled);
+        polled
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// Answers the client's `101` and makes the tunnel between both upgraded
+/// connections (see [`Tunnel::run`]).
 fn switch_protocols(
     mut resp: Response<Incoming>,
     client_upgrade: hyper::upgrade::OnUpgrade,
-    connections: ConnectionMetrics,
+    tunnel: Tunnel,
 ) -> Response<Body> {
     let origin_upgrade = hyper::upgrade::on(&mut resp);
     let protocol = resp.headers().get(header::UPGRADE).cloned();
@@ -350,12 +513,7 @@ fn switch_protocols(
                 return;
             }
         };
-        let _open = connections.open(Protocol::Tunnel);
-        let mut client = TokioIo::new(client);
-        let mut origin = TokioIo::new(origin);
-        if let Err(err) = tokio::io::copy_bidirectional(&mut client, &mut origin).await {
-            tracing::debug!(error = %err, "upgraded connection ended");
-        }
+        tunnel.run(client, origin).await;
     });
     let (mut parts, _) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);

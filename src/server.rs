@@ -1,6 +1,8 @@
 //! Accept loops: the connection limit, the TLS handshake on TLS listeners,
 //! hyper's HTTP/1.1 (parked when idle, see `idle`) and HTTP/2 (by ALPN or
-//! prior knowledge) connections, header limits, and the graceful drain.
+//! prior knowledge) connections, header limits, idle and HTTP/2 limits
+//! (streams, pings, header blocks, reset floods), and the graceful drain,
+//! which ends whatever is left (tunnels included) at its deadline.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -11,22 +13,38 @@ use std::time::Duration;
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
-use hyper::Request;
+use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use crate::app::{App, Conn};
 use crate::config::{Config, ServerLimits};
-use crate::framing::Watched;
-use crate::idle::{self, Http1, Parkable, Parking, Socket, Tracked, WhenWoken};
+use crate::framing::{FramingWatch, Watched};
+use crate::idle::{self, Activity, Http1, Parkable, Parking, Socket, Tracked, WhenWoken};
 use crate::metrics::Protocol;
-use crate::proxy::Peer;
+use crate::proxy::{Lease, Peer};
 use crate::tls;
 
 /// hyper refuses a read buffer smaller than this.
 const MIN_BUF_SIZE: usize = 8192;
+
+/// HTTP/2 streams a client may have open at once.
+const H2_MAX_STREAMS: u32 = 100;
+/// An HTTP/2 client silent this long is pinged, and closed when the ping
+/// goes unanswered this long.
+const H2_PING_INTERVAL: Duration = Duration::from_secs(20);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
+/// Streams reset by the client before hyper took them, at most (h2's
+/// default, written down): beyond, the connection gets `ENHANCE_YOUR_CALM`.
+const H2_PENDING_RESETS: usize = 20;
+/// Streams h2 may reset for the client's protocol errors (h2's default).
+const H2_ERROR_RESETS: usize = 1024;
+/// An idle HTTP/2 connection told to go away (GOAWAY) is closed this long
+/// after, whether or not the client acknowledged it.
+const H2_GOAWAY_GRACE: Duration = Duration::from_secs(1);
 
 /// Sockets already bound, so tests can bind `127.0.0.1:0` and read the port.
 pub struct Listeners {
@@ -123,12 +141,20 @@ pub async fn serve_parking(
             builder: http1_builder(limits),
             parking,
             head_timeout: limits.header_timeout,
+            idle_timeout: limits.idle_timeout,
             connections: app.metrics.connections().clone(),
         }),
-        http2: Arc::new(http2_builder(limits)),
+        http2: Arc::new(Http2 {
+            builder: http2_builder(limits),
+            head_timeout: limits.header_timeout,
+            idle_timeout: limits.idle_timeout,
+        }),
         h1_buf_size: h1_buf_size(limits),
         handshake_timeout: limits.header_timeout,
+        send_timeout: limits.send_timeout,
+        tunnel_idle_timeout: limits.tunnel_idle_timeout,
         drain: Arc::new(drain),
+        closing: Arc::new(watch::channel(false).0),
         slots: Arc::new(Semaphore::new(limits.max_connections)),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -165,6 +191,7 @@ pub async fn serve_parking(
             "drain deadline reached: closing the remaining connections"
         ),
     }
+    shared.closing.send_replace(true);
     if let Some(workers) = workers {
         workers.stop().await;
     }
@@ -198,14 +225,31 @@ impl From<StartError> for std::io::Error {
 struct Shared {
     app: Arc<App>,
     http1: Arc<Http1>,
-    http2: Arc<http2::Builder<TokioExecutor>>,
+    http2: Arc<Http2>,
     h1_buf_size: usize,
     /// A TLS handshake must finish within this (the request-head timeout).
     handshake_timeout: Duration,
-    /// Turns true when the server drains; every connection holds a receiver.
+    /// `limits.send_timeout`: how long a write to a client may stay blocked.
+    send_timeout: Duration,
+    /// `limits.tunnel_idle_timeout`, for the tunnels connections become.
+    tunnel_idle_timeout: Duration,
+    /// Turns true when the server drains; every connection (and tunnel)
+    /// holds a receiver.
     drain: Arc<watch::Sender<bool>>,
-    /// One permit per open client connection (`limits.max_connections`).
+    /// Turns true at the drain deadline: what is still open closes.
+    closing: Arc<watch::Sender<bool>>,
+    /// One permit per open client connection or tunnel
+    /// (`limits.max_connections`).
     slots: Arc<Semaphore>,
+}
+
+/// What every HTTP/2 connection of a server shares.
+struct Http2 {
+    builder: http2::Builder<TokioExecutor>,
+    /// A header block must be complete within this of its first frame.
+    head_timeout: Duration,
+    /// A connection with no stream in flight is closed after this long.
+    idle_timeout: Duration,
 }
 
 impl Shared {
@@ -377,7 +421,12 @@ fn http2_builder(limits: &ServerLimits) -> http2::Builder<TokioExecutor> {
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        .max_concurrent_streams(H2_MAX_STREAMS)
+        .keep_alive_interval(H2_PING_INTERVAL)
+        .keep_alive_timeout(H2_PING_TIMEOUT)
+        .max_pending_accept_reset_streams(H2_PENDING_RESETS)
+        .max_local_error_reset_streams(H2_ERROR_RESETS);
     builder
 }
 
@@ -392,7 +441,8 @@ struct Connections {
 impl Connections {
     /// Serves one connection (plain, or already decrypted) until it ends.
     /// `tls` says whether the client reached us over TLS, `h2` whether it
-    /// chose HTTP/2 by ALPN; `drain` turns true when the server drains.
+    /// chose HTTP/2 by ALPN; `drain` turns true when the server drains;
+    /// `lease` is what a tunnel made from this connection holds.
     async fn serve<S: Socket>(
         self,
         stream: S,
@@ -400,13 +450,14 @@ impl Connections {
         tls: bool,
         h2: bool,
         drain: watch::Receiver<bool>,
+        lease: Lease,
     ) {
         // hyper resolves ambiguous framing before the service sees the
         // headers; the watch reports it per request from the raw bytes.
         let Connections { shared, worker } = self;
         let stream = Watched::new(stream, shared.h1_buf_size);
         let framing = stream.watch();
-        let mut stream = Parkable::new(stream);
+        let mut stream = Parkable::new(stream, shared.send_timeout);
         let h2 = h2 || {
             match stream.sniff_h2(shared.handshake_timeout).await {
                 Some(h2) => h2,
@@ -425,13 +476,18 @@ impl Connections {
         // request touches no reference count that other threads write.
         let conn = Arc::new(Conn::new(
             shared.app,
-            Peer::new(remote, tls).on_worker(worker),
+            Peer::new(remote, tls).on_worker(worker).with_lease(lease),
         ));
+        let watch = framing.clone();
+        let service_activity = activity.clone();
         let service = service_fn(move |mut req: Request<Incoming>| {
-            if let Some(head) = framing.next_request() {
+            if let Some(head) = watch.next_request() {
                 req.extensions_mut().insert(head);
             }
-            let in_flight = activity.request();
+            let connect = req.method() == Method::CONNECT;
+            let in_flight = service_activity.request();
+            let answering = service_activity.answering();
+            let watch = watch.clone();
             let conn = conn.clone();
             // Boxed: hyper keeps a slot the size of the service's future
             // for the life of the connection, so an unboxed future of a few
@@ -439,6 +495,13 @@ impl Connections {
             // connection. Boxed, it lives only while the request does.
             Box::pin(async move {
                 let resp = conn.app.handle(req, &conn).await;
+                answering.answered();
+                // hyper hands the socket over after these (RFC 9110 §15.2.2,
+                // §9.3.6): what follows is no longer HTTP/1.
+                let status = resp.status();
+                if status == StatusCode::SWITCHING_PROTOCOLS || (connect && status.is_success()) {
+                    watch.switched();
+                }
                 Ok::<_, Infallible>(resp.map(|body| Tracked::new(body, in_flight)))
             })
         });
@@ -452,20 +515,67 @@ impl Connections {
             &shared.http2,
             TokioIo::new(stream),
             service,
-            drain,
+            H2Watch {
+                activity,
+                framing,
+                drain,
+            },
             remote,
         ))
         .await;
     }
 }
 
+/// What an HTTP/2 connection is watched through besides hyper.
+struct H2Watch {
+    /// Streams in flight, since when none is, and reset floods.
+    activity: Arc<Activity>,
+    /// Since when a header block has been open.
+    framing: FramingWatch,
+    /// Turns true when the server drains.
+    drain: watch::Receiver<bool>,
+}
+
+/// Why an HTTP/2 connection is ended by queuegate rather than by hyper.
+#[derive(Debug, PartialEq, Eq)]
+enum H2End {
+    /// No stream in flight for `idle_timeout`: a graceful end.
+    Idle,
+    /// A header block open for longer than `head_timeout`.
+    SlowHeaders,
+}
+
+impl Http2 {
+    /// How often a connection's timers are looked at: a connection is
+    /// closed within a quarter of its timeout (at most a second) after it.
+    fn check_every(&self) -> Duration {
+        (self.head_timeout.min(self.idle_timeout) / 4)
+            .clamp(Duration::from_millis(10), Duration::from_secs(1))
+    }
+
+    /// Whether the connection is over at `now`.
+    fn over(&self, watch: &H2Watch, now: Instant) -> Option<H2End> {
+        if let Some(since) = watch.framing.header_block_since() {
+            if now >= since + self.head_timeout {
+                return Some(H2End::SlowHeaders);
+            }
+        }
+        match watch.activity.idle_since() {
+            Some(since) if now >= since + self.idle_timeout => Some(H2End::Idle),
+            _ => None,
+        }
+    }
+}
+
 /// Serves an HTTP/2 connection until it ends, shutting it down gracefully
-/// when the server drains.
+/// when the server drains or it has been idle for `idle_timeout`; closing it
+/// when a header block stays open past `head_timeout` or the client resets
+/// streams in a flood.
 async fn serve_h2<S, Svc, B>(
-    builder: &http2::Builder<TokioExecutor>,
+    http2: &Http2,
     stream: S,
     service: Svc,
-    mut drain: watch::Receiver<bool>,
+    watch: H2Watch,
     remote: SocketAddr,
 ) where
     S: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
@@ -476,12 +586,19 @@ async fn serve_h2<S, Svc, B>(
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let conn = builder.serve_connection(stream, service);
+    let conn = http2.builder.serve_connection(stream, service);
     tokio::pin!(conn);
+    let mut drain = watch.drain.clone();
     let mut draining = *drain.borrow_and_update();
     if draining {
         conn.as_mut().graceful_shutdown();
     }
+    let mut check = tokio::time::interval(http2.check_every());
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let flooded = watch.activity.flooded();
+    tokio::pin!(flooded);
+    // When an idle connection was told to go away.
+    let mut went_idle = None;
     loop {
         tokio::select! {
             ended = conn.as_mut() => {
@@ -494,6 +611,32 @@ async fn serve_h2<S, Svc, B>(
                 draining = true;
                 conn.as_mut().graceful_shutdown();
             }
+            () = &mut flooded => {
+                tracing::debug!(%remote, "streams reset in a flood: closing");
+                return;
+            }
+            _ = check.tick() => match http2.over(&watch, Instant::now()) {
+                Some(H2End::Idle) => match went_idle {
+                    None => {
+                        tracing::debug!(%remote, "idle: going away");
+                        went_idle = Some(Instant::now());
+                        if !draining {
+                            draining = true;
+                            conn.as_mut().graceful_shutdown();
+                        }
+                    }
+                    Some(at) if at.elapsed() >= H2_GOAWAY_GRACE => {
+                        tracing::debug!(%remote, "idle: closing");
+                        return;
+                    }
+                    Some(_) => {}
+                },
+                Some(H2End::SlowHeaders) => {
+                    tracing::debug!(%remote, "header block not complete in time: closing");
+                    return;
+                }
+                _ => {}
+            },
         }
     }
 }
@@ -506,6 +649,8 @@ async fn accept_loop(
     let PublicListener { listener, tls } = public;
     let slots = connections.shared.slots.clone();
     let drain = connections.shared.drain.clone();
+    let closing = connections.shared.closing.clone();
+    let tunnel_idle_timeout = connections.shared.tunnel_idle_timeout;
     loop {
         // Take a connection slot before accepting: past the limit, new
         // connections wait in the kernel's backlog instead of being served.
@@ -532,13 +677,25 @@ async fn accept_loop(
         // Taken here, so the drain also waits for connections still in
         // their TLS handshake.
         let drained = drain.subscribe();
+        // Shared with the tunnel the connection may become.
+        let permit = Arc::new(permit);
+        let lease = Lease::new(
+            permit.clone(),
+            drained.clone(),
+            closing.subscribe(),
+            tunnel_idle_timeout,
+        );
+        let mut closed = closing.subscribe();
         match &tls {
             None => {
                 let conn = connections
                     .clone()
-                    .serve(stream, remote, false, false, drained);
+                    .serve(stream, remote, false, false, drained, lease);
                 tokio::spawn(async move {
-                    conn.await;
+                    tokio::select! {
+                        () = conn => {}
+                        _ = WhenWoken::new(closed.wait_for(|closed| *closed)) => {}
+                    }
                     drop(permit);
                 });
             }
@@ -552,7 +709,11 @@ async fn accept_loop(
                     match tokio::time::timeout(timeout, handshake).await {
                         Ok(Ok(stream)) => {
                             let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
-                            connections.serve(stream, remote, true, h2, drained).await;
+                            let conn = connections.serve(stream, remote, true, h2, drained, lease);
+                            tokio::select! {
+                                () = conn => {}
+                                _ = WhenWoken::new(closed.wait_for(|closed| *closed)) => {}
+                            }
                         }
                         Ok(Err(err)) => {
                             tracing::debug!(%remote, error = %err, "TLS handshake failed");

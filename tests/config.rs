@@ -63,6 +63,9 @@ fn defaults_are_filled_in() {
     assert_eq!(config.limits.max_header_bytes, 16384);
     assert_eq!(config.limits.max_connections, 10_000);
     assert_eq!(config.limits.drain_timeout, Duration::from_secs(30));
+    assert_eq!(config.limits.idle_timeout, Duration::from_secs(60));
+    assert_eq!(config.limits.send_timeout, Duration::from_secs(30));
+    assert_eq!(config.limits.tunnel_idle_timeout, Duration::from_secs(600));
     assert_eq!(config.upstream.connect_timeout, Duration::from_secs(2));
     assert_eq!(config.upstream.timeout, Duration::from_secs(60));
     assert_eq!(config.upstream.pool.max_idle_per_host, 256);

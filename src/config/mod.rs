@@ -134,6 +134,16 @@ pub struct ServerLimits {
     pub max_connections: usize,
     /// On SIGTERM, in-flight requests get this long (default 30s).
     pub drain_timeout: Duration,
+    /// A connection with nothing in flight is closed after this long,
+    /// HTTP/1 keep-alive and HTTP/2 alike (default 60s).
+    pub idle_timeout: Duration,
+    /// A client that accepts no bytes for this long while queuegate writes
+    /// to it is dropped, and the origin connection serving it with it
+    /// (default 30s).
+    pub send_timeout: Duration,
+    /// An upgraded tunnel (WebSocket) silent in both directions this long is
+    /// closed (default 10m).
+    pub tunnel_idle_timeout: Duration,
     /// Threads serving client connections, each with its own event loop and
     /// its own share of the upstream pool; `None` (`auto`, the default) is
     /// one per CPU the process may use.

@@ -32,6 +32,9 @@ const MAX_CONNECTIONS: u64 = 10_000;
 /// More worker threads than this is a typo, not a machine.
 const MAX_WORKERS: u64 = 1024;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+const TUNNEL_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
 const POOL_MAX_IDLE_PER_HOST: u64 = 256;
@@ -274,6 +277,24 @@ fn limits(raw: RawLimits, at: &FieldPath, problems: &mut Problems) -> ServerLimi
         max_header_bytes: to_usize(max_header_bytes),
         max_connections: to_usize(max_connections),
         drain_timeout: duration(raw.drain_timeout, DRAIN_TIMEOUT),
+        idle_timeout: positive(
+            raw.idle_timeout,
+            IDLE_TIMEOUT,
+            &at.key("idle_timeout"),
+            problems,
+        ),
+        send_timeout: positive(
+            raw.send_timeout,
+            SEND_TIMEOUT,
+            &at.key("send_timeout"),
+            problems,
+        ),
+        tunnel_idle_timeout: positive(
+            raw.tunnel_idle_timeout,
+            TUNNEL_IDLE_TIMEOUT,
+            &at.key("tunnel_idle_timeout"),
+            problems,
+        ),
         workers,
         ambiguous_paths: raw.ambiguous_paths.unwrap_or_default(),
         allowed_hosts,
@@ -1331,6 +1352,26 @@ keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]
         let config = parse("limits: { max_header_bytes: 1048576, drain_timeout: 0s }\n").unwrap();
         assert_eq!(config.limits.max_header_bytes, 1_048_576);
         assert_eq!(config.limits.drain_timeout, Duration::ZERO);
+    }
+
+    #[test]
+    fn connection_timeouts_read_back_and_must_be_positive() {
+        let config =
+            parse("limits: { idle_timeout: 5s, send_timeout: 2s, tunnel_idle_timeout: 1m }\n")
+                .unwrap();
+        assert_eq!(config.limits.idle_timeout, Duration::from_secs(5));
+        assert_eq!(config.limits.send_timeout, Duration::from_secs(2));
+        assert_eq!(config.limits.tunnel_idle_timeout, Duration::from_secs(60));
+        assert_eq!(
+            problem_paths(
+                "limits: { idle_timeout: 0s, send_timeout: 0ms, tunnel_idle_timeout: 0s }\n"
+            ),
+            [
+                "limits.idle_timeout",
+                "limits.send_timeout",
+                "limits.tunnel_idle_timeout"
+            ]
+        );
     }
 
     #[test]
