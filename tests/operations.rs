@@ -319,6 +319,17 @@ async fn a_new_key_ring_applies_to_connections_already_open() {
         .and_then(|c| c.split(';').next())
         .unwrap_or_else(|| panic!("no pass: {head}"))
         .to_owned();
+    // Admitted at once: the first return confirms the session and brings
+    // the confirmed pass, which is used from then on.
+    assert!(pass.starts_with("qg_tickets=v1.n."), "{pass}");
+    let (status, head) = conn.get("/tickets", &pass).await;
+    assert_eq!(status, StatusCode::OK, "{head}");
+    let pass = head
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: "))
+        .and_then(|c| c.split(';').next())
+        .unwrap_or_else(|| panic!("no confirmed pass: {head}"))
+        .to_owned();
     assert!(pass.starts_with("qg_tickets=v1.a."), "{pass}");
     let (status, head) = conn.get("/tickets", &pass).await;
     assert_eq!(status, StatusCode::OK, "{head}");
@@ -326,7 +337,7 @@ async fn a_new_key_ring_applies_to_connections_already_open() {
         !head.contains("set-cookie"),
         "the pass was not taken: {head}"
     );
-    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    assert_eq!(hits.load(Ordering::SeqCst), 3);
 
     // The key `k1` is replaced by a new secret: the pass it signed no longer
     // verifies, on the connection that already used it too. Its holder is
@@ -343,7 +354,7 @@ async fn a_new_key_ring_applies_to_connections_already_open() {
         "the old pass still worked: {head}"
     );
     assert!(head.contains("x-queuegate: waiting"), "{head}");
-    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    assert_eq!(hits.load(Ordering::SeqCst), 3);
     gate.stop().await.unwrap();
 }
 
@@ -453,8 +464,10 @@ async fn json_logs_carry_route_and_decision_and_never_cookies() {
     let mut v = Visitor::new();
     assert!(v.navigate(&child.url("/tickets")).await.reached_origin());
     let cookie = v.cookie("qg_tickets").unwrap().to_owned();
-    // The second request carries the pass in its Cookie header.
+    // The second request carries the pass in its Cookie header and
+    // confirms the session (renewed); the third uses the confirmed pass.
     assert!(v.navigate(&child.url("/tickets/2")).await.reached_origin());
+    assert!(v.navigate(&child.url("/tickets/3")).await.reached_origin());
     let (code, logs) = child.stop();
     assert_eq!(code, 0);
 
@@ -472,6 +485,10 @@ async fn json_logs_carry_route_and_decision_and_never_cookies() {
     }
     assert!(
         decisions.contains(&("tickets".into(), "at_once".into(), 200)),
+        "{decisions:?}"
+    );
+    assert!(
+        decisions.contains(&("tickets".into(), "renewed".into(), 200)),
         "{decisions:?}"
     );
     assert!(
