@@ -202,6 +202,27 @@ async fn tls_listener_speaks_h2_and_names_cookies_for_tls() {
         .unwrap();
     let resp = client.request(req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["x-origin-cookies"], "");
+    // That first return confirmed the session: the confirmed pass comes
+    // with the same TLS cookie name and attributes, and is used as is.
+    let confirmed = resp
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        confirmed.starts_with("__Host-qg_tickets=v1.a."),
+        "{confirmed}"
+    );
+    assert!(confirmed.contains("; Secure"), "{confirmed}");
+    let pass = confirmed.split(';').next().unwrap().to_owned();
+    let req = Request::get(&url)
+        .header("cookie", &pass)
+        .body(Empty::new())
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
     assert!(resp.headers().get("set-cookie").is_none());
     assert_eq!(resp.headers()["x-origin-cookies"], "");
 
