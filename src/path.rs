@@ -6,11 +6,11 @@
 //!
 //! The origin is not ours, and origins disagree: WSGI servers decode `%2F`
 //! to `/`, Java containers drop `;params` from segments (and read `..;` as
-//! `..`), IIS reads `\` as `/`, and a proxy or framework in between may
-//! decode once more (`%252F`), a lenient UTF-8 decoder reads the overlong
-//! `%C0%AF` as `/`, and an origin written in C stops at a NUL. The gate cannot know which reading the origin
-//! makes, so it takes them all: a request is bypassed only if every reading
-//! is, and gated if any reading is.
+//! `..`), IIS reads `\` as `/`, a proxy or framework in between may decode
+//! once more (`%252F`), a lenient UTF-8 decoder reads the overlong `%C0%AF`
+//! as `/`, and an origin written in C stops at a NUL. The gate cannot know
+//! which reading the origin makes, so it takes them all: a request is
+//! bypassed only if every reading is, and gated if any reading is.
 
 use std::borrow::Cow;
 
