@@ -25,7 +25,7 @@ pub enum HostError {
     Repeated,
     #[error("Host is not name[:port] or IP[:port]")]
     Malformed,
-    #[error(":authority and Host disagree")]
+    #[error("the target's authority and Host disagree")]
     Disagrees,
 }
 
@@ -45,16 +45,17 @@ pub fn request_host<'a>(
     };
     let authority = uri.authority().map(|a| a.as_str());
     let host = match (header, authority) {
-        (Some(h), Some(a)) if version == Version::HTTP_2 => {
+        // HTTP/2 with both, or an absolute-form target on HTTP/1.1 with a
+        // Host: RFC 9112 §3.2.2 has the target's authority win, but the
+        // origin gets the Host header, so the two must name one host.
+        (Some(h), Some(a)) => {
             let (h, a) = (canonical(h)?, canonical(a)?);
             if h != a {
                 return Err(HostError::Disagrees);
             }
             return Ok(Some(h));
         }
-        // An absolute-form target on HTTP/1.1: RFC 9112 §3.2.2 says the
-        // target's authority wins over Host.
-        (_, Some(a)) => a,
+        (None, Some(a)) => a,
         (Some(h), None) => h,
         (None, None) if version == Version::HTTP_10 => return Ok(None),
         (None, None) => return Err(HostError::Missing),
@@ -208,6 +209,19 @@ mod tests {
         );
         assert_eq!(
             host_of(Version::HTTP_2, &[], "https://a.example/"),
+            Ok(Some("a.example".into()))
+        );
+        // An absolute-form target on HTTP/1.1: the origin reads Host.
+        assert_eq!(
+            host_of(Version::HTTP_11, &["b.example"], "http://a.example/"),
+            Err(HostError::Disagrees)
+        );
+        assert_eq!(
+            host_of(Version::HTTP_11, &["A.example:80"], "http://a.example/"),
+            Ok(Some("a.example".into()))
+        );
+        assert_eq!(
+            host_of(Version::HTTP_11, &[], "http://a.example/"),
             Ok(Some("a.example".into()))
         );
     }

@@ -6,10 +6,11 @@
 //!
 //! The origin is not ours, and origins disagree: WSGI servers decode `%2F`
 //! to `/`, Java containers drop `;params` from segments (and read `..;` as
-//! `..`), IIS reads `\` as `/`, and a proxy or framework in between may
-//! decode once more (`%252F`). The gate cannot know which reading the origin
-//! makes, so it takes them all: a request is bypassed only if every reading
-//! is, and gated if any reading is.
+//! `..`), IIS reads `\` as `/`, a proxy or framework in between may decode
+//! once more (`%252F`), a lenient UTF-8 decoder reads the overlong `%C0%AF`
+//! as `/`, and an origin written in C stops at a NUL. The gate cannot know
+//! which reading the origin makes, so it takes them all: a request is
+//! bypassed only if every reading is, and gated if any reading is.
 
 use std::borrow::Cow;
 
@@ -53,18 +54,35 @@ impl<'a> Readings<'a> {
                 current = next;
             }
             let Ok(text) = std::str::from_utf8(&current) else {
-                // Overlong or invalid UTF-8 (`%C0%AF`): no two origins agree.
+                // Overlong or invalid UTF-8 (`%C0%AF`): no two origins
+                // agree. A strict decoder reads it as U+FFFD, a lenient one
+                // an overlong ASCII character as that character (`%C0%AF`
+                // as `/`): both readings.
                 readings.ambiguous = true;
-                break;
+                readings.add_text(&String::from_utf8_lossy(&current));
+                readings.add_text(&lenient_text(&current));
+                continue;
             };
             if escapes_separator(text) || (!written_dots && has_dot_segment(text)) {
                 readings.ambiguous = true;
             }
-            for strip in [false, true] {
-                readings.add(origin_reading(text, strip));
-            }
+            readings.add_text(text);
         }
         readings
+    }
+
+    /// Adds how origins read decoded `text`: `\` as `/` or not, with and
+    /// without `;params`, and, for an origin written in C, cut at the
+    /// first NUL.
+    fn add_text(&mut self, text: &str) {
+        let cut = text.split('\0').next().unwrap_or(text);
+        for text in [text, cut] {
+            for backslash in [true, false] {
+                for strip in [false, true] {
+                    self.add(origin_reading(text, backslash, strip));
+                }
+            }
+        }
     }
 
     fn add(&mut self, reading: String) {
@@ -104,11 +122,57 @@ fn escapes_separator(text: &str) -> bool {
         })
 }
 
-/// A path as an origin that reads `\` as `/` (and, with `strip`, drops
-/// `;params` from each segment) sees it once decoded: dot segments
-/// resolved, repeated slashes collapsed.
-fn origin_reading(decoded: &str, strip: bool) -> String {
-    let slashed = decoded.replace('\\', "/");
+/// Bytes that are not UTF-8 as a lenient decoder reads them: an overlong
+/// encoding of an ASCII character (`C0 AF`, `E0 80 AF` for `/`) as that
+/// character, anything else invalid as U+FFFD.
+fn lenient_text(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        match std::str::from_utf8(rest) {
+            Ok(valid) => {
+                out.push_str(valid);
+                break;
+            }
+            Err(err) => {
+                let (valid, after) = rest.split_at(err.valid_up_to());
+                out.push_str(std::str::from_utf8(valid).unwrap_or_default());
+                let (c, len) = overlong_ascii(after).unwrap_or((
+                    char::REPLACEMENT_CHARACTER,
+                    err.error_len().unwrap_or(after.len()),
+                ));
+                out.push(c);
+                rest = &after[len..];
+            }
+        }
+    }
+    out
+}
+
+/// The ASCII character an overlong two- or three-byte sequence at the
+/// start of `bytes` encodes, and the sequence's length.
+fn overlong_ascii(bytes: &[u8]) -> Option<(char, usize)> {
+    let continues = |b: u8| b & 0xC0 == 0x80;
+    match *bytes {
+        [lead @ (0xC0 | 0xC1), b1, ..] if continues(b1) => {
+            Some((char::from(((lead & 0x01) << 6) | (b1 & 0x3F)), 2))
+        }
+        [0xE0, b1 @ (0x80 | 0x81), b2, ..] if continues(b2) => {
+            Some((char::from(((b1 & 0x01) << 6) | (b2 & 0x3F)), 3))
+        }
+        _ => None,
+    }
+}
+
+/// A path as an origin that reads `\` as `/` when `backslash` (and, with
+/// `strip`, drops `;params` from each segment) sees it once decoded: dot
+/// segments resolved, repeated slashes collapsed.
+fn origin_reading(decoded: &str, backslash: bool, strip: bool) -> String {
+    let slashed = if backslash {
+        Cow::Owned(decoded.replace('\\', "/"))
+    } else {
+        Cow::Borrowed(decoded)
+    };
     let mut segments: Vec<&str> = Vec::new();
     for segment in slashed.split('/') {
         let segment = if strip {
@@ -278,14 +342,41 @@ mod tests {
     }
 
     /// How origins read a path, independently of the gate's own code: each
-    /// decodes (once or twice), some read `\` as `/`, some drop `;params`,
-    /// then dot segments are resolved.
+    /// decodes (once or twice), some read the overlong `C0 AF`/`E0 80 AF`
+    /// as `/` and `C0 AE` as `.`, some stop at a NUL, some read `\` as `/`,
+    /// some drop `;params`, then dot segments are resolved.
     fn origin_models(raw: &str) -> Vec<String> {
         let mut out = Vec::new();
         let once: Vec<u8> = percent_decode(raw.as_bytes()).collect();
         let twice: Vec<u8> = percent_decode(&once).collect();
+        let mut texts = Vec::new();
         for bytes in [raw.as_bytes().to_vec(), once, twice] {
-            let text = String::from_utf8_lossy(&bytes).into_owned();
+            let strict = String::from_utf8_lossy(&bytes).into_owned();
+            let mut lenient_bytes = Vec::new();
+            let mut i = 0;
+            while i < bytes.len() {
+                if bytes[i..].starts_with(&[0xC0, 0xAF]) {
+                    lenient_bytes.push(b'/');
+                    i += 2;
+                } else if bytes[i..].starts_with(&[0xC0, 0xAE]) {
+                    lenient_bytes.push(b'.');
+                    i += 2;
+                } else if bytes[i..].starts_with(&[0xE0, 0x80, 0xAF]) {
+                    lenient_bytes.push(b'/');
+                    i += 3;
+                } else {
+                    lenient_bytes.push(bytes[i]);
+                    i += 1;
+                }
+            }
+            let lenient = String::from_utf8_lossy(&lenient_bytes).into_owned();
+            for text in [strict, lenient] {
+                let cut = text.split('\0').next().unwrap().to_owned();
+                texts.push(text);
+                texts.push(cut);
+            }
+        }
+        for text in texts {
             for backslash in [false, true] {
                 for strip in [false, true] {
                     let t = if backslash {
@@ -325,6 +416,8 @@ mod tests {
             Just("%5C".to_owned()),
             Just("\\".to_owned()),
             Just("%C0%AF".to_owned()),
+            Just("%C0%AE".to_owned()),
+            Just("%E0%80%AF".to_owned()),
             Just(".".to_owned()),
             Just("%2e".to_owned()),
             Just("%2E".to_owned()),
@@ -359,9 +452,10 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(4000))]
 
-        /// Whenever any origin's reading lands under the gated prefix, the
-        /// gate either refuses the path (ambiguous) or one of its readings
-        /// is gated: never forwarded ungated.
+        /// Whenever any origin's reading lands under the gated prefix, one
+        /// of the gate's readings is gated (what `ambiguous_paths: gate`
+        /// relies on), and so is it under `reject` unless the path is
+        /// refused: never forwarded ungated.
         #[test]
         fn no_spelling_reaches_a_gated_prefix_ungated(
             parts in prop::collection::vec(
@@ -381,7 +475,7 @@ mod tests {
             let r = Readings::of(&raw);
             if origin_gated {
                 prop_assert!(
-                    r.is_ambiguous() || r.iter().any(gated),
+                    r.iter().any(gated),
                     "{} reaches /tickets at the origin but is neither refused nor gated: {:?}",
                     raw,
                     r
