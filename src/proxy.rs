@@ -683,8 +683,16 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if present == 0 {
         return;
     }
-    if present & 1 != 0 {
-        // `Connection` is first in HOP_BY_HOP.
+    // `Connection` is first in HOP_BY_HOP. Mostly it is one word that names
+    // no other header (`keep-alive`, `close`, `upgrade`): no need to split.
+    if present & 1 != 0
+        && !headers.get_all(header::CONNECTION).iter().all(|v| {
+            let v = v.as_bytes();
+            v.eq_ignore_ascii_case(b"keep-alive")
+                || v.eq_ignore_ascii_case(b"close")
+                || v.eq_ignore_ascii_case(b"upgrade")
+        })
+    {
         let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
             .iter()
