@@ -21,7 +21,7 @@
 //! - `cookie`: cookie names, `Set-Cookie` values, reading credentials, the
 //!   per-connection memo, stripping our cookies before the origin.
 //! - `admission`: signing and verifying tickets and passes.
-//! - `proxy`: the pooled upstream client, header rewriting, upgrades.
+//! - `proxy`: forwarding: header rewriting, retries, upgrades and tunnels.
 //! - `client_ip`: who the client is behind trusted proxies; its limit key.
 //! - `tls`: the TLS listeners' server config and certificate reload.
 //! - `file_watch`: notices changed files (config, certificates) by their directories.
@@ -31,6 +31,8 @@
 //! - `template`: the waiting page's template language and phrase table.
 //! - `path`: every reading of a request path, and the segment-boundary prefix match.
 //! - `response`: the one body type and every response queuegate makes.
+//! - `upstream`: the per-worker pools of HTTP/1.1 connections to the origin,
+//!   driven by the requests that use them.
 //! - `host`: the host a request is for, canonical, and `allowed_hosts` patterns.
 //! - `clock`: wall-clock time read through tokio, so tests can pause it.
 //! - `shutdown`: SIGTERM/SIGINT.
@@ -63,6 +65,7 @@ pub mod server;
 pub mod shutdown;
 pub mod template;
 pub mod tls;
+pub mod upstream;
 pub mod waiting;
 
 use std::future::Future;

@@ -1,7 +1,8 @@
-//! Forwarding to the origin: the pooled keep-alive client, header rewriting,
-//! `Upgrade` pass-through (tunnels that keep their client connection's slot,
-//! end after `limits.tunnel_idle_timeout` of silence and at the drain
-//! deadline), and the 502/504 answers when the origin fails.
+//! Forwarding to the origin over the `upstream` pool: header rewriting,
+//! sending a request again when its pooled connection turns out closed by
+//! the origin, `Upgrade` pass-through (tunnels that keep their client
+//! connection's slot, end after `limits.tunnel_idle_timeout` of silence and
+//! at the drain deadline), and the 502/504 answers when the origin fails.
 //!
 //! It does not decide whether a request may pass: the gate does, before this.
 
@@ -16,15 +17,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{Request, Response, StatusCode, Uri, Version};
+use http::uri::{PathAndQuery, Scheme};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body::Body as _;
 use hyper::body::Incoming;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateDer;
+use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{watch, OwnedSemaphorePermit};
 use tokio::time::Instant;
@@ -33,6 +32,7 @@ use crate::client_ip;
 use crate::config;
 use crate::metrics::{ConnectionMetrics, Protocol};
 use crate::response::{Body, RequestError};
+use crate::upstream::{self, Handed, Origin, Outgoing, Pool, Pooled, Sent, UpstreamBody};
 
 /// Headers that describe one connection, not the message (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [HeaderName; 6] = [
@@ -127,9 +127,7 @@ impl Peer {
     }
 }
 
-type PooledClient = Client<HttpsConnector<HttpConnector>, Incoming>;
-
-/// Why the upstream client could not be built (a start-up error; config
+/// Why the upstream could not be set up (a start-up error; config
 /// validation reports the url and host problems first).
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -137,6 +135,8 @@ pub enum UpstreamError {
     Scheme(Scheme),
     #[error("upstream.url: a host is required")]
     NoHost,
+    #[error("upstream.url: {0:?} is not a valid TLS server name")]
+    ServerName(String),
     #[error("upstream.host: {host:?} is not a valid Host: {source}")]
     Host {
         host: String,
@@ -163,15 +163,15 @@ pub enum UpstreamError {
     Tls(#[source] rustls::Error),
 }
 
-/// The origin and the pooled clients that reach it: one per worker thread,
-/// so a request is written to an origin connection driven by the thread
-/// that serves its client, never handed across threads.
-#[derive(Clone)]
+/// The origin and the pool of connections that reach it: one share per
+/// worker thread, so a request is written to an origin connection driven
+/// by the thread (and the task) that serves its client, never handed across
+/// threads.
 pub struct Upstream {
-    clients: Vec<PooledClient>,
-    scheme: Scheme,
-    authority: Authority,
+    pool: Pool,
     host: Option<HeaderValue>,
+    /// The `Host` sent when the client named none: the upstream URL's.
+    default_host: HeaderValue,
     /// Whose forwarding headers are believed.
     client_ip: config::ClientIp,
     timeout: Duration,
@@ -180,9 +180,9 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// Builds the pooled clients from `upstream` (validated config) for
-    /// `workers` worker threads; `upstream.pool.max_idle_per_host` is shared
-    /// out among them. Tunnels are counted in `connections`.
+    /// Sets up the pool from `upstream` (validated config) for `workers`
+    /// worker threads; `upstream.pool.max_idle_per_host` is shared out among
+    /// them. Tunnels are counted in `connections`.
     pub fn new(
         cfg: &config::Upstream,
         client_ip: &config::ClientIp,
@@ -190,9 +190,13 @@ impl Upstream {
         connections: ConnectionMetrics,
     ) -> Result<Upstream, UpstreamError> {
         let scheme = cfg.url.scheme().cloned().unwrap_or(Scheme::HTTP);
-        if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
+        let tls = if scheme == Scheme::HTTP {
+            false
+        } else if scheme == Scheme::HTTPS {
+            true
+        } else {
             return Err(UpstreamError::Scheme(scheme));
-        }
+        };
         let authority = cfg.url.authority().cloned().ok_or(UpstreamError::NoHost)?;
         let host = match &cfg.host {
             Some(h) => Some(
@@ -203,35 +207,43 @@ impl Upstream {
             ),
             None => None,
         };
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(cfg.connect_timeout));
-        connector.set_nodelay(true);
-        // The TLS layer below takes https:// URLs; plain ones pass through it.
-        connector.enforce_http(false);
+        let default_host =
+            HeaderValue::from_str(authority.as_str()).map_err(|source| UpstreamError::Host {
+                host: authority.to_string(),
+                source,
+            })?;
+        // `[::1]` in a URL, `::1` for the socket and the server name.
+        let name = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let port = authority.port_u16().unwrap_or(if tls { 443 } else { 80 });
         // The server name (SNI and the name checked in the certificate) is
         // the upstream URL's host. The request is always HTTP/1.1.
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(client_tls(cfg.ca_file.as_deref())?)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(connector);
+        let tls = if tls {
+            let server_name = ServerName::try_from(name.clone())
+                .map_err(|_| UpstreamError::ServerName(name.clone()))?;
+            Some((Arc::new(client_tls(cfg.ca_file.as_deref())?), server_name))
+        } else {
+            None
+        };
         let workers = workers.max(1);
-        let idle_per_worker = cfg.pool.max_idle_per_host.div_ceil(workers);
-        let clients = (0..workers)
-            .map(|_| {
-                Client::builder(TokioExecutor::new())
-                    .pool_idle_timeout(cfg.pool.idle_timeout)
-                    .pool_max_idle_per_host(idle_per_worker)
-                    .pool_timer(TokioTimer::new())
-                    .timer(TokioTimer::new())
-                    .build(connector.clone())
-            })
-            .collect();
+        let origin = Origin {
+            host: name,
+            port,
+            tls,
+            connect_timeout: cfg.connect_timeout,
+        };
         Ok(Upstream {
-            clients,
-            scheme,
-            authority,
+            pool: Pool::new(
+                origin,
+                workers,
+                cfg.pool.max_idle_per_host.div_ceil(workers),
+                cfg.pool.idle_timeout,
+            ),
             host,
+            default_host,
             client_ip: client_ip.clone(),
             timeout: cfg.timeout,
             connections,
@@ -240,15 +252,19 @@ impl Upstream {
 
     /// Forwards `req` from `peer` to the origin and streams the answer back.
     ///
-    /// The request is rewritten and handed to the pooled client before this
-    /// returns, so the future holds only the exchange in flight, not the
-    /// request: it is part of every proxied request's future, which is moved
-    /// into place once per request.
-    pub fn forward(
-        &self,
+    /// The request is rewritten before this returns, so the future holds
+    /// only the exchange in flight: it is part of every proxied request's
+    /// future, which is moved into place once per request.
+    ///
+    /// A request that finds its pooled connection closed by the origin
+    /// (which may close an idle connection at any time) is sent again on a
+    /// new one if it was never written, or if it is idempotent and has no
+    /// body, as nginx does.
+    pub fn forward<'a>(
+        &'a self,
         mut req: Request<Incoming>,
         peer: &Peer,
-    ) -> impl Future<Output = Result<Response<Body>, RequestError>> + Send + 'static {
+    ) -> impl Future<Output = Result<Response<Body>, RequestError>> + Send + 'a {
         let upgrade = upgrade_protocol(&req);
         let client_upgrade = upgrade.as_ref().map(|_| {
             let tunnel = Tunnel {
@@ -257,25 +273,67 @@ impl Upstream {
             };
             (hyper::upgrade::on(&mut req), tunnel)
         });
-        let prepared = self.rewrite(req, peer, upgrade.as_ref()).map(|req| {
-            let client = &self.clients[peer.worker % self.clients.len()];
-            tokio::time::timeout(self.timeout, client.request(req))
-        });
+        let prepared = self.rewrite(req, peer, upgrade.as_ref());
+        let worker = peer.worker;
         async move {
-            let resp = match prepared?.await {
-                Ok(Ok(resp)) => resp,
+            let req = prepared?.map(Outgoing::Client);
+            let exchange = self.exchange(req, worker);
+            let Sent {
+                response,
+                connection,
+            } = match tokio::time::timeout(self.timeout, exchange).await {
+                Ok(Ok(sent)) => sent,
                 Ok(Err(err)) => return Err(RequestError::Upstream(err)),
                 Err(_) => return Err(RequestError::UpstreamTimeout),
             };
-            if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+            if response.status() == StatusCode::SWITCHING_PROTOCOLS {
                 if let Some((client_upgrade, tunnel)) = client_upgrade {
-                    return Ok(switch_protocols(resp, client_upgrade, tunnel));
+                    return Ok(switch_protocols(
+                        response,
+                        connection,
+                        client_upgrade,
+                        tunnel,
+                    ));
                 }
             }
-            let mut resp = resp.map(Body::Upstream);
+            let mut resp = response.map(|body| Body::Upstream(UpstreamBody::new(body, connection)));
             strip_hop_by_hop(resp.headers_mut());
             Ok(resp)
         }
+    }
+
+    /// Sends `req` on a pooled connection of `worker`'s share, or a new
+    /// one, until its response head arrives.
+    async fn exchange(
+        &self,
+        req: Request<Outgoing>,
+        worker: usize,
+    ) -> Result<Sent, upstream::Error> {
+        let req = match self.pool.checkout(worker) {
+            None => req,
+            Some(pooled) => {
+                let again = Resend::of(&req);
+                match pooled.send(req).await {
+                    Ok(sent) => return Ok(sent),
+                    Err(failed) => match failed.request {
+                        // Never written: the connection was closed first.
+                        Some(req) => req,
+                        None => match again {
+                            Some(again) if failed.reused && stale(&failed.error) => {
+                                tracing::debug!(
+                                    error = %failed.error,
+                                    "pooled origin connection was closed: sending again"
+                                );
+                                again.request()
+                            }
+                            _ => return Err(failed.error),
+                        },
+                    },
+                }
+            }
+        };
+        let pooled = self.pool.connect(worker).await?;
+        pooled.send(req).await.map_err(|failed| failed.error)
     }
 
     /// The request as the origin gets it: origin URL, HTTP/1.1, hop-by-hop
@@ -292,11 +350,8 @@ impl Upstream {
             .path_and_query()
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        let mut parts = http::uri::Parts::default();
-        parts.scheme = Some(self.scheme.clone());
-        parts.authority = Some(self.authority.clone());
-        parts.path_and_query = Some(path);
-        *req.uri_mut() = Uri::from_parts(parts).map_err(RequestError::Rewrite)?;
+        // Origin-form: the connection is to the origin already.
+        *req.uri_mut() = Uri::from(path);
         *req.version_mut() = Version::HTTP_11;
 
         let trusted =
@@ -341,8 +396,12 @@ impl Upstream {
                     headers.insert(header::HOST, host);
                 }
             }
-        } else if !trusted {
-            headers.remove(&X_FORWARDED_HOST);
+        } else {
+            if !trusted {
+                headers.remove(&X_FORWARDED_HOST);
+            }
+            let host = self.host.as_ref().unwrap_or(&self.default_host);
+            headers.insert(header::HOST, host.clone());
         }
         if let Some(protocol) = upgrade {
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -380,13 +439,13 @@ fn client_tls(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, UpstreamEr
                 })?;
         }
     }
-    Ok(
-        rustls::ClientConfig::builder_with_provider(crate::tls::provider())
-            .with_safe_default_protocol_versions()
-            .map_err(UpstreamError::Tls)?
-            .with_root_certificates(roots)
-            .with_no_client_auth(),
-    )
+    let mut config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+        .with_safe_default_protocol_versions()
+        .map_err(UpstreamError::Tls)?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
 }
 
 /// A tunnel about to be made: where it is counted, and what it holds.
@@ -399,7 +458,7 @@ impl Tunnel {
     /// Joins both upgraded connections until either side closes, the
     /// tunnel stays silent for the lease's idle timeout, or the drain
     /// deadline comes; counted as a tunnel meanwhile.
-    async fn run(self, client: hyper::upgrade::Upgraded, origin: hyper::upgrade::Upgraded) {
+    async fn run(self, client: hyper::upgrade::Upgraded, mut origin: Handed) {
         let _open = self.connections.open(Protocol::Tunnel);
         let heard = Arc::new(AtomicU64::new(0));
         let started = Instant::now();
@@ -408,7 +467,6 @@ impl Tunnel {
             started,
             heard: heard.clone(),
         };
-        let mut origin = TokioIo::new(origin);
         let copy = tokio::io::copy_bidirectional(&mut client, &mut origin);
         let Some(mut lease) = self.lease else {
             if let Err(err) = copy.await {
@@ -497,19 +555,25 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Heard<T> {
 }
 
 /// Answers the client's `101` and makes the tunnel between both upgraded
-/// connections (see [`Tunnel::run`]).
+/// connections (see [`Tunnel::run`]), once `connection` (the origin's) has
+/// handed its socket over.
 fn switch_protocols(
-    mut resp: Response<Incoming>,
+    resp: Response<Incoming>,
+    connection: Pooled,
     client_upgrade: hyper::upgrade::OnUpgrade,
     tunnel: Tunnel,
 ) -> Response<Body> {
-    let origin_upgrade = hyper::upgrade::on(&mut resp);
     let protocol = resp.headers().get(header::UPGRADE).cloned();
     tokio::spawn(async move {
-        let (client, origin) = match tokio::try_join!(client_upgrade, origin_upgrade) {
-            Ok(pair) => pair,
-            Err(err) => {
+        let (client, origin) = tokio::join!(client_upgrade, connection.upgraded());
+        let (client, origin) = match (client, origin) {
+            (Ok(client), Some(origin)) => (client, origin),
+            (Err(err), _) => {
                 tracing::debug!(error = %err, "upgrade did not complete");
+                return;
+            }
+            (_, None) => {
+                tracing::debug!("the origin's connection ended before the upgrade");
                 return;
             }
         };
@@ -524,6 +588,66 @@ fn switch_protocols(
         parts.headers.insert(header::UPGRADE, protocol);
     }
     Response::from_parts(parts, Body::Empty)
+}
+
+/// What it takes to send a request again: kept only for an idempotent
+/// request without a body (RFC 9110 §9.2.2), the kind a proxy may retry.
+struct Resend {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+}
+
+impl Resend {
+    fn of(req: &Request<Outgoing>) -> Option<Resend> {
+        let idempotent = matches!(
+            *req.method(),
+            Method::GET
+                | Method::HEAD
+                | Method::OPTIONS
+                | Method::TRACE
+                | Method::PUT
+                | Method::DELETE
+        );
+        (idempotent && req.body().is_end_stream()).then(|| Resend {
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            headers: req.headers().clone(),
+        })
+    }
+
+    fn request(self) -> Request<Outgoing> {
+        let mut req = Request::new(Outgoing::Empty);
+        *req.method_mut() = self.method;
+        *req.uri_mut() = self.uri;
+        *req.version_mut() = Version::HTTP_11;
+        *req.headers_mut() = self.headers;
+        req
+    }
+}
+
+/// Whether an exchange failed the way one does on a connection the origin
+/// had closed while it was idle: closed before the answer began, or reset.
+fn stale(err: &upstream::Error) -> bool {
+    let upstream::Error::Http(err) = err else {
+        return false;
+    };
+    if err.is_incomplete_message() || err.is_canceled() || err.is_closed() {
+        return true;
+    }
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<io::Error>() {
+            return matches!(
+                io.kind(),
+                io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::ConnectionAborted
+                    | io::ErrorKind::BrokenPipe
+            );
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// Rejects requests whose body length could be read two ways (RFC 9112
@@ -559,8 +683,16 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if present == 0 {
         return;
     }
-    if present & 1 != 0 {
-        // `Connection` is first in HOP_BY_HOP.
+    // `Connection` is first in HOP_BY_HOP. Mostly it is one word that names
+    // no other header (`keep-alive`, `close`, `upgrade`): no need to split.
+    if present & 1 != 0
+        && !headers.get_all(header::CONNECTION).iter().all(|v| {
+            let v = v.as_bytes();
+            v.eq_ignore_ascii_case(b"keep-alive")
+                || v.eq_ignore_ascii_case(b"close")
+                || v.eq_ignore_ascii_case(b"upgrade")
+        })
+    {
         let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
             .iter()

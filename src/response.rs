@@ -10,7 +10,8 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 use http_body::{Frame, SizeHint};
-use hyper::body::Incoming;
+
+use crate::upstream::{self, UpstreamBody};
 
 /// Header that marks a response as made by queuegate, with the reason.
 pub const TAG: &str = "x-queuegate";
@@ -23,7 +24,7 @@ pub enum Body {
     /// A whole body made here.
     Full(Option<Bytes>),
     /// The origin's body, streamed as it arrives.
-    Upstream(Incoming),
+    Upstream(UpstreamBody),
 }
 
 impl Body {
@@ -81,10 +82,10 @@ pub enum RequestError {
     #[error("host not served here")]
     HostNotAllowed,
     /// The origin refused the connection, reset it or sent garbage. Shown
-    /// with the causes hyper gives (`client error (Connect)` alone says
-    /// little), for the log line.
+    /// with its causes (`cannot connect` alone says little), for the log
+    /// line.
     #[error("origin unreachable: {}", Causes(.0))]
-    Upstream(#[source] hyper_util::client::legacy::Error),
+    Upstream(#[source] upstream::Error),
     /// The request's target could not be combined with the upstream URL:
     /// queuegate's own failure, answered like an unreachable origin.
     #[error("request target could not be rewritten for the origin: {0}")]

@@ -492,3 +492,218 @@ async fn drain_lets_an_in_flight_request_finish() {
     assert_eq!(body, "finished");
     gate.stop().await.unwrap();
 }
+
+/// When a raw origin closes a keep-alive connection.
+#[derive(Clone, Copy, PartialEq)]
+enum Close {
+    /// Right after its first answer.
+    AfterAnswer,
+    /// When the second request arrives, unanswered: the race a proxy loses
+    /// when the origin's idle timeout ends the connection as it sends.
+    OnNextRequest,
+    /// Never (the answer may still say `Connection: close`).
+    Never,
+}
+
+/// A raw origin that answers requests (without bodies) with `answer`,
+/// closing connections as `close` says.
+async fn answering_origin(answer: &'static [u8], close: Close) -> Origin {
+    spawn_raw_origin(move |mut stream: TcpStream| async move {
+        let mut buf = vec![0u8; 8192];
+        let mut seen = Vec::new();
+        let mut answered = 0;
+        loop {
+            let Ok(n) = stream.read(&mut buf).await else {
+                return;
+            };
+            if n == 0 {
+                return;
+            }
+            seen.extend_from_slice(&buf[..n]);
+            while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                seen.drain(..end + 4);
+                if answered == 1 && close == Close::OnNextRequest {
+                    return;
+                }
+                if stream.write_all(answer).await.is_err() {
+                    return;
+                }
+                answered += 1;
+                if close == Close::AfterAnswer {
+                    return;
+                }
+            }
+        }
+    })
+    .await
+}
+
+const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+
+#[tokio::test]
+async fn an_idempotent_request_on_a_connection_the_origin_closed_is_sent_again() {
+    let origin = answering_origin(OK, Close::OnNextRequest).await;
+    let gate = spawn_gate(proxy_config(&origin.url())).await;
+    let mut client = KeepAlive::connect(gate.addr).await;
+    for i in 0..10 {
+        let (status, head) = client.get(&format!("/{i}"), "").await;
+        assert_eq!(status, StatusCode::OK, "request {i}: {head}");
+    }
+    // Every request after the first was written to a pooled connection,
+    // found it closed, and was answered on a new one.
+    assert_eq!(origin.accepted(), 10);
+}
+
+#[tokio::test]
+async fn a_request_with_a_body_is_not_sent_again() {
+    let origin = answering_origin(OK, Close::OnNextRequest).await;
+    let gate = spawn_gate(proxy_config(&origin.url())).await;
+    // One client connection, so both requests meet the same worker's pool.
+    let mut stream = TcpStream::connect(gate.addr).await.unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let mut first = Vec::new();
+    while !first.ends_with(b"ok") {
+        let mut buf = [0u8; 1024];
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before the first answer");
+        first.extend_from_slice(&buf[..n]);
+    }
+    stream
+        .write_all(
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nConnection: close\r\n\r\nonce",
+        )
+        .await
+        .unwrap();
+    let mut second = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut second))
+        .await
+        .unwrap()
+        .unwrap();
+    let second = String::from_utf8_lossy(&second);
+    assert!(second.starts_with("HTTP/1.1 502"), "{second}");
+    assert_eq!(origin.accepted(), 1);
+}
+
+#[tokio::test]
+async fn a_pooled_connection_the_origin_closed_right_away_is_replaced() {
+    // Keep-alive by the headers, closed right after each answer: found
+    // closed in the pool, or on sending, and replaced without a 502.
+    let origin = answering_origin(OK, Close::AfterAnswer).await;
+    let gate = spawn_gate(proxy_config(&origin.url())).await;
+    let mut client = KeepAlive::connect(gate.addr).await;
+    for i in 0..20 {
+        let (status, head) = client.get(&format!("/{i}"), "").await;
+        assert_eq!(status, StatusCode::OK, "request {i}: {head}");
+    }
+    assert_eq!(origin.accepted(), 20, "each request had a fresh connection");
+}
+
+#[tokio::test]
+async fn a_pooled_connection_closed_while_idle_is_not_used() {
+    let origin = answering_origin(OK, Close::AfterAnswer).await;
+    let gate = spawn_gate(proxy_config(&origin.url())).await;
+    let mut client = KeepAlive::connect(gate.addr).await;
+    for i in 0..3 {
+        let (status, head) = client.get("/", "").await;
+        assert_eq!(status, StatusCode::OK, "request {i}: {head}");
+        // The origin's close is seen while the connection sits in the pool.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(origin.accepted(), 3);
+}
+
+#[tokio::test]
+async fn an_origin_answering_connection_close_is_not_reused() {
+    // The origin keeps its socket open: only the header says it is done.
+    // Reused, the next request would never be answered.
+    let origin = answering_origin(
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+        Close::Never,
+    )
+    .await;
+    let mut config = proxy_config(&origin.url());
+    config.upstream.timeout = Duration::from_secs(5);
+    let gate = spawn_gate(config).await;
+    let mut client = KeepAlive::connect(gate.addr).await;
+    for i in 0..3 {
+        let (status, head) = client.get("/", "").await;
+        assert_eq!(status, StatusCode::OK, "request {i}: {head}");
+        assert!(!head.contains("connection: close"), "{head}");
+    }
+    assert_eq!(origin.accepted(), 3);
+}
+
+#[tokio::test]
+async fn a_body_the_client_abandoned_does_not_return_its_connection() {
+    let origin = spawn_origin(|req: Request<hyper::body::Incoming>| async move {
+        if req.uri().path() != "/big" {
+            return Response::new(full("small"));
+        }
+        // Announces a megabyte, sends a first piece, then nothing more.
+        let (mut tx, body) =
+            http_body_util::channel::Channel::<Bytes, std::convert::Infallible>::new(1);
+        tokio::spawn(async move {
+            let _ = tx.send_data(Bytes::from(vec![b'x'; 1024])).await;
+            std::future::pending::<()>().await;
+            drop(tx);
+        });
+        let mut resp = Response::new(body.boxed());
+        resp.headers_mut()
+            .insert("content-length", http::HeaderValue::from_static("1048576"));
+        resp
+    })
+    .await;
+    let gate = spawn_gate(proxy_config(&origin.url())).await;
+
+    let mut abandoning = TcpStream::connect(gate.addr).await.unwrap();
+    abandoning
+        .write_all(b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let mut first = [0u8; 512];
+    let n = abandoning.read(&mut first).await.unwrap();
+    assert!(first[..n].starts_with(b"HTTP/1.1 200"));
+    drop(abandoning);
+
+    // A reused connection would be mid-body: the answer would be the rest
+    // of the megabyte, or nothing.
+    let mut client = KeepAlive::connect(gate.addr).await;
+    for _ in 0..3 {
+        let (status, _) = client.get("/small", "").await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    assert_eq!(
+        origin.accepted(),
+        2,
+        "one for the abandoned body, one pooled"
+    );
+}
+
+#[tokio::test]
+async fn the_pool_never_churns_within_its_size() {
+    let origin = spawn_origin(|_req| async { Response::new(full("ok")) }).await;
+    let gate = spawn_gate(proxy_config(&origin.url())).await;
+    const CLIENTS: usize = 8;
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..CLIENTS {
+        let addr = gate.addr;
+        clients.spawn(async move {
+            let mut client = KeepAlive::connect(addr).await;
+            for _ in 0..100 {
+                let (status, _) = client.get("/", "").await;
+                assert_eq!(status, StatusCode::OK);
+            }
+        });
+    }
+    while let Some(done) = clients.join_next().await {
+        done.unwrap();
+    }
+    assert!(
+        origin.accepted() <= CLIENTS,
+        "{CLIENTS} clients opened {} origin connections",
+        origin.accepted()
+    );
+}
