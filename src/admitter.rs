@@ -75,7 +75,7 @@ pub async fn run(
             if route.cfg.on_store_error == OnStoreError::Local {
                 if let Ok(t) = gate
                     .local()
-                    .admit_tick(&name, &route.local_limits, None)
+                    .admit_tick(&name, &route.local_limits_now(), None)
                     .await
                 {
                     route.metrics.tick(&t);

@@ -237,7 +237,7 @@ impl Gate {
                             &ticket.id,
                             who.client,
                             times,
-                            &route.local_limits,
+                            &route.local_limits_now(),
                         )
                         .await
                         .ok()?
@@ -285,7 +285,7 @@ impl Gate {
                         route.name(),
                         &id,
                         who.client,
-                        &route.local_limits,
+                        &route.local_limits_now(),
                         admit_now,
                     )
                     .await

@@ -60,7 +60,9 @@ pub fn eta_seconds(position: u64, admit_rate: f64) -> Option<u64> {
 pub struct RouteRt {
     pub cfg: config::Route,
     pub limits: Limits,
-    /// Limits of the in-process line used while the store is down (`local`).
+    /// Limits of the in-process line used while the store is down
+    /// (`local`): this instance's share of the capacity. See
+    /// [`RouteRt::local_limits_now`].
     pub local_limits: Limits,
     cookie_plain: String,
     cookie_tls: String,
@@ -116,6 +118,21 @@ impl RouteRt {
 
     pub fn name(&self) -> &str {
         &self.cfg.name
+    }
+
+    /// The limits of the in-process line right now: this instance's share
+    /// of the capacity, less its share of the sessions the store had
+    /// admitted at its last stats read. Those visitors keep their passes
+    /// while the store is down (they are renewed locally), so counting them
+    /// keeps the origin within capacity during an outage instead of letting
+    /// a full room's worth in again.
+    pub fn local_limits_now(&self) -> Limits {
+        let active = self.live.active.load(Ordering::Relaxed);
+        let share = active.saturating_mul(self.local_limits.capacity) / self.limits.capacity.max(1);
+        Limits {
+            capacity: self.local_limits.capacity.saturating_sub(share),
+            ..self.local_limits.clone()
+        }
     }
 
     /// The cookie name for a request over TLS or not.

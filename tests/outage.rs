@@ -230,3 +230,50 @@ async fn a_stopped_store_does_not_make_requests_hang() {
     assert!(back, "the closed route answers from the store again");
     drop(gate);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_room_stays_full_when_the_store_goes_down_under_local() {
+    let mut redis = RedisServer::start();
+    let (origin, hits) = counting_origin().await;
+    let mut config = redis_config(&origin.url(), &redis);
+    // Two instances expected: this one's own share is 4 ÷ 2.
+    config.routes = vec![outage_route("local", 4, OnStoreError::Local)];
+    let gate = spawn_gate_opts(config, ring("k1"), queuegate::RunOptions::default()).await;
+    let mut inside = Vec::new();
+    for _ in 0..4 {
+        inside.push(admitted(&gate, "/local").await);
+    }
+    // Wait until the admitter has read the room full from the store.
+    let mut seen_full = false;
+    for _ in 0..200 {
+        let (_, body) = get(&gate.admin_url("/routes")).await;
+        let routes: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        if routes["routes"][0]["active"] == 4 {
+            seen_full = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(seen_full, "the store's count never reached the admitter");
+    redis.kill();
+
+    // The room was full: the local line counts the visitors the store let
+    // in (they keep browsing on their passes), so nobody new gets in.
+    let before = hits.load(Ordering::SeqCst);
+    for _ in 0..4 {
+        let mut v = Visitor::new();
+        let a = answered("new visitor, local", v.navigate(&gate.url("/local/new"))).await;
+        assert_eq!(a.status, StatusCode::FOUND, "{a:?}");
+    }
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        before,
+        "nobody new reached the origin"
+    );
+    // Those inside still browse.
+    for v in &mut inside {
+        let a = answered("admitted visitor", v.navigate(&gate.url("/local"))).await;
+        assert!(a.reached_origin(), "{a:?}");
+    }
+    gate.stop().await.unwrap();
+}
