@@ -235,10 +235,9 @@ pub struct Record {
     pub unfinished: bool,
     /// Requests sent again after a fault explained the failure (`patient`).
     pub retries: u64,
-    /// Polls with the same ticket whose position was higher than the last one.
-    pub position_rises: u64,
-    /// The largest such rise, in places.
-    pub max_rise: u64,
+    /// Polls with the same ticket whose position was higher than the last
+    /// one: (poll sent, places risen).
+    pub rises: Vec<(u64, u64)>,
     /// When the visit ended (the last answer, or the error that ended it).
     pub ended_us: u64,
 }
@@ -258,8 +257,7 @@ impl Record {
             errors: Vec::new(),
             unfinished: false,
             retries: 0,
-            position_rises: 0,
-            max_rise: 0,
+            rises: Vec::new(),
             ended_us: 0,
         }
     }
@@ -461,8 +459,7 @@ async fn visit(ctx: Arc<Ctx>, fate: Fate, mut rng: StdRng) -> Record {
                         if let Some(position) = body["position"].as_u64() {
                             if let Some((last_score, last)) = last_place {
                                 if last_score == score && position > last {
-                                    rec.position_rises += 1;
-                                    rec.max_rise = rec.max_rise.max(position - last);
+                                    rec.rises.push((sent, position - last));
                                 }
                             }
                             last_place = Some((score, position));
@@ -743,9 +740,13 @@ impl Report {
             error_samples,
             retries: sum(|r| r.retries),
             sent_back: records.iter().filter(|r| r.joins > 1).count() as u64,
-            rose_visitors: records.iter().filter(|r| r.position_rises > 0).count() as u64,
-            rises: sum(|r| r.position_rises),
-            max_rise: records.iter().map(|r| r.max_rise).max().unwrap_or(0),
+            rose_visitors: records.iter().filter(|r| !r.rises.is_empty()).count() as u64,
+            rises: records.iter().map(|r| r.rises.len() as u64).sum(),
+            max_rise: records
+                .iter()
+                .flat_map(|r| r.rises.iter().map(|&(_, places)| places))
+                .max()
+                .unwrap_or(0),
         }
     }
 
@@ -863,27 +864,49 @@ pub fn max_at_once_within(records: &[Record], from_us: u64, until_us: u64) -> u6
     max as u64
 }
 
+/// (answer received, ticket score) of each admission from the line.
+fn admissions_from_line(records: &[Record]) -> Vec<(u64, u64)> {
+    records
+        .iter()
+        .filter_map(|r| match r.admitted {
+            Some((at, Some(score))) => Some((at, score)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// (poll sent, ticket score) of each last poll per ticket that answered "waiting".
+fn seen_waiting(records: &[Record]) -> Vec<(u64, u64)> {
+    records
+        .iter()
+        .flat_map(|r| r.seen_waiting.iter().map(|&(score, sent)| (sent, score)))
+        .collect()
+}
+
+/// Each inversion of [`inversions`] as (B seen admitted, A's poll sent),
+/// for telling when they happened.
+pub fn inversion_pairs(records: &[Record]) -> Vec<(u64, u64)> {
+    let admitted = admissions_from_line(records);
+    let mut waiting = seen_waiting(records);
+    waiting.sort_unstable();
+    let mut pairs = Vec::new();
+    for (at, later) in admitted {
+        let first = waiting.partition_point(|&(sent, _)| sent <= at);
+        pairs.extend(
+            waiting[first..]
+                .iter()
+                .filter(|&&(_, earlier)| earlier < later)
+                .map(|&(sent, _)| (at, sent)),
+        );
+    }
+    pairs
+}
+
 /// Pairs (A, B) where B joined later (higher ticket score) yet was seen
 /// admitted before a poll of A was sent that still answered "waiting".
 pub fn inversions(records: &[Record]) -> u64 {
-    inversions_when(records, |_| true)
-}
-
-/// [`inversions`] where both B's admission and A's poll happened at times
-/// (µs) that `when` keeps.
-pub fn inversions_when(records: &[Record], when: impl Fn(u64) -> bool) -> u64 {
-    let mut admitted: Vec<(u64, u64)> = records
-        .iter()
-        .filter_map(|r| match r.admitted {
-            Some((at, Some(score))) if when(at) => Some((at, score)),
-            _ => None,
-        })
-        .collect();
-    let mut waiting: Vec<(u64, u64)> = records
-        .iter()
-        .flat_map(|r| r.seen_waiting.iter().map(|&(score, sent)| (sent, score)))
-        .filter(|&(sent, _)| when(sent))
-        .collect();
+    let mut admitted = admissions_from_line(records);
+    let mut waiting = seen_waiting(records);
     admitted.sort_unstable();
     waiting.sort_unstable();
     let mut scores: Vec<u64> = admitted.iter().map(|&(_, s)| s).collect();
@@ -980,19 +1003,14 @@ mod checks {
         early.saw_waiting(100, 50);
         let late = rec(Some((40, Some(200))), Some(60));
         assert_eq!(inversions(&[early.clone(), late.clone()]), 1);
+        assert_eq!(
+            inversion_pairs(&[early.clone(), late.clone()]),
+            vec![(40, 50)]
+        );
         // Seen admitted only after the earlier joiner's poll was sent: no proof.
-        // Counted only when both the admission and the poll are kept.
-        assert_eq!(
-            inversions_when(&[early.clone(), late.clone()], |t| t >= 45),
-            0
-        );
-        assert_eq!(
-            inversions_when(&[early.clone(), late.clone()], |t| t < 45),
-            0
-        );
-        assert_eq!(inversions_when(&[early.clone(), late], |t| t < 60), 1);
         let late_after = rec(Some((60, Some(200))), Some(70));
-        assert_eq!(inversions(&[early, late_after]), 0);
+        assert_eq!(inversions(&[early.clone(), late_after.clone()]), 0);
+        assert!(inversion_pairs(&[early, late_after]).is_empty());
     }
 
     #[test]

@@ -293,21 +293,52 @@ impl Soak {
         (outside, inside)
     }
 
-    /// Order inversions seen while the store was up (the admission and the
-    /// poll both outside store faults), and the others.
-    fn inversions(&self) -> (u64, u64) {
+    /// The store's fault windows in crowd time (µs).
+    fn store_down_us(&self) -> Vec<(u64, u64)> {
         let us = |d: Duration| d.saturating_sub(self.crowd_offset).as_micros() as u64;
-        let windows: Vec<(u64, u64)> = self
-            .store_down()
+        self.store_down()
             .iter()
             .map(|&(from, until)| (us(from), us(until)))
-            .collect();
-        let up = sim::inversions_when(&self.crowd.records, |t| {
-            !windows
+            .collect()
+    }
+
+    /// Inversions seen while the store was up (B's admission and A's poll
+    /// both outside store faults), as (B admitted, A's poll) in crowd time,
+    /// and how many others there were.
+    fn inversions(&self) -> (Vec<(u64, u64)>, u64) {
+        let windows = self.store_down_us();
+        let down = |t: u64| {
+            windows
                 .iter()
                 .any(|&(from, until)| (from..until).contains(&t))
-        });
-        (up, self.crowd.report.inversions - up)
+        };
+        let pairs = sim::inversion_pairs(&self.crowd.records);
+        let total = pairs.len() as u64;
+        let up: Vec<(u64, u64)> = pairs
+            .into_iter()
+            .filter(|&(at, sent)| !down(at) && !down(sent))
+            .collect();
+        let faults = total - up.len() as u64;
+        (up, faults)
+    }
+
+    /// Position rises (polls, largest) while the store was up and during faults.
+    fn rises(&self) -> ((u64, u64), (u64, u64)) {
+        let windows = self.store_down_us();
+        let (mut up, mut faults) = ((0, 0), (0, 0));
+        for &(sent, places) in self.crowd.records.iter().flat_map(|r| r.rises.iter()) {
+            let side = if windows
+                .iter()
+                .any(|&(from, until)| (from..until).contains(&sent))
+            {
+                &mut faults
+            } else {
+                &mut up
+            };
+            side.0 += 1;
+            side.1 = side.1.max(places);
+        }
+        (up, faults)
     }
 
     fn capacity_kept(&self) -> bool {
@@ -324,7 +355,7 @@ impl Soak {
             && Failures::total(&crowd.unexplained) == 0
             && self.tunnel_counts().2 == 0
             && self.capacity_kept()
-            && self.inversions().0 == 0
+            && self.inversions().0.is_empty()
     }
 
     pub fn markdown(&self) -> String {
@@ -514,10 +545,11 @@ impl Soak {
             "| **places lost**: sent to the back while polling | {} |",
             r.sent_back
         )?;
+        let (rises_up, rises_faults) = self.rises();
         writeln!(
             out,
-            "| **places lost**: position rose with the same ticket (visitors, times, most places) | {}, {}, {} |",
-            r.rose_visitors, r.rises, r.max_rise
+            "| **places lost**: position rose with the same ticket, store up (polls, most places) / with a store fault | {}, {} / {}, {} |",
+            rises_up.0, rises_up.1, rises_faults.0, rises_faults.1
         )?;
         let (errors_up, errors_faults) = self.split_by_store(|from, until| {
             self.crowd
@@ -534,7 +566,8 @@ impl Soak {
         let (inversions_up, inversions_faults) = self.inversions();
         writeln!(
             out,
-            "| order inversions, seen while the store was up / with a store fault | {inversions_up} / {inversions_faults} |"
+            "| order inversions, seen while the store was up / with a store fault | {} / {inversions_faults} |",
+            inversions_up.len()
         )?;
         writeln!(
             out,
@@ -545,6 +578,30 @@ impl Soak {
         )?;
         for e in &r.error_samples {
             writeln!(out, "\nerror seen: `{e}`")?;
+        }
+        if !inversions_up.is_empty() {
+            // By the second (soak time) the later joiner was seen admitted.
+            let mut by_second: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+            for (at, sent) in &inversions_up {
+                let second = (self.crowd_offset + Duration::from_micros(*at)).as_secs();
+                let entry = by_second.entry(second).or_default();
+                entry.0 += 1;
+                entry.1 = entry.1.max(sent.saturating_sub(*at));
+            }
+            let list: Vec<String> = by_second
+                .iter()
+                .map(|(second, (n, gap))| {
+                    format!(
+                        "{second} s: {n} (poll up to {:.1} s later)",
+                        *gap as f64 / 1e6
+                    )
+                })
+                .collect();
+            writeln!(
+                out,
+                "\nInversions while the store was up, by when the later joiner was admitted: {}",
+                list.join("; ")
+            )?;
         }
 
         writeln!(
