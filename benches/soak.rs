@@ -277,6 +277,11 @@ fn run(options: &Options, phases: Phases, root: &Path) -> Result<Soak> {
     };
     let visitors = plan.visitors;
     let crowd = runtime.spawn(sim::run_crowd(plan));
+    let store_errors = {
+        let admin = gate.admin;
+        let stop = stop_rx.clone();
+        std::thread::spawn(move || sample_store_errors(admin, start, &stop))
+    };
 
     let wrk_thread = {
         let wrk = options.wrk.clone();
@@ -375,6 +380,10 @@ fn run(options: &Options, phases: Phases, root: &Path) -> Result<Soak> {
         Err(_) => anyhow::bail!("the wrk thread panicked"),
     };
     let _ = stop_tx.send(true);
+    let store_errors = match store_errors.join() {
+        Ok(samples) => samples,
+        Err(_) => anyhow::bail!("the metrics sampler panicked"),
+    };
     let crowd = runtime.block_on(async {
         for task in tasks {
             let _ = task.await;
@@ -414,7 +423,30 @@ fn run(options: &Options, phases: Phases, root: &Path) -> Result<Soak> {
         slow: drain(&slow),
         idle: drain(&idle),
         memory,
+        store_errors,
     })
+}
+
+/// Every second until `stop`: queuegate's `queuegate_store_errors_total`
+/// (all operations) from its admin listener, with the time.
+fn sample_store_errors(
+    admin: SocketAddr,
+    start: Instant,
+    stop: &watch::Receiver<bool>,
+) -> Vec<(Duration, u64)> {
+    let mut samples = Vec::new();
+    while !*stop.borrow() {
+        if let Ok(metrics) = http::get(admin, "/metrics", &[]) {
+            let total = String::from_utf8_lossy(&metrics.body)
+                .lines()
+                .filter(|line| line.starts_with("queuegate_store_errors_total"))
+                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>();
+            samples.push((start.elapsed(), total as u64));
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    samples
 }
 
 fn sleep_until(start: Instant, at: Duration) {

@@ -108,6 +108,8 @@ pub struct Soak {
     pub slow: Vec<(Duration, Duration, SlowEnd)>,
     pub idle: Vec<IdleEnd>,
     pub memory: Vec<Memory>,
+    /// queuegate's store errors so far, sampled every second.
+    pub store_errors: Vec<(Duration, u64)>,
 }
 
 /// 5xx (and requests without an answer) by where they came from.
@@ -341,6 +343,23 @@ impl Soak {
         (up, faults)
     }
 
+    /// queuegate's store errors between samples, outside and inside the
+    /// store's fault windows.
+    fn store_error_split(&self) -> (u64, u64) {
+        let windows = self.store_down();
+        let (mut up, mut faults) = (0, 0);
+        for pair in self.store_errors.windows(2) {
+            let ((from, before), (until, after)) = (pair[0], pair[1]);
+            let new = after.saturating_sub(before);
+            if overlaps(&windows, from, until) {
+                faults += new;
+            } else {
+                up += new;
+            }
+        }
+        (up, faults)
+    }
+
     fn capacity_kept(&self) -> bool {
         self.capacity_periods()
             .iter()
@@ -563,6 +582,11 @@ impl Soak {
             "| **places lost**: visits ended by an error, store up / in store faults | {errors_up} / {errors_faults} |"
         )?;
         writeln!(out, "| requests retried after a fault | {} |", r.retries)?;
+        let (store_up, store_faults) = self.store_error_split();
+        writeln!(
+            out,
+            "| store errors (`queuegate_store_errors_total`), store up / in store faults | {store_up} / {store_faults} |"
+        )?;
         let (inversions_up, inversions_faults) = self.inversions();
         writeln!(
             out,
