@@ -66,6 +66,7 @@ async fn crowd(flags: &Flags) -> bool {
         think: Duration::from_millis(flags.parse("think-ms", 100)),
         deadline: Duration::from_secs(flags.parse("deadline-s", 600)),
         seed: flags.parse("seed", 1),
+        patient: false,
     };
 
     // Keep what we start alive until the run is over; dropped in reverse.

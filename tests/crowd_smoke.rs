@@ -39,6 +39,7 @@ async fn a_crowd_of_300_keeps_capacity_and_join_order() {
         think: Duration::from_millis(30),
         deadline: Duration::from_secs(60),
         seed: 7,
+        patient: false,
     };
     let report = sim::run(plan).await;
     let table = report.table();

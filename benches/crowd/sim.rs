@@ -13,10 +13,10 @@
 //! sent that still answered "waiting".
 #![allow(dead_code)]
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -58,6 +58,10 @@ pub struct Plan {
     /// A visitor not done this long after the start is counted unfinished.
     pub deadline: Duration,
     pub seed: u64,
+    /// Retry what a fault explains (a connection error, a 5xx, a poll that
+    /// says the store is down) after a second, as a browser's page would,
+    /// instead of ending the visit with an error.
+    pub patient: bool,
 }
 
 /// How a visitor's visit ends.
@@ -74,9 +78,14 @@ pub struct Browser {
     client: Client<HttpConnector, Full<Bytes>>,
 }
 
+/// The header that marks answers queuegate made itself.
+const TAG: &str = "x-queuegate";
+
 /// One answer, body read.
 pub struct Answer {
     pub status: StatusCode,
+    /// Why queuegate answered itself (`x-queuegate`); `None` from the origin.
+    pub tag: Option<String>,
     pub location: Option<String>,
     pub set_cookies: Vec<String>,
     pub body: Bytes,
@@ -118,6 +127,11 @@ impl Browser {
             Err(_) => return Err("timed out".to_owned()),
         };
         let status = resp.status();
+        let tag = resp
+            .headers()
+            .get(TAG)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let location = resp
             .headers()
             .get(LOCATION)
@@ -139,6 +153,7 @@ impl Browser {
         }
         Ok(Answer {
             status,
+            tag,
             location,
             set_cookies,
             body,
@@ -220,6 +235,13 @@ pub struct Record {
     pub released_us: Option<u64>,
     pub errors: Vec<String>,
     pub unfinished: bool,
+    /// Requests sent again after a fault explained the failure (`patient`).
+    pub retries: u64,
+    /// Polls with the same ticket whose position was higher than the last
+    /// one: (poll sent, places risen).
+    pub rises: Vec<(u64, u64)>,
+    /// When the visit ended (the last answer, or the error that ended it).
+    pub ended_us: u64,
 }
 
 impl Record {
@@ -236,6 +258,9 @@ impl Record {
             released_us: None,
             errors: Vec::new(),
             unfinished: false,
+            retries: 0,
+            rises: Vec::new(),
+            ended_us: 0,
         }
     }
 
@@ -253,9 +278,68 @@ struct Ctx {
     start: Instant,
     /// Requests sent so far, for the progress line.
     sent: AtomicU64,
+    responses: Mutex<Responses>,
+}
+
+/// Every answer the crowd got, by status and `x-queuegate` tag, and when
+/// each failure happened.
+#[derive(Debug, Clone, Default)]
+pub struct Responses {
+    /// (status, tag) → count; status 0 is a request that got no answer
+    /// (connection error or timeout), tag `-` an answer from the origin.
+    pub by_status: BTreeMap<(u16, String), u64>,
+    /// Each 5xx or unanswered request: (µs since the start, status, tag).
+    pub failures: Vec<(u64, u16, String)>,
+}
+
+impl Responses {
+    fn count(&mut self, at_us: u64, status: u16, tag: &str) {
+        *self.by_status.entry((status, tag.to_owned())).or_default() += 1;
+        if status == 0 || status >= 500 {
+            self.failures.push((at_us, status, tag.to_owned()));
+        }
+    }
 }
 
 impl Ctx {
+    /// Sends one request through the shared browser and counts its answer.
+    async fn send(
+        &self,
+        method: Method,
+        url: &str,
+        headers: &[(&str, &str)],
+        jar: &mut Jar,
+    ) -> Result<Answer, String> {
+        self.sent.fetch_add(1, Ordering::Relaxed);
+        let result = self.browser.send(method, url, headers, jar).await;
+        let at = self.now_us();
+        let mut responses = self
+            .responses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match &result {
+            Ok(a) => responses.count(at, a.status.as_u16(), a.tag.as_deref().unwrap_or("-")),
+            Err(e) if e.contains("timed out") => responses.count(at, 0, "timeout"),
+            Err(_) => responses.count(at, 0, "connection"),
+        }
+        result
+    }
+
+    /// Whether a failed request is worth another try after a pause, and the
+    /// pause taken: only in a patient crowd, for a failure a fault explains,
+    /// and not past the deadline.
+    async fn retry_after_fault(&self, failed: &Result<Answer, String>) -> bool {
+        let transient = match failed {
+            Ok(a) => a.status.is_server_error(),
+            Err(_) => true,
+        };
+        if !self.plan.patient || !transient || self.past_deadline() {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        true
+    }
+
     fn now_us(&self) -> u64 {
         self.start.elapsed().as_micros() as u64
     }
@@ -284,14 +368,16 @@ async fn visit(ctx: Arc<Ctx>, fate: Fate, mut rng: StdRng) -> Record {
 
     // Arrive.
     rec.arrived_us = ctx.now_us();
-    let url = ctx.url(&mut rng, &plan.path);
-    rec.requests += 1;
-    ctx.sent.fetch_add(1, Ordering::Relaxed);
-    let answer = match ctx
-        .browser
-        .send(Method::GET, &url, &NAVIGATE, &mut jar)
-        .await
-    {
+    let answer = loop {
+        let url = ctx.url(&mut rng, &plan.path);
+        rec.requests += 1;
+        let sent = ctx.send(Method::GET, &url, &NAVIGATE, &mut jar).await;
+        if !ctx.retry_after_fault(&sent).await {
+            break sent;
+        }
+        rec.retries += 1;
+    };
+    let answer = match answer {
         Ok(a) => a,
         Err(e) => {
             rec.errors.push(format!("arrive: {e}"));
@@ -321,6 +407,8 @@ async fn visit(ctx: Arc<Ctx>, fate: Fate, mut rng: StdRng) -> Record {
             let ghost_polls = rng.random_range(0..3u32);
             let mut polls_made = 0u32;
             let mut wait = Duration::ZERO;
+            // The last place seen: (ticket score, position).
+            let mut last_place: Option<(u64, u64)> = None;
             loop {
                 tokio::time::sleep(wait).await;
                 if fate == Fate::Ghost && polls_made >= ghost_polls {
@@ -336,8 +424,13 @@ async fn visit(ctx: Arc<Ctx>, fate: Fate, mut rng: StdRng) -> Record {
                 rec.polls += 1;
                 rec.requests += 1;
                 polls_made += 1;
-                ctx.sent.fetch_add(1, Ordering::Relaxed);
-                let answer = match ctx.browser.send(Method::GET, &url, &FETCH, &mut jar).await {
+                let answer = ctx.send(Method::GET, &url, &FETCH, &mut jar).await;
+                if ctx.retry_after_fault(&answer).await {
+                    rec.retries += 1;
+                    wait = Duration::ZERO;
+                    continue;
+                }
+                let answer = match answer {
                     Ok(a) => a,
                     Err(e) => {
                         rec.errors.push(format!("poll: {e}"));
@@ -365,6 +458,14 @@ async fn visit(ctx: Arc<Ctx>, fate: Fate, mut rng: StdRng) -> Record {
                             rec.joins += 1;
                         }
                         rec.saw_waiting(score, sent);
+                        if let Some(position) = body["position"].as_u64() {
+                            if let Some((last_score, last)) = last_place {
+                                if last_score == score && position > last {
+                                    rec.rises.push((sent, position - last));
+                                }
+                            }
+                            last_place = Some((score, position));
+                        }
                         let after = body["poll_after_ms"].as_u64().unwrap_or(1_000);
                         wait = Duration::from_millis(after);
                     }
@@ -372,6 +473,12 @@ async fn visit(ctx: Arc<Ctx>, fate: Fate, mut rng: StdRng) -> Record {
                         rec.admitted = Some((ctx.now_us(), held));
                         session_from_us = sent;
                         break;
+                    }
+                    // The store is down and the route says so: the page
+                    // polls again, and so does a patient visitor.
+                    Some("store_down") if plan.patient && !ctx.past_deadline() => {
+                        rec.retries += 1;
+                        wait = Duration::from_secs(1);
                     }
                     other => {
                         rec.errors.push(format!("poll: state {other:?}"));
@@ -391,20 +498,23 @@ async fn visit(ctx: Arc<Ctx>, fate: Fate, mut rng: StdRng) -> Record {
     for _ in 0..plan.browses {
         let think = plan.think.mul_f64(rng.random_range(0.5..1.5));
         tokio::time::sleep(think).await;
-        let sent = ctx.now_us();
-        let url = ctx.url(&mut rng, &plan.path);
-        rec.requests += 1;
-        ctx.sent.fetch_add(1, Ordering::Relaxed);
-        match ctx
-            .browser
-            .send(Method::GET, &url, &NAVIGATE, &mut jar)
-            .await
-        {
-            Ok(a) if a.status == StatusCode::OK => {
+        let (sent, answer) = loop {
+            let sent = ctx.now_us();
+            let url = ctx.url(&mut rng, &plan.path);
+            rec.requests += 1;
+            let answer = ctx.send(Method::GET, &url, &NAVIGATE, &mut jar).await;
+            if let Ok(a) = &answer {
                 if a.set_cookies.iter().any(|c| c.starts_with(&pass_cookie)) {
                     session_from_us = sent;
                 }
             }
+            if !ctx.retry_after_fault(&answer).await {
+                break (sent, answer);
+            }
+            rec.retries += 1;
+        };
+        match answer {
+            Ok(a) if a.status == StatusCode::OK => {}
             Ok(a) => {
                 rec.errors
                     .push(format!("browse while admitted: status {}", a.status));
@@ -421,15 +531,20 @@ async fn visit(ctx: Arc<Ctx>, fate: Fate, mut rng: StdRng) -> Record {
 
     // Leave, or vanish and let the session expire.
     if fate == Fate::Leave {
-        let sent = ctx.now_us();
         let url = ctx.url(
             &mut rng,
             &format!("/__queuegate/leave?route={}", plan.route),
         );
-        rec.requests += 1;
-        ctx.sent.fetch_add(1, Ordering::Relaxed);
-        rec.released_us = Some(sent);
-        match ctx.browser.send(Method::POST, &url, &FETCH, &mut jar).await {
+        rec.released_us = Some(ctx.now_us());
+        let answer = loop {
+            rec.requests += 1;
+            let answer = ctx.send(Method::POST, &url, &FETCH, &mut jar).await;
+            if !ctx.retry_after_fault(&answer).await {
+                break answer;
+            }
+            rec.retries += 1;
+        };
+        match answer {
             Ok(a) if a.status == StatusCode::OK => {}
             Ok(a) => rec.errors.push(format!("leave: status {}", a.status)),
             Err(e) => rec.errors.push(format!("leave: {e}")),
@@ -442,12 +557,27 @@ async fn visit(ctx: Arc<Ctx>, fate: Fate, mut rng: StdRng) -> Record {
 
 /// Runs the crowd to the end (or the deadline) and reports.
 pub async fn run(plan: Plan) -> Report {
+    run_crowd(plan).await.report
+}
+
+/// A finished run: the report, what each visitor saw, and the answers.
+pub struct Crowd {
+    pub report: Report,
+    pub records: Vec<Record>,
+    /// The instant every `_us` time of the records counts from.
+    pub start: Instant,
+    pub responses: Responses,
+}
+
+/// Runs the crowd to the end (or the deadline) and keeps the records.
+pub async fn run_crowd(plan: Plan) -> Crowd {
     let pool = 512;
     let ctx = Arc::new(Ctx {
         browser: Browser::new(pool),
         start: Instant::now(),
         sent: AtomicU64::new(0),
         plan: plan.clone(),
+        responses: Mutex::new(Responses::default()),
     });
     let mut rng = StdRng::seed_from_u64(plan.seed);
     let total = plan.leave + plan.vanish + plan.ghost;
@@ -482,7 +612,12 @@ pub async fn run(plan: Plan) -> Report {
             Fate::Leave
         };
         let visitor_rng = StdRng::seed_from_u64(plan.seed ^ (i as u64 + 1).wrapping_mul(0x9E37));
-        tasks.push(tokio::spawn(visit(ctx.clone(), fate, visitor_rng)));
+        let visitor = ctx.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut rec = visit(visitor.clone(), fate, visitor_rng).await;
+            rec.ended_us = visitor.now_us();
+            rec
+        }));
     }
     let mut records = Vec::with_capacity(tasks.len());
     for t in tasks {
@@ -496,7 +631,17 @@ pub async fn run(plan: Plan) -> Report {
         }
     }
     progress.abort();
-    Report::from_records(&plan, &records, ctx.start.elapsed())
+    let responses = ctx
+        .responses
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    Crowd {
+        report: Report::from_records(&plan, &records, ctx.start.elapsed()),
+        records,
+        start: ctx.start,
+        responses,
+    }
 }
 
 /// The figures of one run.
@@ -526,6 +671,15 @@ pub struct Report {
     pub unfinished: u64,
     pub errors: u64,
     pub error_samples: Vec<String>,
+    /// Requests sent again after a fault explained the failure (`patient`).
+    pub retries: u64,
+    /// Visitors given a new ticket while they polled: sent to the back.
+    pub sent_back: u64,
+    /// Visitors whose position rose between two polls with the same ticket,
+    /// how often in all, and the largest rise.
+    pub rose_visitors: u64,
+    pub rises: u64,
+    pub max_rise: u64,
 }
 
 impl Report {
@@ -586,6 +740,15 @@ impl Report {
             unfinished: records.iter().filter(|r| r.unfinished).count() as u64,
             errors: records.iter().map(|r| r.errors.len() as u64).sum(),
             error_samples,
+            retries: sum(|r| r.retries),
+            sent_back: records.iter().filter(|r| r.joins > 1).count() as u64,
+            rose_visitors: records.iter().filter(|r| !r.rises.is_empty()).count() as u64,
+            rises: records.iter().map(|r| r.rises.len() as u64).sum(),
+            max_rise: records
+                .iter()
+                .flat_map(|r| r.rises.iter().map(|&(_, places)| places))
+                .max()
+                .unwrap_or(0),
         }
     }
 
@@ -663,6 +826,13 @@ impl Report {
 /// The most visitors admitted at the same time, from each admitted visitor's
 /// interval in the harness view. At equal times a release is counted first.
 pub fn max_at_once(records: &[Record]) -> u64 {
+    max_at_once_within(records, 0, u64::MAX)
+}
+
+/// The most visitors admitted at the same time at any moment in
+/// `[from_us, until_us)`, counting those admitted before `from_us` who still
+/// held their slot.
+pub fn max_at_once_within(records: &[Record], from_us: u64, until_us: u64) -> u64 {
     let mut events: Vec<(u64, i64)> = Vec::new();
     for r in records {
         if let Some((from, _)) = r.admitted {
@@ -675,27 +845,70 @@ pub fn max_at_once(records: &[Record]) -> u64 {
     }
     events.sort_unstable();
     let (mut now, mut max) = (0i64, 0i64);
-    for (_, d) in events {
+    let mut opened = false;
+    for (at, d) in events {
+        if at >= until_us {
+            break;
+        }
+        if !opened && at >= from_us {
+            // Those still holding a slot when the window opened.
+            opened = true;
+            max = max.max(now);
+        }
         now += d;
+        if at >= from_us {
+            max = max.max(now);
+        }
+    }
+    if !opened {
         max = max.max(now);
     }
     max as u64
 }
 
-/// Pairs (A, B) where B joined later (higher ticket score) yet was seen
-/// admitted before a poll of A was sent that still answered "waiting".
-pub fn inversions(records: &[Record]) -> u64 {
-    let mut admitted: Vec<(u64, u64)> = records
+/// (answer received, ticket score) of each admission from the line.
+fn admissions_from_line(records: &[Record]) -> Vec<(u64, u64)> {
+    records
         .iter()
         .filter_map(|r| match r.admitted {
             Some((at, Some(score))) => Some((at, score)),
             _ => None,
         })
-        .collect();
-    let mut waiting: Vec<(u64, u64)> = records
+        .collect()
+}
+
+/// (poll sent, ticket score) of each last poll per ticket that answered "waiting".
+fn seen_waiting(records: &[Record]) -> Vec<(u64, u64)> {
+    records
         .iter()
         .flat_map(|r| r.seen_waiting.iter().map(|&(score, sent)| (sent, score)))
-        .collect();
+        .collect()
+}
+
+/// Each inversion of [`inversions`] as (B seen admitted, A's poll sent),
+/// for telling when they happened.
+pub fn inversion_pairs(records: &[Record]) -> Vec<(u64, u64)> {
+    let admitted = admissions_from_line(records);
+    let mut waiting = seen_waiting(records);
+    waiting.sort_unstable();
+    let mut pairs = Vec::new();
+    for (at, later) in admitted {
+        let first = waiting.partition_point(|&(sent, _)| sent <= at);
+        pairs.extend(
+            waiting[first..]
+                .iter()
+                .filter(|&&(_, earlier)| earlier < later)
+                .map(|&(sent, _)| (at, sent)),
+        );
+    }
+    pairs
+}
+
+/// Pairs (A, B) where B joined later (higher ticket score) yet was seen
+/// admitted before a poll of A was sent that still answered "waiting".
+pub fn inversions(records: &[Record]) -> u64 {
+    let mut admitted = admissions_from_line(records);
+    let mut waiting = seen_waiting(records);
     admitted.sort_unstable();
     waiting.sort_unstable();
     let mut scores: Vec<u64> = admitted.iter().map(|&(_, s)| s).collect();
@@ -792,9 +1005,14 @@ mod checks {
         early.saw_waiting(100, 50);
         let late = rec(Some((40, Some(200))), Some(60));
         assert_eq!(inversions(&[early.clone(), late.clone()]), 1);
+        assert_eq!(
+            inversion_pairs(&[early.clone(), late.clone()]),
+            vec![(40, 50)]
+        );
         // Seen admitted only after the earlier joiner's poll was sent: no proof.
         let late_after = rec(Some((60, Some(200))), Some(70));
-        assert_eq!(inversions(&[early, late_after]), 0);
+        assert_eq!(inversions(&[early.clone(), late_after.clone()]), 0);
+        assert!(inversion_pairs(&[early, late_after]).is_empty());
     }
 
     #[test]
@@ -811,7 +1029,14 @@ mod checks {
         let b = rec(Some((10, None)), Some(20));
         assert_eq!(max_at_once(&[a.clone(), b.clone()]), 1);
         let c = rec(Some((5, None)), Some(15));
-        assert_eq!(max_at_once(&[a, b, c]), 2);
+        assert_eq!(max_at_once(&[a.clone(), b.clone(), c.clone()]), 2);
+        // A window counts who held a slot when it opened, and nothing after it.
+        assert_eq!(
+            max_at_once_within(&[a.clone(), b.clone(), c.clone()], 12, 30),
+            2
+        );
+        assert_eq!(max_at_once_within(&[a.clone(), c.clone()], 16, 30), 0);
+        assert_eq!(max_at_once_within(&[a, b, c], 0, 5), 1);
     }
 
     #[test]

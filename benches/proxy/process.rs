@@ -104,6 +104,19 @@ impl Process {
         Ok(total)
     }
 
+    /// Sends a signal (`STOP`, `CONT`, `HUP`, …) to the process itself.
+    #[allow(dead_code)] // for the soak's faults
+    pub fn signal(&self, name: &str) {
+        signal(self.pid(), name);
+    }
+
+    /// Kills the process at once (`SIGKILL`) and reaps it.
+    #[allow(dead_code)] // for the soak's faults
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     fn stop(&mut self) {
         let pid = self.pid();
         if matches!(self.child.try_wait(), Ok(None)) {

@@ -225,7 +225,7 @@ fn results_section(setup: &Setup, summary: &str, runs: &str) -> String {
 }
 
 /// The first line a command prints (stdout or stderr), or "unknown".
-fn command_line(program: &str, args: &[&str]) -> String {
+pub fn command_line(program: &str, args: &[&str]) -> String {
     Command::new(program)
         .args(args)
         .output()
@@ -247,7 +247,7 @@ fn command_line(program: &str, args: &[&str]) -> String {
 }
 
 /// Today's UTC date as `YYYY-MM-DD` (days-to-civil, proleptic Gregorian).
-fn today() -> String {
+pub fn today() -> String {
     let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |since| since.as_secs());

@@ -33,6 +33,20 @@ pub fn run(
     url: &str,
     header: Option<&str>,
 ) -> Result<WrkRun> {
+    run_with_script(wrk, threads, connections, duration, url, header, None).map(|(run, _)| run)
+}
+
+/// [`run`] with an optional Lua script (`-s`); returns wrk's whole output
+/// too, for what the script prints.
+pub fn run_with_script(
+    wrk: &Path,
+    threads: u32,
+    connections: u32,
+    duration: Duration,
+    url: &str,
+    header: Option<&str>,
+    script: Option<&Path>,
+) -> Result<(WrkRun, String)> {
     let mut command = Command::new(wrk);
     command
         .arg(format!("-t{threads}"))
@@ -41,6 +55,9 @@ pub fn run(
         .arg("--latency");
     if let Some(header) = header {
         command.arg("-H").arg(header);
+    }
+    if let Some(script) = script {
+        command.arg("-s").arg(script);
     }
     let mut child = command
         .arg(url)
@@ -77,7 +94,8 @@ pub fn run(
         }
         bail!("wrk failed ({status}) on {url}: {stderr}{output}");
     }
-    parse(&output).with_context(|| format!("unexpected wrk output:\n{output}"))
+    let run = parse(&output).with_context(|| format!("unexpected wrk output:\n{output}"))?;
+    Ok((run, output))
 }
 
 /// Reads the summary wrk 4 prints with `--latency`.
