@@ -873,13 +873,31 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
     );
     let confirm_within =
         confirm_within(raw.confirm_within, session_ttl, abandon_after, at, problems);
-    let client_limits = raw.client_limits.map_or_else(ClientLimits::default, |raw| {
-        let default = ClientLimits::default();
-        ClientLimits {
-            places: raw.places.unwrap_or(default.places),
+    let max_waiting = raw.max_waiting.unwrap_or(MAX_WAITING);
+    // By default one address may hold at most a fifth of a short line, so
+    // a handful of cookie-less requests cannot fill it for everyone else.
+    let default = ClientLimits::default();
+    let default_places = default.places.min((max_waiting / 5).max(1));
+    let client_limits = match raw.client_limits {
+        None => ClientLimits {
+            places: default_places,
+            ..default
+        },
+        Some(raw) => ClientLimits {
+            places: raw.places.unwrap_or(default_places),
             joins_per_minute: raw.joins_per_minute.unwrap_or(default.joins_per_minute),
-        }
-    });
+        },
+    };
+    if client_limits.places > 0 && client_limits.places >= max_waiting {
+        problems.report(
+            at.key("client_limits").key("places"),
+            format!(
+                "{} would let one address fill the whole line (max_waiting {max_waiting}): \
+                 give fewer, or 0 to turn the limit off",
+                client_limits.places
+            ),
+        );
+    }
     let waiting_status = raw.waiting_status.unwrap_or(WAITING_STATUS);
     let waiting_status = match http::StatusCode::from_u16(waiting_status) {
         Ok(status) if (400..=599).contains(&waiting_status) => Some(status),
@@ -920,7 +938,7 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
         pass_ttl,
         arrival_grace,
         abandon_after,
-        max_waiting: raw.max_waiting.unwrap_or(MAX_WAITING),
+        max_waiting,
         confirm_within,
         client_limits,
         waiting_status: waiting_status?,
@@ -1558,5 +1576,25 @@ keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]
             assert!(text.contains("store.redis.url"), "{text}");
             assert!(!text.contains("s3cret"), "{text}");
         }
+    }
+
+    #[test]
+    fn one_address_cannot_fill_a_short_line() {
+        let route = |extra: &str| {
+            format!(
+                "routes:\n  - {{ name: r, match: {{ path_prefix: /r }}, capacity: 1{extra} }}\n"
+            )
+        };
+        let config = parse(&route(", max_waiting: 5")).unwrap();
+        assert_eq!(config.routes[0].client_limits.places, 1);
+        let config = parse(&route(", max_waiting: 1000")).unwrap();
+        assert_eq!(config.routes[0].client_limits.places, 20);
+        let message = message_at(
+            &route(", max_waiting: 5, client_limits: { places: 5 }"),
+            "routes[0].client_limits.places",
+        );
+        assert!(message.contains("whole line"), "{message}");
+        let config = parse(&route(", max_waiting: 5, client_limits: { places: 0 }")).unwrap();
+        assert_eq!(config.routes[0].client_limits.places, 0);
     }
 }
