@@ -10,38 +10,20 @@ mod redis_harness;
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
 use redis_harness::RedisServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const BIN: &str = env!("CARGO_BIN_EXE_queuegate");
-
 /// Places one client may hold.
 const PLACES: usize = 5;
 const CAPACITY: usize = 200;
 
-/// One queuegate process on ports it picks, killed on drop.
-struct Instance {
-    process: Process,
-    _config: tempfile::NamedTempFile,
-}
-
-impl Instance {
-    async fn start(redis_url: &str, origin: &str, client_ip: &str) -> Instance {
-        let config = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(
-            config.path(),
-            format!(
-                "listen: [{{ addr: \"127.0.0.1:0\" }}]\n\
-                 admin: {{ addr: \"127.0.0.1:0\" }}\n\
-                 upstream: {{ url: \"{origin}\" }}\n\
-                 store: {{ backend: redis, redis: {{ url: \"{redis_url}\", timeout: 2s }} }}\n\
-                 keys: [{{ id: k1, env: QG_SHARED_KEY }}]\n\
-                 {client_ip}\
-                 routes:\n  \
+/// The flood's route, after the `client_ip` section under test.
+fn rest(client_ip: &str) -> String {
+    format!(
+        "{client_ip}routes:\n  \
                  - name: tickets\n    \
                    match: {{ path_prefix: /tickets }}\n    \
                    capacity: {CAPACITY}\n    \
@@ -51,23 +33,7 @@ impl Instance {
                    confirm_within: 6s\n    \
                    abandon_after: 8s\n    \
                    client_limits: {{ places: {PLACES}, joins_per_minute: 0 }}\n"
-            ),
-        )
-        .unwrap();
-        let mut cmd = Command::new(BIN);
-        cmd.args(["run", "-c"])
-            .arg(config.path())
-            .env(
-                "QG_SHARED_KEY",
-                "c2hhcmVkIGtleSBmb3IgdGhyZWUgaW5zdGFuY2VzIG9mIHF1ZXVlZ2F0ZQ",
-            )
-            .env("QUEUEGATE_LOG", "warn,queuegate=info")
-            .stdout(Stdio::null());
-        Instance {
-            process: Process::start(cmd, true).await,
-            _config: config,
-        }
-    }
+    )
 }
 
 async fn three(client_ip: &str) -> (RedisServer, Origin, Vec<Instance>) {
@@ -75,7 +41,7 @@ async fn three(client_ip: &str) -> (RedisServer, Origin, Vec<Instance>) {
     let (origin, _hits) = counting_origin().await;
     let mut instances = Vec::new();
     for _ in 0..3 {
-        instances.push(Instance::start(&redis.url(), &origin.url(), client_ip).await);
+        instances.push(Instance::start(&redis.url(), &origin.url(), &rest(client_ip)).await);
     }
     (redis, origin, instances)
 }

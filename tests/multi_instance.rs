@@ -8,54 +8,11 @@ mod common;
 mod redis_harness;
 
 use std::collections::HashSet;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
 use rand::{Rng, SeedableRng};
 use redis_harness::RedisServer;
-
-const BIN: &str = env!("CARGO_BIN_EXE_queuegate");
-
-/// One queuegate process on a port it picks, killed on drop.
-struct Instance {
-    process: Process,
-    _config: tempfile::NamedTempFile,
-}
-
-impl Instance {
-    async fn start(redis_url: &str, origin: &str, route: &str) -> Instance {
-        let config = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(
-            config.path(),
-            format!(
-                "listen: [{{ addr: \"127.0.0.1:0\" }}]\n\
-                 admin: {{ addr: \"127.0.0.1:0\" }}\n\
-                 upstream: {{ url: \"{origin}\" }}\n\
-                 store: {{ backend: redis, redis: {{ url: \"{redis_url}\", timeout: 2s }} }}\n\
-                 keys: [{{ id: k1, env: QG_SHARED_KEY }}]\n\
-                 routes:\n{route}"
-            ),
-        )
-        .unwrap();
-        let mut cmd = Command::new(BIN);
-        cmd.args(["run", "-c"])
-            .arg(config.path())
-            .env(
-                "QG_SHARED_KEY",
-                "c2hhcmVkIGtleSBmb3IgdGhyZWUgaW5zdGFuY2VzIG9mIHF1ZXVlZ2F0ZQ",
-            )
-            .stdout(Stdio::null());
-        Instance {
-            process: Process::start(cmd, true).await,
-            _config: config,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        self.process.url(path)
-    }
-}
 
 fn route_yaml(capacity: u64, extra: &str) -> String {
     format!(
@@ -71,7 +28,8 @@ async fn three(capacity: u64, extra: &str) -> (RedisServer, Origin, Vec<Instance
     let route = route_yaml(capacity, extra);
     let mut instances = Vec::new();
     for _ in 0..3 {
-        instances.push(Instance::start(&redis.url(), &origin.url(), &route).await);
+        instances
+            .push(Instance::start(&redis.url(), &origin.url(), &format!("routes:\n{route}")).await);
     }
     (redis, origin, instances)
 }

@@ -739,3 +739,47 @@ fn without_ansi(line: &str) -> String {
     }
     out
 }
+
+/// One `queuegate run` child process sharing a Redis line with others: its
+/// listeners on ports it picks, an admin listener, the key ring `k1` that
+/// every instance shares, and `rest` (routes, and any other top-level
+/// sections) after that. Killed on drop.
+pub struct Instance {
+    pub process: Process,
+    _config: tempfile::NamedTempFile,
+}
+
+impl Instance {
+    pub async fn start(redis_url: &str, origin: &str, rest: &str) -> Instance {
+        let config = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(
+            config.path(),
+            format!(
+                "listen: [{{ addr: \"127.0.0.1:0\" }}]\n\
+                 admin: {{ addr: \"127.0.0.1:0\" }}\n\
+                 upstream: {{ url: \"{origin}\" }}\n\
+                 store: {{ backend: redis, redis: {{ url: \"{redis_url}\", timeout: 2s }} }}\n\
+                 keys: [{{ id: k1, env: QG_SHARED_KEY }}]\n\
+                 {rest}"
+            ),
+        )
+        .unwrap();
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_queuegate"));
+        cmd.args(["run", "-c"])
+            .arg(config.path())
+            .env(
+                "QG_SHARED_KEY",
+                "c2hhcmVkIGtleSBmb3IgdGhyZWUgaW5zdGFuY2VzIG9mIHF1ZXVlZ2F0ZQ",
+            )
+            .env("QUEUEGATE_LOG", "warn,queuegate=info")
+            .stdout(std::process::Stdio::null());
+        Instance {
+            process: Process::start(cmd, true).await,
+            _config: config,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        self.process.url(path)
+    }
+}
