@@ -221,7 +221,7 @@ async fn sentinel_failover_keeps_the_line_going() {
         ));
     }
     // Let the replica catch up, as it usually has by the time a master dies.
-    let _: i64 = trio.master.query(&["WAIT", "1", "2000"]);
+    trio.wait_for_replication();
 
     trio.master.kill();
     trio.wait_for_promotion();
@@ -270,7 +270,7 @@ async fn sentinel_switchover_moves_writes_to_the_new_master() {
         Arrival::Admitted
     );
     let b = waiting(store.arrive("r", &id(2), &[], &l, true).await.unwrap());
-    let _: i64 = trio.master.query(&["WAIT", "1", "2000"]);
+    trio.wait_for_replication();
 
     trio.failover();
     trio.wait_for_promotion();

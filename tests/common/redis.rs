@@ -503,6 +503,21 @@ impl RedisSentinel {
         });
     }
 
+    /// Waits until the replica has acknowledged every write the master has
+    /// taken so far (`WAIT 1`), as it usually has by the time a master dies.
+    /// On a loaded machine the first sync can take longer than one `WAIT`.
+    pub fn wait_for_replication(&self) {
+        wait_until(
+            "the replica acknowledges the writes",
+            START_DEADLINE,
+            || {
+                self.master
+                    .try_query::<i64>(&["WAIT", "1", "1000"])
+                    .is_ok_and(|acked| acked >= 1)
+            },
+        );
+    }
+
     /// Waits until Sentinel names the replica as master and it acts as one.
     pub fn wait_for_promotion(&self) {
         let port = self.replica.port();
