@@ -14,7 +14,9 @@
 -- and ghosts; admissions
 -- in a window (this and admit-now together) never exceed max_admit_per_tick;
 -- the active count (expiry > now) never exceeds capacity; ghosts are dropped
--- before anyone behind them is admitted; nobody is admitted during a hold.
+-- before anyone behind them is admitted; nobody is admitted during a hold;
+-- after a gap in the ticks, sessions are not purged for time the store did
+-- not see.
 
 local capacity = tonumber(ARGV[1])
 local max_admit_per_tick = tonumber(ARGV[2])
@@ -34,6 +36,23 @@ if redis.call('GET', tick_key) == int(window) then
   return {0, now_us, epoch_us, 0, 0, 0, 0}
 end
 redis.call('SET', tick_key, int(window), 'PX', tick_ms)
+
+-- A gap in the ticks: no admitter reached the store for ten ticks (2 s at
+-- least): it was paused, or cut off from every instance, which renewed
+-- sessions on their own meanwhile. Time the store did not see does not run
+-- sessions out: the live ones are moved on by the length of the gap.
+local last_tick_ms = tonumber(redis.call('HGET', stats_key, 'last_tick'))
+redis.call('HSET', stats_key, 'last_tick', int(now_ms))
+if last_tick_ms and now_ms - last_tick_ms > math.max(10 * tick_ms, 2000) then
+  local shift_ms = now_ms - last_tick_ms
+  local live = redis.call('ZRANGEBYSCORE', active_key, '(' .. int(last_tick_ms),
+    '+inf', 'WITHSCORES', 'LIMIT', 0, 10000)
+  for i = 1, #live, 2 do
+    -- Two decimals keep the .5 and .25 marks.
+    redis.call('ZADD', active_key,
+      string.format('%.2f', tonumber(live[i + 1]) + shift_ms), live[i])
+  end
+end
 
 -- Expired slots; an admitted waiter who never showed up has an expiry
 -- ending in .5 and leaves a tombstone, so its ticket is not restored as a

@@ -4,15 +4,18 @@
 --       known and the places limit is on (see route.lua).
 -- ARGV: [1] id (16 raw bytes)  [2] pass issued at (unix ms)
 --       [3] pass confirmed (1|0)  [4] session_ttl (ms)  [5] pass_ttl (ms)
---       [6] client memory (ms)
+--       [6] client memory (ms)  [7] pass granted locally (1|0)
+--       [8] capacity
 -- Returns: 1 the session is active and now lives session_ttl from now,
 --          0 it is gone (left, revoked, expired): the pass is not renewed.
--- Invariant: a missing session is restored as active (and a hold of pass_ttl
--- starts, so returning visitors are counted before anyone new is admitted)
--- only when the pass is confirmed, no tombstone says it left, and it was
--- issued before the epoch (strictly, in ms) and less than session_ttl before
--- it: the session could have been active when the store was lost. A pass
--- issued at or after the epoch is never restored.
+-- Invariant: a missing session is restored as active only when the pass is
+-- confirmed, no tombstone says it left, and either it was issued before the
+-- epoch (strictly, in ms) and less than session_ttl before it, so the session
+-- could have been active when the store was lost (the first such restore
+-- starts a hold of pass_ttl, so returning visitors are counted before anyone
+-- new is admitted), or an instance granted or renewed it on its own while the
+-- store could not answer, less than session_ttl ago. Outside a hold, a
+-- restore never takes the active count to capacity or over.
 
 local id = ARGV[1]
 local issued_ms = tonumber(ARGV[2])
@@ -20,6 +23,8 @@ local confirmed = ARGV[3] == '1'
 local session_ttl_ms = tonumber(ARGV[4])
 local pass_ttl_ms = tonumber(ARGV[5])
 local client_memory_ms = tonumber(ARGV[6])
+local granted_locally = ARGV[7] == '1'
+local capacity = tonumber(ARGV[8])
 
 if is_active(id) then
   redis.call('ZADD', active_key, int(now_ms + session_ttl_ms), id)
@@ -32,12 +37,18 @@ if not confirmed or tombstoned(id) then
 end
 
 local epoch_ms = math.floor(epoch_us / 1000)
-if issued_ms < epoch_ms and issued_ms + session_ttl_ms > epoch_ms then
-  redis.call('ZADD', active_key, int(now_ms + session_ttl_ms), id)
-  redis.call('ZREM', waiting_key, id)
-  redis.call('ZREM', seen_key, id)
-  notice_loss(pass_ttl_ms)
-  return 1
+local wiped = issued_ms < epoch_ms and issued_ms + session_ttl_ms > epoch_ms
+local local_grant = granted_locally and issued_ms + session_ttl_ms > now_ms
+if not (wiped or local_grant) then
+  return 0
 end
-
-return 0
+if wiped then
+  notice_loss(pass_ttl_ms)
+end
+if now_us >= hold_until() and active_count() >= capacity then
+  return 0
+end
+redis.call('ZADD', active_key, int(now_ms + session_ttl_ms), id)
+redis.call('ZREM', waiting_key, id)
+redis.call('ZREM', seen_key, id)
+return 1

@@ -31,7 +31,9 @@
 --                                      unique), pending_abandoned (ghosts
 --                                      dropped since the last tick),
 --                                      pending_unconfirmed_tickets (tickets
---                                      never polled, dropped since then)
+--                                      never polled, dropped since then),
+--                                      last_tick (ms of the last tick run,
+--                                      for noticing a gap)
 -- and, for arrive, poll and renew from a client the limits count:
 --   KEYS[6] qg:{route}:client:<hex client key>  ZSET  id -> join time (ms)
 --                                      of each visitor the client brought in

@@ -6,7 +6,9 @@
 //!
 //! - `state`: `w` for a waiting ticket, `a` for an admission pass, `n` for
 //!   the pass of a visitor admitted at once who has not come back yet (an
-//!   unconfirmed session, DESIGN §8.3);
+//!   unconfirmed session, DESIGN §8.3), `l` for a pass an instance granted or
+//!   renewed while the shared store could not answer (DESIGN §8.3: the store
+//!   takes it back on the holder's next request);
 //! - `route`: the route name, `[A-Za-z0-9_-]{1,32}` (`config::is_route_name`);
 //! - `id`: the visitor's 16 random bytes, base64url without padding (22 chars);
 //! - `t`: decimal `u64` without sign or leading zeros; a ticket's join score
@@ -86,6 +88,10 @@ pub enum Kind {
     /// `n`: admission at once, not confirmed yet: the visitor's first return
     /// renews it through the store (DESIGN §8.3).
     NewPass,
+    /// `l`: admission granted or renewed by an instance on its own while the
+    /// shared store could not answer; the next request renews it through
+    /// the store, which takes the session back (DESIGN §8.3).
+    LocalPass,
 }
 
 impl Kind {
@@ -94,6 +100,7 @@ impl Kind {
             Kind::Ticket => "w",
             Kind::Pass => "a",
             Kind::NewPass => "n",
+            Kind::LocalPass => "l",
         }
     }
 
@@ -102,6 +109,7 @@ impl Kind {
             "w" => Some(Kind::Ticket),
             "a" => Some(Kind::Pass),
             "n" => Some(Kind::NewPass),
+            "l" => Some(Kind::LocalPass),
             _ => None,
         }
     }
@@ -1230,7 +1238,7 @@ mod tests {
     fn the_optional_at_field_round_trips_and_is_strict() {
         let ring = two_keys();
         let id = [7u8; 16];
-        for kind in [Kind::Ticket, Kind::Pass, Kind::NewPass] {
+        for kind in [Kind::Ticket, Kind::Pass, Kind::NewPass, Kind::LocalPass] {
             let value = ring.sign_at(kind, ROUTE, &id, 1_700_000_000, Some(1_700_000_000_123));
             let claims = ring.verify(&value, ROUTE).claims().unwrap();
             assert_eq!(claims.kind, kind);
@@ -1256,5 +1264,9 @@ mod tests {
         let new = ring.sign_at(Kind::NewPass, ROUTE, &id, 5, Some(9));
         let promoted = new.replacen(".n.", ".a.", 1);
         assert!(ring.verify(&promoted, ROUTE).claims().is_none());
+        // So does passing a confirmed pass off as one granted locally.
+        let pass = ring.sign_at(Kind::Pass, ROUTE, &id, 5, Some(9));
+        let local = pass.replacen(".a.", ".l.", 1);
+        assert!(ring.verify(&local, ROUTE).claims().is_none());
     }
 }

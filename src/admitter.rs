@@ -57,6 +57,13 @@ pub async fn run(
                 0 => None,
                 e => Some(e),
             };
+            // Visitors the local line let in come back to the store first.
+            if live.granted_locally.load(Ordering::Relaxed)
+                && gate.store().hold(&name, &route.limits).await.is_ok()
+            {
+                live.granted_locally.store(false, Ordering::Relaxed);
+                tracing::info!(route = %name, "store back after local admissions: holding admissions for one pass_ttl");
+            }
             match gate.store().admit_tick(&name, &route.limits, known).await {
                 Ok(t) => {
                     if known.is_some_and(|k| k != t.epoch_us) {

@@ -78,7 +78,9 @@ pub fn credentials(headers: &HeaderMap, name: &str, ring: &KeyRing, route: &str)
         }
         if let Verdict::Valid(claims) = ring.verify(value, route) {
             match claims.kind {
-                Kind::Pass | Kind::NewPass if found.pass.is_none() => found.pass = Some(claims),
+                Kind::Pass | Kind::NewPass | Kind::LocalPass if found.pass.is_none() => {
+                    found.pass = Some(claims)
+                }
                 Kind::Ticket if found.ticket.is_none() => found.ticket = Some(claims),
                 _ => {}
             }

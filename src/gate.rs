@@ -86,7 +86,7 @@ impl Gate {
     pub fn new(store: Guarded, clock: Clock) -> Gate {
         Gate {
             store,
-            local: MemoryStore::new(clock),
+            local: MemoryStore::fallback(clock),
             clock,
         }
     }
@@ -163,7 +163,8 @@ impl Gate {
 
     /// A pass: forward while fresh; past half its life, or on the first
     /// return of an admit-now pass (which confirms the session, DESIGN §8.3),
-    /// or when the store was lost since it was issued, renew it through the
+    /// or when the store was lost since it was issued, or when it was granted
+    /// locally (the store takes that session back), renew it through the
     /// store. `None` means the session is gone: treat as no cookie.
     pub async fn check_pass(
         &self,
@@ -177,7 +178,7 @@ impl Gate {
         let epoch_ms = route.live.epoch_us.load(Ordering::Relaxed) / 1_000;
         let before_epoch = epoch_ms > 0 && times.issued_ms < epoch_ms;
         let fresh = pass.pass_life(now_s, route.limits.pass_ttl) == PassLife::Fresh;
-        if fresh && times.confirmed && !before_epoch {
+        if fresh && pass.kind == Kind::Pass && !before_epoch {
             return Some(Decision::Admit {
                 how: Admitted::Pass,
                 set_cookie: None,
@@ -189,24 +190,53 @@ impl Gate {
                     .renew(route.name(), &pass.id, who.client, times, &route.limits),
             )
             .await;
-        let (how, confirmed) = match renewed {
-            Ok(true) => (Admitted::Renewed, true),
+        let (how, kind) = match renewed {
+            Ok(true) => (Admitted::Renewed, Kind::Pass),
             Ok(false) => return None,
             Err(err) => {
                 // Admitted visitors never depend on the store, but a pass long
-                // past its session is not revived. The store has not seen
-                // this return: an unconfirmed pass stays unconfirmed.
+                // past its session is not revived.
                 if now_s > pass.t + route.limits.session_ttl.as_secs() {
                     return None;
                 }
                 tracing::debug!(route = route.name(), error = %err, "pass renewed locally");
-                (Admitted::RenewedLocally, times.confirmed)
+                (
+                    Admitted::RenewedLocally,
+                    self.renew_locally(route, pass, times, who).await,
+                )
             }
         };
         Some(Decision::Admit {
             how,
-            set_cookie: Some(self.pass_cookie(s, route, &pass.id, confirmed, who.tls)),
+            set_cookie: Some(self.pass_cookie(s, route, &pass.id, kind, who.tls)),
         })
+    }
+
+    /// The kind of pass to give a holder the store could not renew: any
+    /// confirmed session gets an `l` pass, which the store takes back once
+    /// it answers again; an admit-now pass the store granted stays
+    /// unconfirmed (the store has not seen this return). A session the local
+    /// line granted is renewed there too, which confirms it on its first
+    /// return and keeps it counted against the local capacity.
+    async fn renew_locally(
+        &self,
+        route: &RouteRt,
+        pass: &Claims,
+        times: PassTimes,
+        who: Requester<'_>,
+    ) -> Kind {
+        if route.cfg.on_store_error == OnStoreError::Local && pass.kind == Kind::LocalPass {
+            let limits = route.local_limits_now();
+            let _ = self
+                .local
+                .renew(route.name(), &pass.id, who.client, times, &limits)
+                .await;
+        }
+        if times.confirmed {
+            Kind::LocalPass
+        } else {
+            Kind::NewPass
+        }
     }
 
     /// A ticket: poll the line (a heartbeat; the first one confirms the
@@ -222,16 +252,17 @@ impl Gate {
             score_us: ticket.t,
             seen_us: ticket.at.unwrap_or(ticket.t),
         };
-        let polled = match self
+        let (polled, granted) = match self
             .store
             .poll(route.name(), &ticket.id, who.client, times, &route.limits)
             .await
         {
-            Ok(p) => p,
+            Ok(p) => (p, Kind::Pass),
             Err(err) => match route.cfg.on_store_error {
                 OnStoreError::Local => {
                     tracing::debug!(route = route.name(), error = %err, "polling the local line");
-                    self.local
+                    let polled = self
+                        .local
                         .poll(
                             route.name(),
                             &ticket.id,
@@ -240,7 +271,8 @@ impl Gate {
                             &route.local_limits_now(),
                         )
                         .await
-                        .ok()?
+                        .ok()?;
+                    (polled, Kind::LocalPass)
                 }
                 _ => return Some(self.store_failed(route, &err)),
             },
@@ -260,10 +292,15 @@ impl Gate {
                 });
                 Some(Decision::Wait { place, set_cookie })
             }
-            Poll::Admitted => Some(Decision::Admit {
-                how: Admitted::FromLine,
-                set_cookie: Some(self.pass_cookie(s, route, &ticket.id, true, who.tls)),
-            }),
+            Poll::Admitted => {
+                if granted == Kind::LocalPass {
+                    route.live.granted_locally.store(true, Ordering::Relaxed);
+                }
+                Some(Decision::Admit {
+                    how: Admitted::FromLine,
+                    set_cookie: Some(self.pass_cookie(s, route, &ticket.id, granted, who.tls)),
+                })
+            }
             Poll::Gone => None,
         }
     }
@@ -272,12 +309,13 @@ impl Gate {
     pub async fn arrive(&self, s: &Settings, route: &RouteRt, who: Requester<'_>) -> Decision {
         let id = admission::new_visitor_id();
         let admit_now = route.cfg.mode == Mode::Gate;
-        let arrival = match self
+        let (arrival, granted) = match self
             .store
             .arrive(route.name(), &id, who.client, &route.limits, admit_now)
             .await
         {
-            Ok(a) => a,
+            // Unconfirmed until the visitor comes back with the pass.
+            Ok(a) => (a, Kind::NewPass),
             Err(err) => match route.cfg.on_store_error {
                 OnStoreError::Local => match self
                     .local
@@ -290,18 +328,24 @@ impl Gate {
                     )
                     .await
                 {
-                    Ok(a) => a,
+                    // The local line confirms it on the visitor's return, and
+                    // the store takes it back once it answers again.
+                    Ok(a) => (a, Kind::LocalPass),
                     Err(local_err) => return self.store_failed(route, &local_err),
                 },
                 _ => return self.store_failed(route, &err),
             },
         };
         match arrival {
-            // Unconfirmed until the visitor comes back with the pass.
-            Arrival::Admitted => Decision::Admit {
-                how: Admitted::AtOnce,
-                set_cookie: Some(self.pass_cookie(s, route, &id, false, who.tls)),
-            },
+            Arrival::Admitted => {
+                if granted == Kind::LocalPass {
+                    route.live.granted_locally.store(true, Ordering::Relaxed);
+                }
+                Decision::Admit {
+                    how: Admitted::AtOnce,
+                    set_cookie: Some(self.pass_cookie(s, route, &id, granted, who.tls)),
+                }
+            }
             Arrival::Waiting(place) => Decision::Wait {
                 place,
                 set_cookie: Some(self.ticket_cookie(s, route, &id, place.score_us, None, who.tls)),
@@ -322,19 +366,19 @@ impl Gate {
         }
     }
 
-    /// A fresh pass for `id`, as a `Set-Cookie` value: confirmed, or the
-    /// `n` pass of an admit-now session the visitor has not come back to.
+    /// A fresh pass of `kind` for `id`, as a `Set-Cookie` value: confirmed
+    /// (`a`), the `n` pass of an admit-now session the visitor has not come
+    /// back to, or the `l` pass of a session granted without the store.
     pub fn pass_cookie(
         &self,
         s: &Settings,
         route: &RouteRt,
         id: &VisitorId,
-        confirmed: bool,
+        kind: Kind,
         tls: bool,
     ) -> HeaderValue {
         let now_us = self.clock.now_us();
         let expiry = now_us / 1_000_000 + route.limits.pass_ttl.as_secs();
-        let kind = if confirmed { Kind::Pass } else { Kind::NewPass };
         let value = s
             .ring
             .sign_at(kind, route.name(), id, expiry, Some(now_us / 1_000));
@@ -372,8 +416,8 @@ impl Gate {
     }
 }
 
-/// What a pass tells the store's restore rules: when it was issued (ms) and
-/// whether its session was confirmed. A pass signed before passes carried
+/// What a pass tells the store's restore rules: when it was issued (ms),
+/// whether its session was confirmed, and whether it was granted locally. A pass signed before passes carried
 /// their issue time is taken as issued at the last millisecond of its
 /// second, so one issued in the same second as a store's epoch is never
 /// taken for one issued before it.
@@ -387,6 +431,7 @@ fn pass_times(pass: &Claims, pass_ttl_s: u64) -> PassTimes {
     });
     PassTimes {
         issued_ms,
-        confirmed: pass.kind == Kind::Pass,
+        confirmed: matches!(pass.kind, Kind::Pass | Kind::LocalPass),
+        granted_locally: pass.kind == Kind::LocalPass,
     }
 }

@@ -4,7 +4,7 @@
 //! config reload replaces whole.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use http::header::{HeaderMap, HeaderValue};
@@ -29,6 +29,9 @@ pub struct RouteLive {
     pub active: AtomicU64,
     /// Admissions per second × 1000, at the last stats read.
     pub admit_rate_milli: AtomicU64,
+    /// The local line admitted someone since the store last heard of it:
+    /// the admitter asks the store for a hold before its next tick.
+    pub granted_locally: AtomicBool,
 }
 
 impl RouteLive {

@@ -42,6 +42,7 @@ fn pass_of_second(issued_s: u64) -> PassTimes {
     PassTimes {
         issued_ms: issued_s * 1_000,
         confirmed: true,
+        granted_locally: false,
     }
 }
 

@@ -49,6 +49,7 @@ fn pass_of_second(issued_s: u64) -> PassTimes {
     PassTimes {
         issued_ms: issued_s * 1_000,
         confirmed: true,
+        granted_locally: false,
     }
 }
 
@@ -789,4 +790,49 @@ async fn purged_no_shows_leave_tombstones_in_seen_until_abandon_after() {
     }
     let seen: u64 = server.query(&["ZCARD", seen_key]);
     assert_eq!(seen, 1, "the waiter's own poll time stays");
+}
+
+/// When no admitter reached the store for a while (Redis paused, or every
+/// instance cut off), instances renewed their visitors' sessions on their
+/// own: the first tick after the gap does not run those sessions out, while
+/// ticks that keep coming purge a session as soon as it ends.
+#[tokio::test]
+async fn a_gap_in_the_ticks_does_not_run_sessions_out() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let l = Limits {
+        tick: Duration::from_millis(100),
+        session_ttl: Duration::from_millis(1_500),
+        ..limits()
+    };
+    for route in ["gap", "steady"] {
+        assert_eq!(
+            s.arrive(route, &id(1), &[], &l, true).await.unwrap(),
+            Arrival::Admitted
+        );
+        let issued_s = s.stats(route, &l).await.unwrap().now_us / 1_000_000;
+        // The visitor's first return confirms the session: 1.5 s from now.
+        assert!(s
+            .renew(route, &id(1), &[], pass_of_second(issued_s), &l)
+            .await
+            .unwrap());
+        assert!(s.admit_tick(route, &l, None).await.unwrap().ran);
+    }
+    // 2.5 s: the steady route ticks all along, the other not at all.
+    for _ in 0..12 {
+        tokio::time::sleep(Duration::from_millis(210)).await;
+        s.admit_tick("steady", &l, None).await.unwrap();
+    }
+    assert_eq!(s.stats("steady", &l).await.unwrap().active, 0);
+    assert_eq!(
+        s.stats("gap", &l).await.unwrap().active,
+        0,
+        "the session's expiry has passed"
+    );
+    assert!(s.admit_tick("gap", &l, None).await.unwrap().ran);
+    assert_eq!(
+        s.stats("gap", &l).await.unwrap().active,
+        1,
+        "moved on by the gap, not purged"
+    );
 }

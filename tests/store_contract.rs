@@ -289,6 +289,7 @@ async fn pass_issued<H: Harness>(
     PassTimes {
         issued_ms: stats(h, route, limits).await.now_us / 1_000,
         confirmed,
+        granted_locally: false,
     }
 }
 
@@ -1239,6 +1240,7 @@ async fn leave_tombstone_blocks_lost_write_restore<H: Harness>(h: &mut H) {
     let old_pass = PassTimes {
         issued_ms: stats(h, &route, &limits).await.epoch_us / 1_000 - 1,
         confirmed: true,
+        granted_locally: false,
     };
     assert!(!renew(h, &route, 3, old_pass, &limits).await);
     assert_eq!(stats(h, &route, &limits).await.active, 0);
@@ -1327,6 +1329,7 @@ async fn restore_bounds_for_renew_after_a_wipe<H: Harness>(h: &mut H) {
     let at_epoch = PassTimes {
         issued_ms: epoch_ms,
         confirmed: true,
+        granted_locally: false,
     };
     assert!(
         !renew(h, &route, 4, at_epoch, &limits).await,
@@ -1338,6 +1341,84 @@ async fn restore_bounds_for_renew_after_a_wipe<H: Harness>(h: &mut H) {
     };
     assert!(renew(h, &route, 5, just_before, &limits).await);
     assert_eq!(stats(h, &route, &limits).await.active, 2);
+}
+
+/// A pass an instance granted on its own while the store could not answer.
+async fn pass_granted_locally<H: Harness>(h: &H, route: &str, limits: &Limits) -> PassTimes {
+    PassTimes {
+        granted_locally: true,
+        ..pass_issued(h, route, true, limits).await
+    }
+}
+
+async fn a_pass_granted_locally_is_taken_back_while_there_is_room<H: Harness>(h: &mut H) {
+    let limits = Limits {
+        capacity: 2,
+        session_ttl: Duration::from_secs(1),
+        ..limits()
+    };
+    let route = settled_route(h, &limits).await;
+    assert_eq!(arrive(h, &route, 1, &limits, true).await, Arrival::Admitted);
+    // The store never heard of visitors 2, 3 and 4.
+    let local = pass_granted_locally(h, &route, &limits).await;
+    assert!(
+        renew(h, &route, 2, local, &limits).await,
+        "granted locally, with room: taken back"
+    );
+    assert_eq!(stats(h, &route, &limits).await.active, 2);
+    assert!(
+        !renew(h, &route, 3, local, &limits).await,
+        "the route is full: a local grant does not take it over capacity"
+    );
+    let confirmed = pass_issued(h, &route, true, &limits).await;
+    leave(h, &route, 1).await;
+    assert!(
+        !renew(h, &route, 4, confirmed, &limits).await,
+        "a pass the store granted is not restored without a loss"
+    );
+    assert!(
+        !renew(h, &route, 1, local, &limits).await,
+        "a session given up stays gone, however its pass was granted"
+    );
+    let s = stats(h, &route, &limits).await;
+    assert_eq!(s.active, 1);
+    assert_eq!(s.hold_until_us, 0, "taking a session back starts no hold");
+    // A local grant older than session_ttl would have run out by now.
+    h.advance(Duration::from_millis(1_100)).await;
+    assert!(!renew(h, &route, 3, local, &limits).await);
+}
+
+async fn hold_keeps_newcomers_out_for_pass_ttl<H: Harness>(h: &mut H) {
+    let limits = Limits {
+        capacity: 3,
+        ..limits()
+    };
+    let route = settled_route(h, &limits).await;
+    let a = join(h, &route, 1, &limits).await.score_us;
+    h.store().hold(&route, &limits).await.expect("hold");
+    let s = stats(h, &route, &limits).await;
+    assert!(s.hold_until_us > s.now_us, "a hold is on");
+    let Arrival::Waiting(b) = arrive(h, &route, 2, &limits, true).await else {
+        panic!("nobody new is admitted at once during the hold");
+    };
+    assert!(tick(h, &route, &limits).await.is_empty(), "held");
+    // A local grant comes back during the hold, room or not.
+    let local = pass_granted_locally(h, &route, &limits).await;
+    assert!(renew(h, &route, 3, local, &limits).await);
+    // A second hold does not shorten the first.
+    let until = stats(h, &route, &limits).await.hold_until_us;
+    h.advance(Duration::from_millis(100)).await;
+    h.store().hold(&route, &limits).await.expect("hold");
+    assert!(stats(h, &route, &limits).await.hold_until_us >= until);
+    wait_polling(
+        h,
+        &route,
+        limits.pass_ttl + Duration::from_millis(200),
+        &[(1, a), (2, b.score_us)],
+        &limits,
+    )
+    .await;
+    assert_eq!(tick(h, &route, &limits).await, vec![a, b.score_us]);
 }
 
 /// Polls everyone in `line` (in order) and checks places and the total.
@@ -1391,7 +1472,9 @@ macro_rules! contract_suite {
                 unconfirmed_ticket_drops_after_confirm_within_and_first_poll_confirms,
                 leave_tombstone_blocks_lost_write_restore,
                 restore_bounds_for_poll_after_a_wipe,
-                restore_bounds_for_renew_after_a_wipe
+                restore_bounds_for_renew_after_a_wipe,
+                a_pass_granted_locally_is_taken_back_while_there_is_room,
+                hold_keeps_newcomers_out_for_pass_ttl
             );
         }
     };

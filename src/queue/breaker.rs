@@ -64,18 +64,20 @@ pub enum Operation {
     Renew,
     Leave,
     AdmitTick,
+    Hold,
     Stats,
     Ready,
 }
 
 impl Operation {
     /// Every operation, in label order.
-    pub const ALL: [Operation; 7] = [
+    pub const ALL: [Operation; 8] = [
         Operation::Arrive,
         Operation::Poll,
         Operation::Renew,
         Operation::Leave,
         Operation::AdmitTick,
+        Operation::Hold,
         Operation::Stats,
         Operation::Ready,
     ];
@@ -88,6 +90,7 @@ impl Operation {
             Operation::Renew => "renew",
             Operation::Leave => "leave",
             Operation::AdmitTick => "admit_tick",
+            Operation::Hold => "hold",
             Operation::Stats => "stats",
             Operation::Ready => "ready",
         }
@@ -370,6 +373,12 @@ impl QueueStore for Guarded {
                 Operation::AdmitTick,
                 self.store.admit_tick(route, limits, known_epoch_us),
             )
+            .await
+    }
+
+    async fn hold(&self, route: &str, limits: &Limits) -> Result<(), StoreError> {
+        self.breaker
+            .call(Operation::Hold, self.store.hold(route, limits))
             .await
     }
 

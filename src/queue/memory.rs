@@ -68,16 +68,34 @@ pub struct MemoryStore {
 struct Shared {
     clock: Clock,
     routes: RwLock<HashMap<String, Arc<Mutex<Route>>>>,
+    /// The local line of `on_store_error: local` (see [`MemoryStore::fallback`]).
+    fallback: bool,
 }
 
 impl MemoryStore {
     /// An empty store reading time from `clock`. Each route's epoch is the
     /// time of the first operation on it.
     pub fn new(clock: Clock) -> MemoryStore {
+        MemoryStore::with_role(clock, false)
+    }
+
+    /// The local line an instance runs while its shared store cannot answer
+    /// (`on_store_error: local`). It differs from the store in two rules:
+    /// a poll with a live ticket it does not know (one the shared store
+    /// issued) takes the ticket in at its score, whatever its age, so a
+    /// waiter keeps its place across the outage; and a renewal restores
+    /// nothing, since sessions the shared store granted are already counted
+    /// against the local capacity (`RouteRt::local_limits_now`).
+    pub fn fallback(clock: Clock) -> MemoryStore {
+        MemoryStore::with_role(clock, true)
+    }
+
+    fn with_role(clock: Clock, fallback: bool) -> MemoryStore {
         MemoryStore {
             inner: Arc::new(Shared {
                 clock,
                 routes: RwLock::new(HashMap::new()),
+                fallback,
             }),
         }
     }
@@ -109,7 +127,7 @@ impl MemoryStore {
         Arc::clone(
             routes
                 .entry(name.to_owned())
-                .or_insert_with(|| Arc::new(Mutex::new(Route::new(epoch_us)))),
+                .or_insert_with(|| Arc::new(Mutex::new(Route::new(epoch_us, self.inner.fallback)))),
         )
     }
 }
@@ -139,6 +157,8 @@ fn as_us(d: Duration) -> u64 {
 /// One route's state.
 struct Route {
     epoch_us: u64,
+    /// The local line of a shared store (see [`MemoryStore::fallback`]).
+    fallback: bool,
     line: Line,
     sessions: Sessions,
     tombstones: Tombstones,
@@ -173,9 +193,10 @@ struct Pending {
 }
 
 impl Route {
-    fn new(epoch_us: u64) -> Route {
+    fn new(epoch_us: u64, fallback: bool) -> Route {
         Route {
             epoch_us,
+            fallback,
             line: Line::default(),
             sessions: Sessions::default(),
             tombstones: Tombstones::default(),
@@ -344,6 +365,9 @@ impl Route {
         if !ticket.confirmed() || alive_until_us <= now.us {
             return Poll::Gone;
         }
+        if self.fallback {
+            return Poll::Waiting(self.line.join(*id, ticket.score_us, now.ms, true));
+        }
         let store_lost = self.epoch_us > ticket.score_us;
         let write_lost = now.us.saturating_sub(ticket.score_us) < as_us(limits.abandon_after);
         if !(store_lost || write_lost) {
@@ -370,21 +394,36 @@ impl Route {
             self.clients.touch(client, id, now.ms, limits);
             return true;
         }
-        if self.tombstones.contains(id) || !pass.confirmed {
+        if self.fallback || self.tombstones.contains(id) || !pass.confirmed {
             return false;
         }
         // Issued before the loss (strictly, in ms) and recently enough that the
         // session could still have been active when the store was lost.
         let epoch_ms = self.epoch_us / 1_000;
-        let before_loss = pass.issued_ms < epoch_ms;
-        let active_at_loss = pass.issued_ms.saturating_add(as_ms(limits.session_ttl)) > epoch_ms;
-        if !(before_loss && active_at_loss) {
+        let session_ms = as_ms(limits.session_ttl);
+        let wiped =
+            pass.issued_ms < epoch_ms && pass.issued_ms.saturating_add(session_ms) > epoch_ms;
+        // Or granted by an instance while the store could not answer.
+        let granted_locally =
+            pass.granted_locally && pass.issued_ms.saturating_add(session_ms) > now.ms;
+        if !(wiped || granted_locally) {
+            return false;
+        }
+        if wiped {
+            self.notice_loss(now, limits);
+        }
+        // Past the hold, a restore never takes the route over its capacity.
+        if !self.held(now) && self.sessions.len() >= limits.capacity {
             return false;
         }
         self.line.remove(id);
         self.sessions.start(*id, session_end, SessionKind::Live);
-        self.notice_loss(now, limits);
         true
+    }
+
+    fn hold(&mut self, now: Now, limits: &Limits) {
+        let until_us = now.us.saturating_add(as_us(limits.pass_ttl));
+        self.hold_until_us = self.hold_until_us.max(until_us);
     }
 
     fn leave(&mut self, now: Now, id: &VisitorId) {
@@ -897,6 +936,11 @@ impl QueueStore for MemoryStore {
         Ok(())
     }
 
+    async fn hold(&self, route: &str, limits: &Limits) -> Result<(), StoreError> {
+        self.with_route(route, |r, now| r.hold(now, limits));
+        Ok(())
+    }
+
     async fn admit_tick(
         &self,
         route: &str,
@@ -948,6 +992,59 @@ mod tests {
 
     fn store() -> MemoryStore {
         MemoryStore::new(Clock::starting_at(Duration::from_secs(1_700_000_000)))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_local_line_takes_in_a_live_ticket_of_any_age() {
+        let clock = Clock::starting_at(Duration::from_secs(1_700_000_000));
+        let l = Limits {
+            abandon_after: Duration::from_secs(30),
+            ..limits()
+        };
+        let primary = MemoryStore::new(clock);
+        let fallback = MemoryStore::fallback(clock);
+        // Both routes exist before the tickets were issued.
+        primary.stats("r", &l).await.unwrap();
+        fallback.stats("r", &l).await.unwrap();
+        let issued_us = clock.now_us();
+        tokio::time::advance(Duration::from_secs(600)).await;
+        // A ticket from the shared store: joined ten minutes ago, last seen
+        // a second ago.
+        let old = seen(issued_us, clock.now_us() - 1_000_000);
+        assert_eq!(
+            primary.poll("r", &visitor(1), &[], old, &l).await.unwrap(),
+            Poll::Gone,
+            "the store itself restores only young tickets without a loss"
+        );
+        let Poll::Waiting(place) = fallback.poll("r", &visitor(1), &[], old, &l).await.unwrap()
+        else {
+            panic!("the local line keeps a waiter's place");
+        };
+        assert_eq!((place.score_us, place.position), (issued_us, 1));
+        assert_eq!(fallback.stats("r", &l).await.unwrap().hold_until_us, 0);
+        // Silent for abandon_after, or never confirmed: not taken in.
+        let silent = seen(issued_us, clock.now_us() - 31_000_000);
+        let never = seen(issued_us, issued_us);
+        for ticket in [silent, never] {
+            assert_eq!(
+                fallback
+                    .poll("r", &visitor(2), &[], ticket, &l)
+                    .await
+                    .unwrap(),
+                Poll::Gone
+            );
+        }
+        // A pass the shared store granted is not counted by the local line.
+        let pass = PassTimes {
+            issued_ms: clock.now_us() / 1_000,
+            confirmed: true,
+            granted_locally: true,
+        };
+        assert!(!fallback
+            .renew("r", &visitor(3), &[], pass, &l)
+            .await
+            .unwrap());
+        assert_eq!(fallback.stats("r", &l).await.unwrap().active, 0);
     }
 
     #[tokio::test(start_paused = true)]

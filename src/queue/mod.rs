@@ -175,6 +175,10 @@ pub struct PassTimes {
     /// False for the pass admit-now issued, until its first return renews it:
     /// a session never confirmed is never restored after a loss.
     pub confirmed: bool,
+    /// The pass was granted or renewed by an instance on its own while this
+    /// store could not answer (`l` in the cookie): the store may not know
+    /// the session, and takes it back (see [`QueueStore::renew`]).
+    pub granted_locally: bool,
 }
 
 /// A place in line.
@@ -317,10 +321,17 @@ pub trait QueueStore: Send + Sync {
     /// A pass holder renews from `client`: extends the session to
     /// `session_ttl` from now (confirming an admit-now session) and answers
     /// whether it is still active. A session missing from the store is
-    /// restored as active, starting a hold, only when the pass is confirmed,
-    /// no tombstone says it left, and it was issued before the route's epoch
-    /// (strictly, in ms) but less than `session_ttl` before it, so the session
-    /// could still have been active at the loss.
+    /// restored as active only when the pass is confirmed, no tombstone says
+    /// it left, and either
+    ///
+    /// - it was issued before the route's epoch (strictly, in ms) but less
+    ///   than `session_ttl` before it, so the session could still have been
+    ///   active at the loss (the first such restore starts a hold), or
+    /// - it was granted locally (an instance admitted or renewed it while
+    ///   this store could not answer) less than `session_ttl` ago;
+    ///
+    /// and, outside a hold, only while the route has room: past the hold, a
+    /// restore never takes the route over its capacity.
     fn renew(
         &self,
         route: &str,
@@ -351,6 +362,16 @@ pub trait QueueStore: Send + Sync {
         limits: &Limits,
         known_epoch_us: Option<u64>,
     ) -> impl Future<Output = Result<Tick, StoreError>> + Send;
+
+    /// An instance admitted visitors on its own while this store could not
+    /// answer (`on_store_error: local`): nobody new is admitted for one
+    /// `pass_ttl` from now (an existing longer hold stays), so those
+    /// visitors' passes come back and are counted first (see `renew`).
+    fn hold(
+        &self,
+        route: &str,
+        limits: &Limits,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// The route's live numbers.
     fn stats(
@@ -436,6 +457,10 @@ impl QueueStore for Store {
         known_epoch_us: Option<u64>,
     ) -> Result<Tick, StoreError> {
         dispatch!(self, s => s.admit_tick(route, limits, known_epoch_us).await)
+    }
+
+    async fn hold(&self, route: &str, limits: &Limits) -> Result<(), StoreError> {
+        dispatch!(self, s => s.hold(route, limits).await)
     }
 
     async fn stats(&self, route: &str, limits: &Limits) -> Result<RouteStats, StoreError> {

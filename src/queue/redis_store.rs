@@ -49,6 +49,7 @@ struct Scripts {
     renew: Script,
     leave: Script,
     admit_tick: Script,
+    hold: Script,
     stats: Script,
     ready: Script,
 }
@@ -61,6 +62,7 @@ impl Scripts {
             renew: route_script!("renew.lua"),
             leave: route_script!("leave.lua"),
             admit_tick: route_script!("admit_tick.lua"),
+            hold: route_script!("hold.lua"),
             stats: route_script!("stats.lua"),
             ready: Script::new(include_str!("../../lua/ready.lua")),
         }
@@ -470,7 +472,9 @@ impl QueueStore for RedisStore {
             .arg(u8::from(pass.confirmed))
             .arg(ms(limits.session_ttl))
             .arg(ms(limits.pass_ttl))
-            .arg(ms(limits.client_memory()));
+            .arg(ms(limits.client_memory()))
+            .arg(u8::from(pass.granted_locally))
+            .arg(limits.capacity);
         async move {
             let active: i64 = self.run(&invocation).await?;
             Ok(active == 1)
@@ -517,6 +521,19 @@ impl QueueStore for RedisStore {
                 unconfirmed_tickets: field(&reply, 6, "admit_tick")?,
                 admitted_scores: reply.get(7..).unwrap_or_default().to_vec(),
             })
+        }
+    }
+
+    fn hold(
+        &self,
+        route: &str,
+        limits: &Limits,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let mut invocation = prepare(&self.scripts.hold, route, None);
+        invocation.arg(ms(limits.pass_ttl));
+        async move {
+            let _until: i64 = self.run(&invocation).await?;
+            Ok(())
         }
     }
 
@@ -617,6 +634,7 @@ mod tests {
             include_str!("../../lua/renew.lua"),
             include_str!("../../lua/leave.lua"),
             include_str!("../../lua/admit_tick.lua"),
+            include_str!("../../lua/hold.lua"),
             include_str!("../../lua/stats.lua"),
             include_str!("../../lua/ready.lua"),
         ] {
