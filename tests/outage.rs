@@ -277,3 +277,123 @@ async fn a_full_room_stays_full_when_the_store_goes_down_under_local() {
     }
     gate.stop().await.unwrap();
 }
+
+/// The state and visitor id of a `v1.<state>.<route>.<id>....` cookie value.
+fn state_and_id(v: &Visitor, route: &str) -> (String, String) {
+    let value = v
+        .cookie(&format!("qg_{route}"))
+        .unwrap_or_else(|| panic!("no cookie for {route}"));
+    let fields: Vec<&str> = value.split('.').collect();
+    (fields[1].to_owned(), fields[3].to_owned())
+}
+
+async fn active_of(gate: &Gate, route: &str) -> u64 {
+    let (_, body) = get(&gate.admin_url("/routes")).await;
+    let routes: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    routes["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == route)
+        .and_then(|r| r["active"].as_u64())
+        .unwrap_or_else(|| panic!("no active count for {route}: {routes}"))
+}
+
+/// Under `local`, a Redis pause costs nobody a place or a session: a waiter
+/// whose ticket is older than abandon_after keeps it (the local line takes it
+/// in at its score), and a visitor the local line admitted keeps its
+/// session when the store is back (its `l` pass is taken back by the store,
+/// which then counts it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_local_a_pause_costs_nobody_a_place_or_a_session() {
+    let mut redis = RedisServer::start();
+    let (origin, _hits) = counting_origin().await;
+    let mut config = redis_config(&origin.url(), &redis);
+    config.store.expected_instances = 1;
+    let mut full = outage_route("full", 1, OnStoreError::Local);
+    full.abandon_after = Duration::from_secs(2);
+    full.confirm_within = Duration::from_secs(1);
+    config.routes = vec![full, outage_route("spare", 2, OnStoreError::Local)];
+    let gate = spawn_gate_opts(config, ring("k1"), queuegate::RunOptions::default()).await;
+
+    let mut holder = admitted(&gate, "/full").await;
+    // Its return confirms the session.
+    let a = answered("holder", holder.navigate(&gate.url("/full"))).await;
+    assert!(a.reached_origin(), "{a:?}");
+    let mut waiter = Visitor::new();
+    let a = answered("waiter", waiter.navigate(&gate.url("/full"))).await;
+    assert_eq!(a.status, StatusCode::FOUND, "{a:?}");
+    // The waiter waits longer than abandon_after, polling.
+    for _ in 0..14 {
+        let status = answered("poll", waiter.status(&gate, "full")).await;
+        assert_eq!(status["state"], "waiting", "{status}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (kind, ticket_id) = state_and_id(&waiter, "full");
+    assert_eq!(kind, "w");
+    eventually_async("the admitter reads the room full", || async {
+        active_of(&gate, "full").await == 1
+    })
+    .await;
+
+    redis.pause();
+    let mut newcomer = Visitor::new();
+    let a = answered("newcomer", newcomer.navigate(&gate.url("/spare"))).await;
+    assert!(a.reached_origin(), "the local line admits at once: {a:?}");
+    let (kind, newcomer_id) = state_and_id(&newcomer, "spare");
+    assert_eq!(kind, "l", "a pass granted without the store");
+    for _ in 0..5 {
+        let status = answered("poll in the pause", waiter.status(&gate, "full")).await;
+        assert_eq!(status["state"], "waiting", "{status}");
+        assert_eq!(status["position"], 1, "{status}");
+        assert_eq!(
+            state_and_id(&waiter, "full").1,
+            ticket_id,
+            "the waiter keeps its ticket"
+        );
+        let a = answered("newcomer browses", newcomer.navigate(&gate.url("/spare"))).await;
+        assert!(a.reached_origin(), "{a:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    redis.resume();
+
+    // Once the store answers, the newcomer's next request hands its session
+    // back: same visitor, now a pass the store granted, and counted.
+    let mut handed_back = false;
+    for _ in 0..100 {
+        let a = answered("newcomer after", newcomer.navigate(&gate.url("/spare"))).await;
+        assert!(a.reached_origin(), "never sent to the line: {a:?}");
+        let (kind, id) = state_and_id(&newcomer, "spare");
+        assert_eq!(id, newcomer_id, "the same session");
+        if kind == "a" {
+            handed_back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(handed_back, "the store never took the session back");
+    eventually_async("the store counts the newcomer", || async {
+        active_of(&gate, "spare").await == 1
+    })
+    .await;
+    let status = answered("poll after", waiter.status(&gate, "full")).await;
+    assert_eq!(status["state"], "waiting", "{status}");
+    assert_eq!(status["position"], 1, "{status}");
+    assert_eq!(state_and_id(&waiter, "full").1, ticket_id);
+    gate.stop().await.unwrap();
+}
+
+/// Polls `cond` until it holds (a failure guard of 10 s, not a timing check).
+async fn eventually_async<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    for _ in 0..400 {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("{what}: not within 10 s");
+}
