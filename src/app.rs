@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
+use futures_util::FutureExt;
 use http::header::SET_COOKIE;
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -216,10 +217,11 @@ impl App {
     ) -> impl Future<Output = Response<Body>> + Send + '_ {
         cookie::strip_own_cookies(req.headers_mut());
         let started = Instant::now();
-        let forwarded = self.upstream.forward(req, peer);
         let remote = peer.addr;
-        async move {
-            let forwarded = forwarded.await;
+        // A combinator, not an async block: the block would hold the
+        // upstream's future twice (captured, then pinned while awaited),
+        // and every request's future is moved whole several times.
+        self.upstream.forward(req, peer).map(move |forwarded| {
             let seconds = started.elapsed().as_secs_f64();
             let mut resp = match forwarded {
                 Ok(resp) => {
@@ -240,7 +242,7 @@ impl App {
                 resp.headers_mut().append(SET_COOKIE, cookie);
             }
             resp
-        }
+        })
     }
 }
 

@@ -1,14 +1,17 @@
 //! Smuggling watch on accepted connections: follows the HTTP/1 request heads
-//! in the bytes hyper reads and reports a head whose framing is ambiguous
-//! (Content-Length with Transfer-Encoding, or Content-Length repeated), which
-//! hyper resolves silently before the service sees the headers. A request
-//! that asks for `Upgrade` leaves the watch on until the server says a `101`
-//! actually switched the protocol. On HTTP/2 it follows the frame headers
-//! only, to report since when a header block has been open (its deadline is
-//! the server's). It only reports: the stream is never changed or held back,
-//! and only a head split across reads is copied aside.
+//! in the bytes hyper reads, parsed with hyper's own parser (`httparse`, so
+//! a head reads exactly as hyper reads it; chunked bodies are followed the
+//! way hyper's decoder takes them), and reports a head whose framing is
+//! ambiguous (Content-Length with Transfer-Encoding, or Content-Length
+//! repeated), which hyper resolves silently before the service sees the
+//! headers. A request that asks for `Upgrade` leaves the watch on until the
+//! server says a `101` actually switched the protocol. On HTTP/2 it follows
+//! the frame headers only, to report since when a header block has been open
+//! (its deadline is the server's). It only reports: the stream is never
+//! changed or held back, and only a head split across reads is copied aside.
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -232,6 +235,25 @@ enum Chunk {
     TrailerLf,
 }
 
+/// What reading a head at the start of some bytes found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Head {
+    /// A complete head of this many bytes, its body's framing set.
+    Complete(usize),
+    /// No complete head yet.
+    Partial,
+    /// The watch stopped on it (see [`State::Off`]).
+    Stopped,
+}
+
+/// hyper's limit on a request's header lines (`max_headers` is not set):
+/// a head with more is refused (431).
+const MAX_HEADERS: usize = 100;
+
+/// The request line and blank line that begin HTTP/2's connection preface
+/// (RFC 9113 §3.4); `SM` and a blank line follow.
+const H2_PREFACE_HEAD: &[u8] = b"PRI * HTTP/2.0\r\n\r\n";
+
 struct Scan {
     state: State,
     /// A head split across reads; empty when heads arrive whole.
@@ -277,9 +299,11 @@ impl Scan {
             if blank > 0 {
                 return blank;
             }
-            if let Some(end) = head_end(bytes, 0) {
-                self.on_head(&bytes[..end]);
-                return end;
+            // Most heads arrive whole: read in place, nothing copied.
+            match self.parse_head(bytes) {
+                Head::Complete(len) => return len,
+                Head::Stopped => return bytes.len(),
+                Head::Partial => {}
             }
             if bytes.len() >= self.head_limit {
                 self.stop();
@@ -291,10 +315,20 @@ impl Scan {
         let old = self.head.len();
         let take = bytes.len().min(self.head_limit.saturating_sub(old));
         self.head.extend_from_slice(&bytes[..take]);
-        // The blank line may have begun in the previous read.
+        // Parsed again only once the blank line is there (which may have
+        // begun in the previous read), so a head sent a byte at a time
+        // costs one parse, not one per byte.
         if let Some(end) = head_end(&self.head, old.saturating_sub(2)) {
             let head = std::mem::take(&mut self.head);
-            self.on_head(&head[..end]);
+            match self.parse_head(&head[..end]) {
+                Head::Complete(len) if len == end => {}
+                Head::Stopped => return bytes.len(),
+                // A head the blank line does not end is not one hyper reads.
+                Head::Complete(_) | Head::Partial => {
+                    self.stop();
+                    return bytes.len();
+                }
+            }
             if self.state != State::Off {
                 self.head = head;
                 self.head.clear();
@@ -305,6 +339,49 @@ impl Scan {
             self.stop();
         }
         bytes.len()
+    }
+
+    /// Reads the head at the start of `bytes` with hyper's parser
+    /// (`httparse`, with hyper's defaults) and sets the framing of its body.
+    fn parse_head(&mut self, bytes: &[u8]) -> Head {
+        // HTTP/2's preface reads `PRI * HTTP/2.0`, a blank line, then `SM`;
+        // frames follow.
+        if self.heads == 0 {
+            if bytes.starts_with(H2_PREFACE_HEAD) {
+                self.heads += 1;
+                self.state = State::H2(H2Frames {
+                    preface: 6,
+                    header: [0; 9],
+                    have: 0,
+                    left: 0,
+                    ends_block: false,
+                });
+                return Head::Complete(H2_PREFACE_HEAD.len());
+            }
+            if H2_PREFACE_HEAD.starts_with(bytes) {
+                return Head::Partial;
+            }
+        }
+        let mut headers = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut []);
+        match req.parse_with_uninit_headers(bytes, &mut headers) {
+            Ok(httparse::Status::Complete(len)) => {
+                // `version` is set once the head is complete.
+                let http10 = req.version == Some(0);
+                self.on_head(http10, req.headers);
+                if self.state == State::Off {
+                    Head::Stopped
+                } else {
+                    Head::Complete(len)
+                }
+            }
+            Ok(httparse::Status::Partial) => Head::Partial,
+            // hyper answers it 400 or 431 and closes the connection.
+            Err(_) => {
+                self.stop();
+                Head::Stopped
+            }
+        }
     }
 
     /// Consumes HTTP/2 bytes (at least one), noting header blocks.
@@ -348,39 +425,16 @@ impl Scan {
         }
     }
 
-    /// Reads one complete head and sets the framing of its body.
-    fn on_head(&mut self, head: &[u8]) {
+    /// Sets the framing of a complete head's body from its header lines,
+    /// as hyper reads them (`http10`: the head is HTTP/1.0).
+    fn on_head(&mut self, http10: bool, headers: &[httparse::Header<'_>]) {
         let index = self.heads;
         self.heads += 1;
-        let mut lines = head
-            .split(|&b| b == b'\n')
-            .map(|line| line.strip_suffix(b"\r").unwrap_or(line));
-        let request_line = lines.next().unwrap_or_default();
-        let version = request_line
-            .rsplit(|&b| b == b' ')
-            .next()
-            .unwrap_or_default();
-        // HTTP/2's preface reads `PRI * HTTP/2.0`, then `SM`; frames follow.
-        if request_line == b"PRI * HTTP/2.0" && index == 0 {
-            self.state = State::H2(H2Frames {
-                preface: 6,
-                header: [0; 9],
-                have: 0,
-                left: 0,
-                ends_block: false,
-            });
-            return;
-        }
-        if version != b"HTTP/1.1" && version != b"HTTP/1.0" {
-            return self.stop();
-        }
         let (mut lengths, mut length, mut chunked) = (0u32, None, None);
         let mut readable = true;
-        for line in lines.take_while(|line| !line.is_empty()) {
-            let Some(colon) = memchr(b':', line) else {
-                return self.stop();
-            };
-            let (name, value) = (&line[..colon], trim(&line[colon + 1..]));
+        for header in headers {
+            // httparse has trimmed the value.
+            let (name, value) = (header.name.as_bytes(), header.value);
             if name.eq_ignore_ascii_case(b"content-length") {
                 // Counted even when unreadable: hyper ignores one that
                 // follows Transfer-Encoding without reading it.
@@ -410,6 +464,8 @@ impl Scan {
         // the server knows whether the protocol switched (`switched`).
         self.state = match (chunked, length) {
             _ if !readable => State::Off,
+            // hyper refuses Transfer-Encoding on HTTP/1.0.
+            (Some(_), _) if http10 => State::Off,
             (Some(true), _) => State::Chunked(Chunk::Start),
             // hyper refuses a request whose last coding is not chunked.
             (Some(false), _) => State::Off,
@@ -682,6 +738,24 @@ mod tests {
             let scan = fed(&[first, AMBIGUOUS]);
             assert_eq!(flagged(&scan).map(|h| h.request), Some(1));
         }
+    }
+
+    #[test]
+    fn heads_hyper_refuses_end_the_watch() {
+        let http10_chunked = b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+        let bad_name = b"GET / HTTP/1.1\r\nBad Name: 1\r\n\r\n";
+        let many = format!(
+            "GET / HTTP/1.1\r\n{}\r\n",
+            "X-A: 1\r\n".repeat(MAX_HEADERS + 1)
+        );
+        for first in [&http10_chunked[..], bad_name, many.as_bytes()] {
+            let scan = fed(&[first, AMBIGUOUS]);
+            assert_eq!((scan.state, flagged(&scan)), (State::Off, None));
+        }
+        // At the limit, hyper reads it: so does the watch.
+        let most = format!("GET / HTTP/1.1\r\n{}\r\n", "X-A: 1\r\n".repeat(MAX_HEADERS));
+        let scan = fed(&[most.as_bytes(), AMBIGUOUS]);
+        assert_eq!(flagged(&scan).map(|h| h.request), Some(1));
     }
 
     #[tokio::test]

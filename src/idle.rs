@@ -6,7 +6,10 @@
 //! replaying what hyper had already read. nginx frees a keep-alive
 //! connection's request buffers the same way.
 //!
-//! The connection's stream also keeps its timing: an idle connection is
+//! The connection's stream also keeps its timing: a request head must be
+//! complete within `limits.header_timeout` of the connection going idle
+//! (the deadline hyper's header timer would keep, kept here with one timer
+//! per connection instead of one per request), an idle connection is
 //! closed after `limits.idle_timeout` (parked or not), and a write the client
 //! accepts no bytes of for `limits.send_timeout` fails the connection (the
 //! watchdog sits on the stream, so it covers HTTP/1, HTTP/2 and tunnels).
@@ -192,6 +195,37 @@ impl Activity {
     /// When the next request head is due.
     fn head_deadline(&self, head_timeout: Duration) -> Instant {
         self.since() + head_timeout
+    }
+
+    /// When the next request head is due, if one is being waited for:
+    /// nothing in flight and nothing left to write. hyper begins reading a
+    /// head only then, so this is the deadline hyper's own header timer
+    /// would keep, without a timer made and dropped for every request.
+    fn head_due(&self, head_timeout: Duration) -> Option<Instant> {
+        if self.write_blocked.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.idle_since().map(|since| since + head_timeout)
+    }
+
+    /// Restarts the clock of [`Activity::idle_since`] when nothing is in
+    /// flight: the client sent to a parked connection, or the last answer
+    /// has just been written out after a blocked write.
+    fn restart_idle_clock(&self) {
+        if self.in_flight.load(Ordering::Relaxed) > 0 {
+            return;
+        }
+        if let Ok(mut since) = self.idle_since.lock() {
+            *since = Instant::now();
+        }
+    }
+
+    /// Notes whether the last write or flush was blocked; the head clock
+    /// starts again once a blocked answer is written out.
+    fn note_blocked(&self, blocked: bool) {
+        if self.write_blocked.swap(blocked, Ordering::Relaxed) && !blocked {
+            self.restart_idle_clock();
+        }
     }
 }
 
@@ -411,9 +445,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Parkable<S> {
 impl<S: AsyncWrite + Unpin> Parkable<S> {
     fn note_write<T>(&self, polled: &Poll<io::Result<T>>) {
         let blocked = polled.is_pending();
-        self.activity
-            .write_blocked
-            .store(blocked, Ordering::Relaxed);
+        self.activity.note_blocked(blocked);
         if !blocked {
             self.activity.moved.store(true, Ordering::Relaxed);
         }
@@ -450,9 +482,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Parkable<S> {
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
         let polled = Pin::new(&mut this.io).poll_flush(cx);
-        this.activity
-            .write_blocked
-            .store(polled.is_pending(), Ordering::Relaxed);
+        this.activity.note_blocked(polled.is_pending());
         this.send.check(cx, polled)
     }
 
@@ -501,11 +531,9 @@ pub async fn serve_h1<S, Svc, B>(
 {
     let activity = io.activity();
     let parking = &http1.parking;
-    let mut resumed_mid_head = false;
     loop {
         let requests_before = activity.requests();
         activity.read_lately.store(false, Ordering::Relaxed);
-        let head_deadline = activity.head_deadline(http1.head_timeout);
         // Boxed: parked, the connection's task keeps only a pointer's worth.
         let mut conn = Box::pin(
             http1
@@ -518,12 +546,14 @@ pub async fn serve_h1<S, Svc, B>(
             conn.as_mut().graceful_shutdown();
         }
         let mut park = false;
-        let mut look = tokio::time::interval_at(Instant::now() + parking.after, parking.after);
-        look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // hyper times a head from when it starts reading one, which for a
-        // resumed connection is now: a head begun before the park is held
-        // to the deadline that ran from when the connection went idle.
-        let mut head_due = resumed_mid_head;
+        // One timer for both the look at whether to park and the request
+        // head's deadline (hyper's own header timer is off: it would make
+        // and drop a timer for every request). Polled only when it fires.
+        let mut next_look = Instant::now() + parking.after;
+        let mut timer = WhenWoken::new(tokio::time::sleep_until(earliest(
+            next_look,
+            activity.head_due(http1.head_timeout),
+        )));
         let ended = loop {
             tokio::select! {
                 ended = conn.as_mut() => break ended,
@@ -531,25 +561,31 @@ pub async fn serve_h1<S, Svc, B>(
                     draining = true;
                     conn.as_mut().graceful_shutdown();
                 }
-                _ = look.tick(), if !park && !draining => {
-                    if activity.may_park(requests_before) {
-                        park = true;
-                        activity.parking.store(true, Ordering::Relaxed);
-                        // Idle, hyper closes without writing anything.
-                        conn.as_mut().graceful_shutdown();
-                    }
-                }
-                () = tokio::time::sleep_until(head_deadline), if head_due && !park => {
-                    if activity.requests() == requests_before {
-                        tracing::debug!(%remote, "no request head in time after a park: closing");
+                () = &mut timer, if !park => {
+                    let now = Instant::now();
+                    if activity
+                        .head_due(http1.head_timeout)
+                        .is_some_and(|due| now >= due)
+                    {
+                        tracing::debug!(%remote, "no request head in time: closing");
                         return;
                     }
-                    head_due = false;
+                    if now >= next_look {
+                        next_look = now + parking.after;
+                        if !draining && activity.may_park(requests_before) {
+                            park = true;
+                            activity.parking.store(true, Ordering::Relaxed);
+                            // Idle, hyper closes without writing anything.
+                            conn.as_mut().graceful_shutdown();
+                        }
+                    }
+                    let next = earliest(next_look, activity.head_due(http1.head_timeout));
+                    timer.inner_mut().reset(next);
                 }
             }
         };
         // Its timer would go on waking a parked connection.
-        drop(look);
+        drop(timer);
         if let Err(err) = ended {
             tracing::debug!(%remote, error = %err, "connection ended with an error");
             return;
@@ -602,8 +638,17 @@ pub async fn serve_h1<S, Svc, B>(
         }
         http1.connections.resumed();
         tracing::trace!(%remote, "connection resumed");
-        resumed_mid_head = begun;
+        // A head begun before the park stays due when it was; one begun
+        // now is due within the head timeout from now.
+        if !begun {
+            activity.restart_idle_clock();
+        }
     }
+}
+
+/// The earlier of `at` and `due`, if there is a `due`.
+fn earliest(at: Instant, due: Option<Instant>) -> Instant {
+    due.map_or(at, |due| due.min(at))
 }
 
 /// A future polled only when it asked to be: on its first poll, and after its
@@ -642,6 +687,13 @@ impl<F: Future> WhenWoken<F> {
                 outer: AtomicWaker::new(),
             }),
         }
+    }
+
+    /// The wrapped future, to change it (a timer reset): it is polled on
+    /// the next poll whether or not it was woken.
+    pub fn inner_mut(&mut self) -> Pin<&mut F> {
+        self.signal.woken.store(true, Ordering::Release);
+        self.inner.as_mut()
     }
 }
 

@@ -332,7 +332,10 @@ impl Upstream {
                 }
             }
         };
-        let pooled = self.pool.connect(worker).await?;
+        // Boxed: connecting (TCP, TLS, the HTTP/1 handshake) is rare once
+        // the pool is warm, and unboxed its state would add a kilobyte or
+        // more to every request's future, which is moved whole.
+        let pooled = Box::pin(self.pool.connect(worker)).await?;
         pooled.send(req).await.map_err(|failed| failed.error)
     }
 

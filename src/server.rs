@@ -410,9 +410,15 @@ fn h1_buf_size(limits: &ServerLimits) -> usize {
 
 fn http1_builder(limits: &ServerLimits) -> http1::Builder {
     let mut builder = http1::Builder::new();
+    // No timer: the head timeout is kept by `idle::serve_h1`, with one
+    // timer per connection rather than one made and dropped per request.
+    // Without writev, hyper copies a body chunk after the head it has just
+    // written and sends both with one write: fewer instructions per
+    // proxied request than queueing both for a vectored write (callgrind,
+    // benches/README.md).
     builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout)
+        .header_read_timeout(None)
+        .writev(false)
         .max_buf_size(h1_buf_size(limits));
     builder
 }

@@ -105,6 +105,24 @@ async fn an_idle_http1_connection_is_closed_after_idle_timeout() {
 }
 
 #[tokio::test]
+async fn an_http1_head_left_unfinished_is_closed_after_header_timeout() {
+    let origin = ok_origin().await;
+    let mut config = config_for(&origin);
+    config.limits.idle_timeout = Duration::from_secs(3600);
+    config.limits.header_timeout = Duration::from_secs(1);
+    let gate = spawn_gate(config).await;
+    let mut stream = TcpStream::connect(gate.addr).await.unwrap();
+    // No blank line: the head never ends (and a connection that has not
+    // had a request answered is never parked).
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n")
+        .await
+        .unwrap();
+    closed_by_server(&mut stream, "an unfinished request head").await;
+    assert_eq!(origin.accepted(), 0);
+}
+
+#[tokio::test]
 async fn an_http2_header_block_left_open_is_closed_after_header_timeout() {
     let origin = ok_origin().await;
     let mut config = config_for(&origin);
