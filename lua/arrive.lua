@@ -8,11 +8,14 @@
 --       [9] unconfirmed session life (ms)  [10] unconfirmed ticket life (ms)
 --       [11] client places (0 = off)  [12] client joins per minute (0 = off)
 --       [13] client memory (ms)  [14] join window (ms)
+--       [15] too late after (unix ms, the caller's clock): the caller has
+--            given up on this call by then
 -- Returns: {1}                                   admitted (or already active)
 --          {2, join score µs, position, waiting} in line (new or same place)
 --          {3, waiting}                          line full, nobody queued
 --          {4, retry after ms}                   the client is over a limit:
 --                                                nothing was stored for it
+--          {5}                                   run too late: nothing stored
 -- Invariant: admit-now only when nobody waits, no hold is on, the active
 -- count (expiry > now) is below capacity and the tick window has room; it
 -- spends one from the same window budget the admitter uses. Join scores are
@@ -34,6 +37,13 @@ local client_places = tonumber(ARGV[11])
 local client_joins = tonumber(ARGV[12])
 local client_memory_ms = tonumber(ARGV[13])
 local join_window_ms = tonumber(ARGV[14])
+local too_late_ms = tonumber(ARGV[15])
+
+-- The caller timed out and went on without this call (a local line may have
+-- given the visitor a ticket): storing it now would place the id twice.
+if now_ms > too_late_ms then
+  return {5}
+end
 
 -- Ghosts and unconfirmed tickets go first (counted by the next tick), this
 -- visitor included.

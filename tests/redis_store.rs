@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use queuegate::queue::{
-    Arrival, Limits, PassTimes, Poll, QueueStore, RedisStore, Tick, TicketTimes, VisitorId,
+    Arrival, Limits, PassTimes, Poll, QueueStore, RedisStore, StoreError, Tick, TicketTimes,
+    VisitorId,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -835,4 +836,40 @@ async fn a_gap_in_the_ticks_does_not_run_sessions_out() {
         1,
         "moved on by the gap, not purged"
     );
+}
+
+/// An arrival that timed out while Redis was stopped sits in the connection
+/// and runs when Redis resumes. By then the instance has given the visitor a
+/// ticket from its local line: the late arrival stores nothing, so the
+/// visitor is not placed a second time at a later score.
+#[tokio::test]
+async fn an_arrival_run_after_its_caller_gave_up_stores_nothing() {
+    let mut server = RedisServer::start();
+    let s = store(&server);
+    let l = limits();
+    // The connection is up and the script loaded before Redis stops (a
+    // script Redis does not know yet would only be answered NOSCRIPT).
+    s.arrive("other", &id(9), &[], &l, false).await.unwrap();
+    server.pause();
+    let late = s.arrive("r", &id(1), &[], &l, false).await;
+    assert!(matches!(late, Err(StoreError::Timeout)), "{late:?}");
+    // Past the call's timeout and the grace for clock skew.
+    tokio::time::sleep(TIMEOUT + Duration::from_millis(1_300)).await;
+    server.resume();
+    let mut on_time = None;
+    for _ in 0..50 {
+        if let Ok(a) = s.arrive("r", &id(2), &[], &l, false).await {
+            on_time = Some(a);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let on_time = on_time.expect("Redis answers again");
+    assert_eq!(
+        waiting(on_time).position,
+        1,
+        "the late arrival took no place"
+    );
+    let members: i64 = server.query(&["ZCARD", "qg:{r}:waiting"]);
+    assert_eq!(members, 1);
 }

@@ -365,6 +365,26 @@ async fn follow_master(
     }
 }
 
+/// How long after a call's timeout Redis may still run an `arrive` (see
+/// [`RedisStore::too_late_ms`]): room for clock skew between the hosts.
+const LATE_GRACE: Duration = Duration::from_secs(1);
+
+impl RedisStore {
+    /// When an `arrive` sent now is too late to run, unix ms by this host's
+    /// clock. A call that timed out here may still sit in the connection, and
+    /// Redis runs it when it next reads (after a SIGSTOP, a long script, a
+    /// stalled network): an arrival that ran then would put the visitor,
+    /// whom this instance meanwhile gave a ticket from its local line, in
+    /// the store's line at a later score than the ticket's. Past this time
+    /// the script stores nothing.
+    fn too_late_ms(&self) -> u64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        ms(now + self.timeout + LATE_GRACE)
+    }
+}
+
 /// The client whose places a poll or renewal keeps alive: only a known
 /// client, and only while the places limit is on.
 fn touched<'a>(client: ClientKey<'a>, limits: &Limits) -> Option<ClientKey<'a>> {
@@ -412,10 +432,14 @@ impl QueueStore for RedisStore {
             .arg(limits.client_places)
             .arg(limits.client_joins_per_minute)
             .arg(ms(limits.client_memory()))
-            .arg(ms(JOIN_WINDOW));
+            .arg(ms(JOIN_WINDOW))
+            .arg(self.too_late_ms());
         async move {
             let reply: Vec<u64> = self.run(&invocation).await?;
             match field(&reply, 0, "arrive")? {
+                // Run after this instance gave up on it (its clock ahead of
+                // Redis's by more than the grace): as a timeout.
+                5 => Err(StoreError::Timeout),
                 1 => Ok(Arrival::Admitted),
                 2 => Ok(Arrival::Waiting(place(&reply, "arrive")?)),
                 3 => Ok(Arrival::Full {
@@ -445,7 +469,8 @@ impl QueueStore for RedisStore {
             .arg(ms(limits.session_ttl))
             .arg(ms(limits.abandon_after))
             .arg(ms(limits.pass_ttl))
-            .arg(ms(limits.client_memory()));
+            .arg(ms(limits.client_memory()))
+            .arg(ms(limits.confirm_within));
         async move {
             let reply: Vec<u64> = self.run(&invocation).await?;
             match field(&reply, 0, "poll")? {
