@@ -15,6 +15,8 @@
 //! - `SOAK_RATE` (4): visitors arriving per second; `SOAK_CAPACITY` (16):
 //!   the gated route's capacity before it is raised by half and put back.
 //! - `BENCH_WRITE` (unset): `1` writes the results into `benches/README.md`.
+//! - `SOAK_DEBUG` (unset): `1` prints each order inversion and each visitor
+//!   sent to the back, with its history, to stderr.
 //! - `BENCH_WRK` (wrk), `BENCH_QUEUEGATE` (the built binary).
 
 #[path = "crowd/fleet.rs"]

@@ -6,17 +6,22 @@
 -- ARGV: [1] id (16 raw bytes)  [2] ticket's join score (µs)
 --       [3] ticket's last seen (µs; the score if never polled)
 --       [4] session_ttl (ms)  [5] abandon_after (ms)  [6] pass_ttl (ms)
---       [7] client memory (ms)
+--       [7] client memory (ms)  [8] confirm_within (ms)
 -- Returns: {2, join score µs, position, waiting}  still in line (or restored)
 --          {1}                                    admitted: the visitor has
 --                                                 shown up, session_ttl from now
 --          {0}                                    gone: join anew at the back
 -- Invariant: an entry missing from the store is restored at the ticket's
--- score only when the ticket is confirmed (seen after score), its holder could
--- still be in line (seen + abandon_after > now), no tombstone says it left or
--- never showed up, and either the epoch is newer than the score (the store
--- was wiped; a hold of pass_ttl starts) or the score is younger than
--- abandon_after (a write lost in a failover). A waiter still in line keeps
+-- score only when its holder could still be in line (seen + abandon_after >
+-- now), no tombstone says it left or never showed up, and either
+-- - the ticket is confirmed (seen after score) and the epoch is newer than
+--   the score (the store was wiped; a hold of pass_ttl starts), or
+-- - the ticket is confirmed and the score is younger than abandon_after (a
+--   write lost in a failover), or
+-- - the ticket was never polled and the score is younger than
+--   confirm_within as well: a ticket an instance's local line issued during
+--   an outage, polled for the first time now. The store would still hold it
+--   unconfirmed had it been written, so nothing dropped comes back. A waiter still in line keeps
 -- its place: ghosts are dropped by arrive and admit_tick.
 
 local id = ARGV[1]
@@ -26,6 +31,7 @@ local session_ttl_ms = tonumber(ARGV[4])
 local abandon_after_ms = tonumber(ARGV[5])
 local pass_ttl_ms = tonumber(ARGV[6])
 local client_memory_ms = tonumber(ARGV[7])
+local confirm_within_ms = tonumber(ARGV[8])
 
 local score = tonumber(redis.call('ZSCORE', waiting_key, id))
 if score then
@@ -43,12 +49,16 @@ end
 if tombstoned(id) then
   return {0}
 end
-if seen_us <= ticket_us or seen_us + abandon_after_ms * 1000 <= now_us then
+if seen_us + abandon_after_ms * 1000 <= now_us then
   return {0}
 end
 
-local wiped = epoch_us > ticket_us
-if wiped or now_us - ticket_us < abandon_after_ms * 1000 then
+local age_us = now_us - ticket_us
+local confirmed = seen_us > ticket_us
+local wiped = confirmed and epoch_us > ticket_us
+local lost_write = age_us < abandon_after_ms * 1000
+  and (confirmed or age_us < confirm_within_ms * 1000)
+if wiped or lost_write then
   redis.call('ZADD', waiting_key, int(ticket_us), id)
   redis.call('ZADD', seen_key, int(now_ms), id)
   if wiped then

@@ -881,6 +881,14 @@ async fn lost_write_restored_when_young<H: Harness>(h: &mut H) {
         0,
         "a lost write starts no hold"
     );
+    // One never polled yet (a local line issued it during an outage): its
+    // first poll, within confirm_within, confirms it where it stands.
+    let first = poll_with(h, &route, 6, TicketTimes::new(c.score_us), &limits).await;
+    let Poll::Waiting(first) = first else {
+        panic!("a young ticket is restored on its first poll: {first:?}");
+    };
+    assert_eq!((first.score_us, first.position), (c.score_us, 4));
+    leave(h, &route, 6).await;
 
     leave(h, &route, 5).await;
     let d = join(h, &route, 4, &limits).await;

@@ -315,6 +315,9 @@ impl Soak {
                 .any(|&(from, until)| (from..until).contains(&t))
         };
         let pairs = sim::inversion_pairs(&self.crowd.records);
+        if std::env::var_os("SOAK_DEBUG").is_some() {
+            self.debug_inversions(&down);
+        }
         let total = pairs.len() as u64;
         let up: Vec<(u64, u64)> = pairs
             .into_iter()
@@ -322,6 +325,41 @@ impl Soak {
             .collect();
         let faults = total - up.len() as u64;
         (up, faults)
+    }
+
+    fn debug_inversions(&self, down: &dyn Fn(u64) -> bool) {
+        let t = |us: u64| (self.crowd_offset + Duration::from_micros(us)).as_secs_f64();
+        let records = &self.crowd.records;
+        for b in records {
+            let Some((at, Some(sb))) = b.admitted else {
+                continue;
+            };
+            for a in records {
+                for &(sa, sent) in &a.seen_waiting {
+                    if sent > at && sa < sb && !down(at) && !down(sent) {
+                        eprintln!(
+                            "INV B adm {:.1} arr {:.1} joins {} polls {} | A arr {:.1} joins {} polls {} last-wait {:.1} adm {:?} ended {:.1} rises {:?} seen {:?} | sb-sa {:.2}s",
+                            t(at), t(b.arrived_us), b.joins, b.polls,
+                            t(a.arrived_us), a.joins, a.polls, t(sent),
+                            a.admitted.map(|(x, s)| (t(x), s)), t(a.ended_us), a.rises,
+                            a.seen_waiting, (sb - sa) as f64 / 1e6
+                        );
+                    }
+                }
+            }
+        }
+        for r in records.iter().filter(|r| r.joins > 1) {
+            eprintln!(
+                "BACK arr {:.1} joins {} polls {} adm {:?} seen {:?} rises {:?} errors {:?}",
+                t(r.arrived_us),
+                r.joins,
+                r.polls,
+                r.admitted.map(|(x, s)| (t(x), s)),
+                r.seen_waiting,
+                r.rises,
+                r.errors
+            );
+        }
     }
 
     /// Position rises (polls, largest) while the store was up and during faults.

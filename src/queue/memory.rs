@@ -360,16 +360,24 @@ impl Route {
         if self.tombstones.contains(id) {
             return Poll::Gone;
         }
-        // Never polled, or silent so long it would be a ghost by now.
+        // Silent so long it would be a ghost by now.
         let alive_until_us = ticket.seen_us.saturating_add(as_us(limits.abandon_after));
-        if !ticket.confirmed() || alive_until_us <= now.us {
+        if alive_until_us <= now.us {
             return Poll::Gone;
         }
+        let confirmed = ticket.confirmed();
         if self.fallback {
+            if !confirmed {
+                return Poll::Gone;
+            }
             return Poll::Waiting(self.line.join(*id, ticket.score_us, now.ms, true));
         }
-        let store_lost = self.epoch_us > ticket.score_us;
-        let write_lost = now.us.saturating_sub(ticket.score_us) < as_us(limits.abandon_after);
+        let age_us = now.us.saturating_sub(ticket.score_us);
+        let store_lost = confirmed && self.epoch_us > ticket.score_us;
+        // A never-polled ticket only while the store would still hold it
+        // unconfirmed: one a local line issued during an outage.
+        let write_lost = age_us < as_us(limits.abandon_after)
+            && (confirmed || age_us < as_us(limits.confirm_within));
         if !(store_lost || write_lost) {
             return Poll::Gone;
         }

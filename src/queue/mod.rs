@@ -303,12 +303,15 @@ pub trait QueueStore: Send + Sync {
 
     /// A waiter polls (a heartbeat, and the confirmation of a new ticket) from
     /// `client`, which keeps the client's count of places alive. An entry
-    /// missing from the store is restored at the ticket's score only when the
-    /// ticket is confirmed, its holder could still be in line now
-    /// (`seen_us + abandon_after > now`, so it could at the loss), no
-    /// tombstone says it left or never showed up, and either the route's
-    /// epoch is newer than the score (the store was wiped: a hold starts) or
-    /// the score is younger than `abandon_after` (a write lost in a failover).
+    /// missing from the store is restored at the ticket's score only when its
+    /// holder could still be in line now (`seen_us + abandon_after > now`,
+    /// so it could at the loss), no tombstone says it left or never showed
+    /// up, and either the ticket is confirmed and the route's epoch is newer
+    /// than the score (the store was wiped: a hold starts), or the score is
+    /// younger than `abandon_after` (a write lost in a failover) and, for a
+    /// ticket never polled (one a local line issued during an outage),
+    /// younger than `confirm_within` too, so that nothing the store dropped
+    /// as unconfirmed comes back.
     fn poll(
         &self,
         route: &str,
