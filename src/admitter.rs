@@ -66,6 +66,7 @@ pub async fn run(
             }
             match gate.store().admit_tick(&name, &route.limits, known).await {
                 Ok(t) => {
+                    live.answered_locally.store(false, Ordering::Relaxed);
                     if known.is_some_and(|k| k != t.epoch_us) {
                         tracing::warn!(route = %name, "store lost its state: holding admissions for one pass_ttl");
                     }

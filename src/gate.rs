@@ -261,6 +261,7 @@ impl Gate {
             Err(err) => match route.cfg.on_store_error {
                 OnStoreError::Local => {
                     tracing::debug!(route = route.name(), error = %err, "polling the local line");
+                    route.live.answered_locally.store(true, Ordering::Relaxed);
                     let polled = self
                         .local
                         .poll(
@@ -317,22 +318,25 @@ impl Gate {
             // Unconfirmed until the visitor comes back with the pass.
             Ok(a) => (a, Kind::NewPass),
             Err(err) => match route.cfg.on_store_error {
-                OnStoreError::Local => match self
-                    .local
-                    .arrive(
-                        route.name(),
-                        &id,
-                        who.client,
-                        &route.local_limits_now(),
-                        admit_now,
-                    )
-                    .await
-                {
-                    // The local line confirms it on the visitor's return, and
-                    // the store takes it back once it answers again.
-                    Ok(a) => (a, Kind::LocalPass),
-                    Err(local_err) => return self.store_failed(route, &local_err),
-                },
+                OnStoreError::Local => {
+                    route.live.answered_locally.store(true, Ordering::Relaxed);
+                    let local = self
+                        .local
+                        .arrive(
+                            route.name(),
+                            &id,
+                            who.client,
+                            &route.local_limits_now(),
+                            admit_now,
+                        )
+                        .await;
+                    match local {
+                        // The local line confirms it on the visitor's return,
+                        // and the store takes it back once it answers again.
+                        Ok(a) => (a, Kind::LocalPass),
+                        Err(local_err) => return self.store_failed(route, &local_err),
+                    }
+                }
                 _ => return self.store_failed(route, &err),
             },
         };

@@ -32,6 +32,11 @@ pub struct RouteLive {
     /// The local line admitted someone since the store last heard of it:
     /// the admitter asks the store for a hold before its next tick.
     pub granted_locally: AtomicBool,
+    /// The local line answered for this route since the admitter last
+    /// reached the store: waiters are told to poll again within about a
+    /// second, so that once the store is back they are in its line again
+    /// (restored at their places) before anyone can be ranked wrongly.
+    pub answered_locally: AtomicBool,
 }
 
 impl RouteLive {

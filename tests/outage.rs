@@ -397,3 +397,48 @@ where
     }
     panic!("{what}: not within 10 s");
 }
+
+/// While the local line answers for a paused store, waiters are told to poll
+/// about every second, so each is back in the store's line (at its place)
+/// within a second of the store's return; afterwards the interval grows
+/// with the position again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_poll_soon_while_the_local_line_answers() {
+    let mut redis = RedisServer::start();
+    let (origin, _hits) = counting_origin().await;
+    let mut config = redis_config(&origin.url(), &redis);
+    config.routes = vec![outage_route("full", 1, OnStoreError::Local)];
+    let gate = spawn_gate(config).await;
+    let _holder = admitted(&gate, "/full").await;
+    let mut waiters = Vec::new();
+    for _ in 0..60 {
+        let mut v = Visitor::new();
+        let a = answered("waiter", v.navigate(&gate.url("/full"))).await;
+        assert_eq!(a.status, StatusCode::FOUND, "{a:?}");
+        waiters.push(v);
+    }
+    let last = waiters.last_mut().unwrap();
+    let interval = |status: &serde_json::Value| status["poll_after_ms"].as_u64().unwrap();
+    let status = answered("poll", last.status(&gate, "full")).await;
+    assert_eq!(status["position"], 60, "{status}");
+    // About 1 s + 40 ms per place ahead, ±20 %.
+    assert!(interval(&status) >= 2_600, "{status}");
+
+    redis.pause();
+    let status = answered("poll in the pause", last.status(&gate, "full")).await;
+    assert_eq!(status["state"], "waiting", "{status}");
+    assert!(interval(&status) <= 1_200, "{status}");
+    redis.resume();
+
+    let mut back_to_normal = false;
+    for _ in 0..100 {
+        let status = answered("poll after", last.status(&gate, "full")).await;
+        if status["state"] == "waiting" && interval(&status) >= 2_600 {
+            back_to_normal = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(back_to_normal, "the interval grows again once the store answers");
+    drop(gate);
+}

@@ -348,6 +348,17 @@ impl Soak {
                 }
             }
         }
+        for r in records {
+            for &(sent, places) in &r.rises {
+                if !down(sent) {
+                    eprintln!(
+                        "RISE at {:.1} by {places} | arr {:.1} joins {} polls {} adm {:?} seen {:?} rises {:?}",
+                        t(sent), t(r.arrived_us), r.joins, r.polls,
+                        r.admitted.map(|(x, s)| (t(x), s)), r.seen_waiting, r.rises
+                    );
+                }
+            }
+        }
         for r in records.iter().filter(|r| r.joins > 1) {
             eprintln!(
                 "BACK arr {:.1} joins {} polls {} adm {:?} seen {:?} rises {:?} errors {:?}",

@@ -5,6 +5,8 @@
 pub mod page;
 pub mod return_to;
 
+use std::sync::atomic::Ordering;
+
 use http::header::{HeaderMap, HeaderValue, ACCEPT, ACCEPT_LANGUAGE, SET_COOKIE};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -45,9 +47,17 @@ pub fn is_navigation(method: &Method, headers: &HeaderMap) -> bool {
 /// waiter, or an app that obeys the `Retry-After` derived from it, is never
 /// taken for a ghost, and when the admitter lets it in (which can happen far
 /// from the head when many slots free at once) its next poll comes before the
-/// arrival grace runs out, so it is not counted a no-show.
+/// arrival grace runs out, so it is not counted a no-show. While the local
+/// line answers for the store (and until the admitter reaches it again),
+/// everyone polls about every second: once the store is back, each waiter
+/// is back in its line within a second, at its place, before positions are
+/// read from it again.
 pub fn poll_after_ms(route: &RouteRt, position: u64) -> u64 {
-    let base = (1_000 + position.saturating_sub(1) * 40).min(8_000);
+    let base = if route.live.answered_locally.load(Ordering::Relaxed) {
+        1_000
+    } else {
+        (1_000 + position.saturating_sub(1) * 40).min(8_000)
+    };
     let patience = route.limits.abandon_after.min(route.limits.arrival_grace);
     let cap = (patience.as_millis() as u64 / 3).max(250);
     let jitter = rand::rng().random_range(0.8..1.2);
