@@ -3,8 +3,8 @@
 //! `max_requests_per_session`. The freed slot goes to the next waiter, the
 //! pass stops admitting, the header never reaches the client, and a client
 //! cannot send the command itself. Each runs on the memory store; the
-//! counting runs on Redis too (several instances on one Redis are in
-//! tests/multi_instance.rs).
+//! counting runs on Redis too, in-process and as three instances on one
+//! Redis.
 
 mod common;
 #[path = "common/redis.rs"]
@@ -341,4 +341,139 @@ async fn a_used_up_navigation_goes_back_through_the_line() {
         .unwrap()
         .starts_with("/__queuegate/waiting?"));
     assert_eq!(hits.load(Ordering::SeqCst), 3);
+}
+
+// Three `queuegate` processes on one Redis (as in tests/multi_instance.rs,
+// kept here so their load does not overlap that file's timing-bound tests).
+
+fn route_yaml(capacity: u64, extra: &str) -> String {
+    format!(
+        "  - name: tickets\n    match: {{ path_prefix: /tickets }}\n    capacity: {capacity}\n    \
+         tick: 50ms\n    pass_ttl: 2s\n    \
+         client_limits: {{ places: 0, joins_per_minute: 0 }}\n{extra}"
+    )
+}
+
+async fn three(capacity: u64, extra: &str) -> (RedisServer, Origin, Vec<Instance>) {
+    let redis = RedisServer::start();
+    let (origin, _hits) = counting_origin().await;
+    let route = route_yaml(capacity, extra);
+    let mut instances = Vec::new();
+    for _ in 0..3 {
+        instances
+            .push(Instance::start(&redis.url(), &origin.url(), &format!("routes:\n{route}")).await);
+    }
+    (redis, origin, instances)
+}
+
+async fn status(v: &mut Visitor, at: &Instance) -> serde_json::Value {
+    let a = v.fetch(&at.url("/__queuegate/status?route=tickets")).await;
+    assert_eq!(a.status, StatusCode::OK);
+    a.json()
+}
+
+/// Polls `v`'s status on `at` until it is admitted; panics after 10 s.
+async fn admitted_on(v: &mut Visitor, at: &Instance) {
+    for _ in 0..500 {
+        if status(v, at).await["state"] == "admitted" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("never admitted");
+}
+
+/// Replays `pass` on `at` until it no longer reaches the origin; panics
+/// after 5 s (a pass is refused by every instance once it renews, at most
+/// half its two-second life after the session ended).
+async fn refused_on(pass: &str, at: &Instance) {
+    for _ in 0..250 {
+        let mut replay = Visitor::new();
+        replay.jar.insert("qg_tickets".into(), pass.to_owned());
+        if !replay
+            .navigate(&at.url("/tickets/x"))
+            .await
+            .reached_origin()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the ended session's pass still admits");
+}
+
+#[tokio::test]
+async fn an_ended_session_frees_its_slot_for_a_waiter_on_another_instance() {
+    for exit in ["/tickets/done", "/tickets//done"] {
+        let (_redis, _origin, instances) = three(1, "    exit_paths: [/tickets/done]\n").await;
+        let mut a = Visitor::new();
+        assert!(a
+            .navigate(&instances[0].url("/tickets/x"))
+            .await
+            .reached_origin());
+        // Its return confirms the session.
+        assert!(a
+            .navigate(&instances[1].url("/tickets/x"))
+            .await
+            .reached_origin());
+        let pass = a.cookie("qg_tickets").unwrap().to_owned();
+        let mut b = Visitor::new();
+        assert!(!b
+            .navigate(&instances[1].url("/tickets/x"))
+            .await
+            .reached_origin());
+
+        let done = a.navigate(&instances[2].url(exit)).await;
+        assert!(done.reached_origin(), "{exit}: {done:?}");
+        assert!(a.cookie("qg_tickets").is_none(), "{exit}: pass not cleared");
+        // The instance that ended it refuses the pass at once.
+        let mut replay = Visitor::new();
+        replay.jar.insert("qg_tickets".into(), pass.clone());
+        assert!(!replay
+            .navigate(&instances[2].url("/tickets/x"))
+            .await
+            .reached_origin());
+        // The slot is the waiter's, through another instance.
+        admitted_on(&mut b, &instances[1]).await;
+        assert!(b
+            .navigate(&instances[0].url("/tickets/x"))
+            .await
+            .reached_origin());
+        for at in &instances {
+            refused_on(&pass, at).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn one_pass_over_three_instances_makes_exactly_its_requests() {
+    let redis = RedisServer::start();
+    for limit in [1, 3] {
+        let (origin, hits) = counting_origin().await;
+        let route = route_yaml(5, &format!("    max_requests_per_session: {limit}\n"));
+        let mut instances = Vec::new();
+        for _ in 0..3 {
+            instances.push(
+                Instance::start(&redis.url(), &origin.url(), &format!("routes:\n{route}")).await,
+            );
+        }
+        let mut v = Visitor::new();
+        let a = v
+            .navigate(&instances[0].url("/__queuegate/waiting?route=tickets&return=/tickets/x"))
+            .await;
+        assert_eq!(a.location(), Some("/tickets/x"), "{a:?}");
+        let tasks: Vec<_> = (0..50)
+            .map(|i| {
+                let mut tab = v.clone();
+                let url = instances[i % 3].url("/tickets/x");
+                tokio::spawn(async move { tab.fetch(&url).await.reached_origin() })
+            })
+            .collect();
+        let mut reached = 0;
+        for task in tasks {
+            reached += usize::from(task.await.unwrap());
+        }
+        assert_eq!(reached, limit, "limit {limit}");
+        assert_eq!(hits.load(Ordering::SeqCst), limit, "limit {limit}");
+    }
 }
