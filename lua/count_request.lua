@@ -12,14 +12,19 @@
 -- count is kept, and the call answering 2 leaves the id as leave.lua does
 -- (in neither waiting nor active, a tombstone in seen), so no instance
 -- renews or restores the session afterwards. An id with a tombstone (it
--- left, or was ended) answers 3, and one without a live session 4, without
--- counting.
+-- left, or was ended) or whose count reached the limit answers 3, and one
+-- without a live session 4, without counting.
 
 local id = ARGV[1]
 local limit = tonumber(ARGV[2])
 local keep_ms = tonumber(ARGV[3])
 local uses_key = KEYS[6]
 if tombstoned(id) then
+  return 3
+end
+-- The count outlives the tombstone: a session that made its requests stays
+-- exhausted while any pass of it can come back.
+if (tonumber(redis.call('GET', uses_key)) or 0) >= limit then
   return 3
 end
 if not is_active(id) then

@@ -450,7 +450,14 @@ impl Route {
 
     fn count_request(&mut self, now: Now, id: &VisitorId, limit: u64, limits: &Limits) -> Counted {
         self.purge_sessions(now);
-        if self.tombstones.contains(id) {
+        // The count outlives the tombstone: a session that made its
+        // requests stays exhausted while any pass of it can come back.
+        let used = self
+            .uses
+            .get(id)
+            .filter(|&&(_, forget_ms)| forget_ms > now.ms)
+            .map_or(0, |&(count, _)| count);
+        if self.tombstones.contains(id) || used >= limit {
             return Counted::Exhausted;
         }
         if !self.fallback && !self.sessions.is_active(id, now.ms) {
