@@ -7,11 +7,7 @@
 -- holds its tombstone (-now ms, forgotten abandon_after later by
 -- admit_tick), so neither its ticket nor its pass is restored as a lost write.
 
-local id = ARGV[1]
-local removed = redis.call('ZREM', waiting_key, id)
-removed = removed + redis.call('ZREM', active_key, id)
-redis.call('ZADD', seen_key, int(-now_ms), id)
-if removed > 0 then
+if end_place(ARGV[1]) > 0 then
   return 1
 end
 return 0

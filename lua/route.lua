@@ -41,6 +41,11 @@
 --                                      while it may hold a place or falls in
 --                                      the join window; the key expires
 --                                      client memory after its last contact
+-- and, for count_request:
+--   KEYS[6] qg:{route}:uses:<hex id>  string: forwarded requests of one
+--                                      session, on routes with
+--                                      max_requests_per_session; expires
+--                                      session_ttl + pass_ttl after the last
 -- Ids are the raw 16-byte visitor ids: members only, never part of a key.
 --
 -- It defines: now_us / now_ms (Redis TIME), epoch_us (created with HSETNX by
@@ -201,6 +206,16 @@ local function tombstoned(id)
   end
   local expiry = tonumber(redis.call('ZSCORE', active_key, id))
   return expiry ~= nil and expiry <= now_ms and marked(expiry, 0.5)
+end
+
+-- Ends `id`'s place: out of the line and the active set, with a tombstone
+-- (-now ms) in seen so neither its ticket nor its pass is restored as a lost
+-- write. Returns how many of the two held it.
+local function end_place(id)
+  local removed = redis.call('ZREM', waiting_key, id)
+  removed = removed + redis.call('ZREM', active_key, id)
+  redis.call('ZADD', seen_key, int(-now_ms), id)
+  return removed
 end
 
 -- Forgets tombstones buried before now - abandon_after: by then every ticket

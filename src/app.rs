@@ -1,6 +1,7 @@
 //! A running queuegate's shared state and the per-request entry point: check
 //! the framing, serve queuegate's own paths, let the gate decide, then answer
-//! or forward.
+//! or forward, and end the session when the route or the origin says so
+//! (DESIGN §8.6).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -15,16 +16,18 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::admission::KeyRing;
+use crate::admission::VisitorId;
 use crate::client_ip::{self, LimitKey};
 use crate::clock::Clock;
 use crate::config::{AmbiguousPaths, ClientIp, Config, HostPattern};
 use crate::cookie::{self, CookieMemo};
 use crate::framing::AmbiguousHead;
 use crate::gate::{Admitted, Decision, Gate, Requester};
-use crate::metrics::{Metrics, Outcome, UpstreamFailure};
-use crate::proxy::{self, Peer, Upstream};
-use crate::queue::{BreakerConfig, Guarded, Store};
+use crate::metrics::{Metrics, Outcome, SessionEnd, UpstreamFailure};
+use crate::proxy::{self, OriginCommand, Peer, Upstream};
+use crate::queue::{BreakerConfig, Counted, Guarded, Store};
 use crate::response::{self, Body, RequestError};
+use crate::route::RouteRt;
 use crate::route::Settings;
 use crate::waiting;
 use crate::{host, path};
@@ -173,49 +176,213 @@ impl App {
         }
         if !ambiguous && readings.iter().all(|p| s.bypassed(req.method(), p)) {
             drop(readings);
-            return (None, Outcome::Bypass, self.forward(req, peer, None).await);
+            return (None, Outcome::Bypass, self.forward_ungated(req, peer).await);
         }
         let index = readings
             .iter()
             .find_map(|p| s.route_for(host.as_deref(), p));
-        drop(readings);
         let Some(index) = index else {
+            drop(readings);
             return (
                 None,
                 Outcome::Forwarded,
-                self.forward(req, peer, None).await,
+                self.forward_ungated(req, peer).await,
             );
         };
         let route = &s.routes[index];
+        let exit = route.is_exit(&readings);
+        drop(readings);
         let key = self.limit_key(peer, req.headers());
         let who = Requester {
             tls: peer.tls,
             client: key.as_bytes(),
         };
+        // On a route that counts requests, a pass is counted before the
+        // decision (DESIGN §8.6): its session may have made its requests, or
+        // this may be its last, and neither may send the visitor through the
+        // line again in the same request (so concurrent requests with one
+        // pass let exactly the allowed number through).
+        let creds = route
+            .counts_requests()
+            .then(|| s.credentials(index, req.headers(), peer.tls, &conn.cookies));
+        let counted = match creds.and_then(|c| c.pass) {
+            Some(pass) => {
+                let counted = Box::pin(self.gate.count_request(route, &pass.id)).await;
+                match counted {
+                    Counted::Exhausted => {
+                        let resp = self.used_up(s, route, &req, peer.tls);
+                        route.metrics.request(Outcome::UsedUp);
+                        return (Some(route.name()), Outcome::UsedUp, resp);
+                    }
+                    Counted::Last => {
+                        let resp = Box::pin(self.forward_session(
+                            s,
+                            route,
+                            req,
+                            peer,
+                            None,
+                            pass.id,
+                            exit,
+                            Counted::Last,
+                        ))
+                        .await;
+                        route.metrics.request(Outcome::Pass);
+                        return (Some(route.name()), Outcome::Pass, resp);
+                    }
+                    Counted::Allowed | Counted::Gone => Some((pass.id, counted)),
+                }
+            }
+            None => None,
+        };
         let decision = self
             .gate
             .decide(s, index, who, || {
-                s.credentials(index, req.headers(), peer.tls, &conn.cookies)
+                creds
+                    .unwrap_or_else(|| s.credentials(index, req.headers(), peer.tls, &conn.cookies))
             })
             .await;
-        let outcome = outcome_of(&decision);
-        route.metrics.request(outcome);
+        let mut outcome = outcome_of(&decision);
         let resp = match decision {
-            Decision::Admit { set_cookie, .. } => self.forward(req, peer, set_cookie).await,
+            Decision::Admit {
+                set_cookie,
+                session: Some(id),
+                ..
+            } if exit || route.counts_requests() => {
+                // Counted above if admitted on the pass counted; a session
+                // the store did not have, or a new one, is counted now.
+                let counted = match counted {
+                    Some((counted_id, Counted::Allowed)) if counted_id == id => Counted::Allowed,
+                    _ => Box::pin(self.gate.count_request(route, &id)).await,
+                };
+                if counted == Counted::Exhausted {
+                    outcome = Outcome::UsedUp;
+                    self.used_up(s, route, &req, peer.tls)
+                } else {
+                    // Boxed: a store call's future is large (see `Gate::decide`).
+                    Box::pin(
+                        self.forward_session(s, route, req, peer, set_cookie, id, exit, counted),
+                    )
+                    .await
+                }
+            }
+            Decision::Admit {
+                set_cookie,
+                session,
+                ..
+            } => {
+                let forwarded = self.forward(req, peer).await;
+                match (forwarded.command, session) {
+                    (Some(OriginCommand::EndSession), Some(id)) => {
+                        Box::pin(self.end_session(
+                            s,
+                            route,
+                            forwarded.resp,
+                            &id,
+                            peer.tls,
+                            SessionEnd::Origin,
+                        ))
+                        .await
+                    }
+                    _ => with_cookie(forwarded.resp, set_cookie),
+                }
+            }
             other => waiting::held_back(s, route, &req, other),
         };
+        route.metrics.request(outcome);
         (Some(route.name()), outcome, resp)
     }
 
-    /// Forwards an admitted or ungated request. The request is handed to
-    /// the upstream before this returns (see [`Upstream::forward`]).
+    /// The answer to a request whose session made its requests: not
+    /// forwarded, and the pass cookie cleared.
+    fn used_up(
+        &self,
+        s: &Settings,
+        route: &RouteRt,
+        req: &Request<Incoming>,
+        tls: bool,
+    ) -> Response<Body> {
+        with_cookie(
+            waiting::used_up(s, route, req),
+            Some(s.clear_cookie(route, tls)),
+        )
+    }
+
+    /// Forwards an admitted request of session `id` on a route that may
+    /// end it on its own, `counted` against `max_requests_per_session`
+    /// already, and ends the session once answered when this was its last
+    /// request (the store ended it as it counted), when it is for an exit
+    /// path, or when the origin says so.
+    #[allow(clippy::too_many_arguments)]
+    async fn forward_session(
+        &self,
+        s: &Settings,
+        route: &RouteRt,
+        req: Request<Incoming>,
+        peer: &Peer,
+        set_cookie: Option<http::HeaderValue>,
+        id: VisitorId,
+        exit: bool,
+        counted: Counted,
+    ) -> Response<Body> {
+        let forwarded = self.forward(req, peer).await;
+        let reason = if forwarded.command == Some(OriginCommand::EndSession) {
+            Some(SessionEnd::Origin)
+        } else if exit && forwarded.from_origin {
+            // Only once the origin answered: a request queuegate could not
+            // deliver did not leave the site.
+            Some(SessionEnd::ExitPath)
+        } else {
+            None
+        };
+        match (counted, reason) {
+            (Counted::Last, _) => {
+                with_cookie(forwarded.resp, Some(s.clear_cookie(route, peer.tls)))
+            }
+            (_, Some(reason)) => {
+                self.end_session(s, route, forwarded.resp, &id, peer.tls, reason)
+                    .await
+            }
+            (_, None) => with_cookie(forwarded.resp, set_cookie),
+        }
+    }
+
+    /// Ends session `id` of `route` after `resp` (DESIGN §8.6) and clears
+    /// its pass cookie there.
+    async fn end_session(
+        &self,
+        s: &Settings,
+        route: &RouteRt,
+        resp: Response<Body>,
+        id: &VisitorId,
+        tls: bool,
+        reason: SessionEnd,
+    ) -> Response<Body> {
+        self.gate.end_session(route, id, reason).await;
+        with_cookie(resp, Some(s.clear_cookie(route, tls)))
+    }
+
+    /// Forwards a request no route gates. An origin command in the answer
+    /// does nothing, as there is no session to act on; it is removed all the
+    /// same.
+    async fn forward_ungated(&self, req: Request<Incoming>, peer: &Peer) -> Response<Body> {
+        let forwarded = self.forward(req, peer).await;
+        if forwarded.command.is_some() {
+            tracing::debug!("origin command on an ungated path ignored: no session");
+        }
+        forwarded.resp
+    }
+
+    /// Forwards an admitted or ungated request, taking any origin command
+    /// out of the answer. The request is handed to the upstream before
+    /// this returns (see [`Upstream::forward`]).
     fn forward(
         &self,
         mut req: Request<Incoming>,
         peer: &Peer,
-        set_cookie: Option<http::HeaderValue>,
-    ) -> impl Future<Output = Response<Body>> + Send + '_ {
+    ) -> impl Future<Output = Forwarded> + Send + '_ {
         cookie::strip_own_cookies(req.headers_mut());
+        // A command is the origin's to give: one in a request is nobody's.
+        req.headers_mut().remove(proxy::QUEUEGATE_COMMAND);
         let started = Instant::now();
         let remote = peer.addr;
         // A combinator, not an async block: the block would hold the
@@ -223,6 +390,7 @@ impl App {
         // and every request's future is moved whole several times.
         self.upstream.forward(req, peer).map(move |forwarded| {
             let seconds = started.elapsed().as_secs_f64();
+            let from_origin = forwarded.is_ok();
             let mut resp = match forwarded {
                 Ok(resp) => {
                     self.metrics.upstream(seconds, None);
@@ -238,12 +406,32 @@ impl App {
                     response::from_error(&err)
                 }
             };
-            if let Some(cookie) = set_cookie {
-                resp.headers_mut().append(SET_COOKIE, cookie);
+            let command = proxy::take_command(resp.headers_mut());
+            Forwarded {
+                resp,
+                from_origin,
+                command,
             }
-            resp
         })
     }
+}
+
+/// A forwarded request's answer.
+struct Forwarded {
+    /// Without any `Queuegate-Command` header.
+    resp: Response<Body>,
+    /// Whether the origin answered (not a 502 or 504 of queuegate's own).
+    from_origin: bool,
+    /// What the origin's `Queuegate-Command` said, if anything known.
+    command: Option<OriginCommand>,
+}
+
+/// `resp` with `set_cookie` added when there is one.
+fn with_cookie(mut resp: Response<Body>, set_cookie: Option<http::HeaderValue>) -> Response<Body> {
+    if let Some(cookie) = set_cookie {
+        resp.headers_mut().append(SET_COOKIE, cookie);
+    }
+    resp
 }
 
 /// What the requests of one client connection share: the app, who the

@@ -2,6 +2,9 @@
 //! check, renewal, admit now or join the line, and leaving. Its only awaits
 //! are store calls; it never touches a socket or a body. Which route a
 //! request is for is `route`'s; reading and writing cookies is `cookie`'s.
+//! It also ends sessions before they expire (DESIGN §8.6): counting a
+//! session's forwarded requests against `max_requests_per_session`, and
+//! ending one at the origin's command or on an exit path.
 
 use std::sync::atomic::Ordering;
 
@@ -11,9 +14,10 @@ use crate::admission::{self, Claims, Kind, PassLife, VisitorId};
 use crate::clock::Clock;
 use crate::config::{Mode, OnStoreError};
 use crate::cookie::{self, Credentials};
+use crate::metrics::SessionEnd;
 use crate::queue::{
-    Arrival, ClientKey, Guarded, MemoryStore, PassTimes, Place, Poll, QueueStore, StoreError,
-    TicketTimes,
+    Arrival, ClientKey, Counted, Guarded, MemoryStore, PassTimes, Place, Poll, QueueStore,
+    StoreError, TicketTimes,
 };
 
 /// Who is asking, as far as the gate cares: whether the request came over
@@ -53,9 +57,12 @@ pub enum Admitted {
 #[derive(Debug)]
 pub enum Decision {
     /// Forward, setting `set_cookie` (a fresh pass) when present.
+    /// `session` is the id of the session the request is admitted under
+    /// (none for a passthrough route or when failing open).
     Admit {
         how: Admitted,
         set_cookie: Option<HeaderValue>,
+        session: Option<VisitorId>,
     },
     /// Send to the waiting room.
     Wait {
@@ -121,6 +128,63 @@ impl Gate {
         left
     }
 
+    /// Counts one request of session `id` about to be forwarded on a route
+    /// with `max_requests_per_session` (DESIGN §8.6): one store call. When
+    /// the store cannot answer, the session is counted in the local line
+    /// instead, whatever the route's `on_store_error`: admitted visitors do
+    /// not depend on the store, and this instance still holds each session
+    /// to the limit for the requests it forwards (across instances, an
+    /// outage can let a session make up to the limit on each).
+    pub async fn count_request(&self, route: &RouteRt, id: &VisitorId) -> Counted {
+        let Some(limit) = route.cfg.max_requests_per_session else {
+            return Counted::Allowed;
+        };
+        let counted = match self
+            .store
+            .count_request(route.name(), id, limit, &route.limits)
+            .await
+        {
+            Ok(counted) => counted,
+            Err(err) => {
+                tracing::debug!(route = route.name(), error = %err, "request counted locally");
+                // The memory store always answers.
+                self.local
+                    .count_request(route.name(), id, limit, &route.limits)
+                    .await
+                    .unwrap_or(Counted::Allowed)
+            }
+        };
+        match counted {
+            Counted::Allowed | Counted::Gone => {}
+            Counted::Last => self.ended(route, id, SessionEnd::MaxRequests),
+            Counted::Exhausted => route.live.end(id, self.clock.now_s(), &route.limits),
+        }
+        counted
+    }
+
+    /// Ends session `id` before it expires (DESIGN §8.6), for `reason`: its
+    /// slot is freed in the store and the local line, with a tombstone, and
+    /// this instance refuses its passes from now on. The caller clears the
+    /// pass cookie.
+    pub async fn end_session(&self, route: &RouteRt, id: &VisitorId, reason: SessionEnd) {
+        if let Err(err) = self.store.leave(route.name(), id).await {
+            tracing::warn!(route = route.name(), error = %err, "ending a session could not reach the store");
+        }
+        let _ = self.local.leave(route.name(), id).await;
+        self.ended(route, id, reason);
+    }
+
+    /// Notes a session ended for `reason`.
+    fn ended(&self, route: &RouteRt, id: &VisitorId, reason: SessionEnd) {
+        route.live.end(id, self.clock.now_s(), &route.limits);
+        route.metrics.session_ended(reason);
+        tracing::debug!(
+            route = route.name(),
+            reason = reason.as_str(),
+            "session ended"
+        );
+    }
+
     /// Decides a request to gated route `index` of `s` (DESIGN §1 step 4).
     /// `creds` reads the request's credentials for that route (usually
     /// [`CookieMemo::read`]); it is not called for a passthrough or closed
@@ -143,6 +207,7 @@ impl Gate {
                 return Decision::Admit {
                     how: Admitted::Passthrough,
                     set_cookie: None,
+                    session: None,
                 }
             }
             Mode::Closed => return Decision::Closed,
@@ -179,9 +244,13 @@ impl Gate {
         let before_epoch = epoch_ms > 0 && times.issued_ms < epoch_ms;
         let fresh = pass.pass_life(now_s, route.limits.pass_ttl) == PassLife::Fresh;
         if fresh && pass.kind == Kind::Pass && !before_epoch {
+            if route.live.has_ended(&pass.id, now_s) {
+                return None;
+            }
             return Some(Decision::Admit {
                 how: Admitted::Pass,
                 set_cookie: None,
+                session: Some(pass.id),
             });
         }
         let renewed =
@@ -209,6 +278,7 @@ impl Gate {
         Some(Decision::Admit {
             how,
             set_cookie: Some(self.pass_cookie(s, route, &pass.id, kind, who.tls)),
+            session: Some(pass.id),
         })
     }
 
@@ -300,6 +370,7 @@ impl Gate {
                 Some(Decision::Admit {
                     how: Admitted::FromLine,
                     set_cookie: Some(self.pass_cookie(s, route, &ticket.id, granted, who.tls)),
+                    session: Some(ticket.id),
                 })
             }
             Poll::Gone => None,
@@ -348,6 +419,7 @@ impl Gate {
                 Decision::Admit {
                     how: Admitted::AtOnce,
                     set_cookie: Some(self.pass_cookie(s, route, &id, granted, who.tls)),
+                    session: Some(id),
                 }
             }
             Arrival::Waiting(place) => Decision::Wait {
@@ -365,6 +437,7 @@ impl Gate {
             OnStoreError::Open => Decision::Admit {
                 how: Admitted::FailOpen,
                 set_cookie: None,
+                session: None,
             },
             OnStoreError::Closed | OnStoreError::Local => Decision::Unavailable,
         }

@@ -56,6 +56,41 @@ struct UnconfirmedLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndedLabels {
+    route: String,
+    reason: &'static str,
+}
+
+/// Why a session was ended before it expired (DESIGN §8.6), as labelled in
+/// `queuegate_sessions_ended_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// The origin answered with `Queuegate-Command: end-session`.
+    Origin,
+    /// The request was for one of the route's `exit_paths`.
+    ExitPath,
+    /// The session made its `max_requests_per_session` forwarded requests.
+    MaxRequests,
+}
+
+impl SessionEnd {
+    /// Every reason, in label order.
+    pub const ALL: [SessionEnd; 3] = [
+        SessionEnd::Origin,
+        SessionEnd::ExitPath,
+        SessionEnd::MaxRequests,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionEnd::Origin => "origin",
+            SessionEnd::ExitPath => "exit_path",
+            SessionEnd::MaxRequests => "max_requests",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OperationLabel {
     operation: &'static str,
 }
@@ -126,6 +161,9 @@ pub enum Outcome {
     TooMany,
     Closed,
     StoreDown,
+    /// A pass whose session made its `max_requests_per_session` requests:
+    /// not forwarded (DESIGN §8.6).
+    UsedUp,
     /// One of queuegate's own paths.
     Reserved,
     /// Refused before any decision: ambiguous framing or path, a missing or
@@ -134,7 +172,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    const ALL: [Outcome; 16] = [
+    const ALL: [Outcome; 17] = [
         Outcome::Forwarded,
         Outcome::Bypass,
         Outcome::Pass,
@@ -149,6 +187,7 @@ impl Outcome {
         Outcome::TooMany,
         Outcome::Closed,
         Outcome::StoreDown,
+        Outcome::UsedUp,
         Outcome::Reserved,
         Outcome::BadRequest,
     ];
@@ -169,6 +208,7 @@ impl Outcome {
             Outcome::TooMany => "too_many",
             Outcome::Closed => "closed",
             Outcome::StoreDown => "store_down",
+            Outcome::UsedUp => "used_up",
             Outcome::Reserved => "reserved",
             Outcome::BadRequest => "bad_request",
         }
@@ -189,6 +229,7 @@ pub struct Metrics {
     abandoned: Family<RouteLabel, Counter>,
     no_show: Family<RouteLabel, Counter>,
     unconfirmed: Family<UnconfirmedLabels, Counter>,
+    sessions_ended: Family<EndedLabels, Counter>,
     fail_open: Family<RouteLabel, Counter>,
     store_errors: Family<OperationLabel, Counter>,
     breaker_state: Gauge,
@@ -226,6 +267,7 @@ impl Metrics {
         let abandoned = Family::<RouteLabel, Counter>::default();
         let no_show = Family::<RouteLabel, Counter>::default();
         let unconfirmed = Family::<UnconfirmedLabels, Counter>::default();
+        let sessions_ended = Family::<EndedLabels, Counter>::default();
         let fail_open = Family::<RouteLabel, Counter>::default();
         let store_errors = Family::<OperationLabel, Counter>::default();
         let breaker_state = Gauge::default();
@@ -292,6 +334,11 @@ impl Metrics {
             "queuegate_unconfirmed",
             "Admit-now sessions and tickets whose visitor never came back within confirm_within",
             unconfirmed.clone(),
+        );
+        registry.register(
+            "queuegate_sessions_ended",
+            "Sessions ended before they expired: by the origin's command, an exit path, or max_requests_per_session",
+            sessions_ended.clone(),
         );
         registry.register(
             "queuegate_store_errors",
@@ -388,6 +435,7 @@ impl Metrics {
             abandoned,
             no_show,
             unconfirmed,
+            sessions_ended,
             fail_open,
             store_errors,
             breaker_state,
@@ -445,6 +493,12 @@ impl Metrics {
                 .get_or_create_owned(&unconfirmed("session")),
             unconfirmed_tickets: self.unconfirmed.get_or_create_owned(&unconfirmed("ticket")),
             fail_open: self.fail_open.get_or_create_owned(&route),
+            sessions_ended: SessionEnd::ALL.map(|reason| {
+                self.sessions_ended.get_or_create_owned(&EndedLabels {
+                    route: name.to_owned(),
+                    reason: reason.as_str(),
+                })
+            }),
         }
     }
 
@@ -471,6 +525,12 @@ impl Metrics {
             self.unconfirmed.remove(&UnconfirmedLabels {
                 route: name.to_owned(),
                 kind,
+            });
+        }
+        for reason in SessionEnd::ALL {
+            self.sessions_ended.remove(&EndedLabels {
+                route: name.to_owned(),
+                reason: reason.as_str(),
             });
         }
         for reason in ["full", "too_many", "closed", "store_down"] {
@@ -621,9 +681,16 @@ pub struct RouteMetrics {
     unconfirmed_sessions: Counter,
     unconfirmed_tickets: Counter,
     fail_open: Counter,
+    /// By [`SessionEnd`], in the order of [`SessionEnd::ALL`].
+    sessions_ended: [Counter; 3],
 }
 
 impl RouteMetrics {
+    /// Counts a session ended before it expired.
+    pub fn session_ended(&self, reason: SessionEnd) {
+        self.sessions_ended[reason as usize].inc();
+    }
+
     /// Counts the outcome of one request to this route.
     pub fn request(&self, outcome: Outcome) {
         match outcome {

@@ -5,12 +5,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use http::header::{HeaderMap, HeaderValue};
 use http::Method;
 
-use crate::admission::KeyRing;
+use crate::admission::{KeyRing, VisitorId};
 use crate::config::{self, BypassRule, Config};
 use crate::cookie::{self, CookieMemo, Credentials};
 use crate::metrics::{Metrics, RouteMetrics};
@@ -37,9 +37,49 @@ pub struct RouteLive {
     /// second, so that once the store is back they are in its line again
     /// (restored at their places) before anyone can be ranked wrongly.
     pub answered_locally: AtomicBool,
+    /// Sessions this instance ended (DESIGN §8.6): their passes are refused
+    /// here even in the first half of their life, when they would
+    /// otherwise admit without a store call.
+    ended: Mutex<Ended>,
+    /// Whether `ended` may hold anything: a pass is checked against it
+    /// without taking the lock while nothing was ended.
+    any_ended: AtomicBool,
+}
+
+/// Ended sessions by id, with the unix second after which no pass of theirs
+/// is valid any more.
+#[derive(Debug, Default)]
+struct Ended {
+    until: HashMap<VisitorId, u64>,
+    /// When expired entries were last dropped (unix seconds).
+    pruned_s: u64,
 }
 
 impl RouteLive {
+    /// Remembers that session `id` ended at `now_s`, until every pass it
+    /// may hold has expired (one `pass_ttl`).
+    pub fn end(&self, id: &VisitorId, now_s: u64, limits: &Limits) {
+        let mut ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
+        // At most once a second, so ending many sessions stays cheap.
+        if ended.pruned_s != now_s {
+            ended.pruned_s = now_s;
+            ended.until.retain(|_, until| *until >= now_s);
+        }
+        let until = now_s.saturating_add(limits.pass_ttl.as_secs());
+        ended.until.insert(*id, until);
+        self.any_ended.store(true, Ordering::Release);
+    }
+
+    /// Whether session `id` was ended here and its passes may still be
+    /// presented at `now_s`.
+    pub fn has_ended(&self, id: &VisitorId, now_s: u64) -> bool {
+        if !self.any_ended.load(Ordering::Acquire) {
+            return false;
+        }
+        let ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
+        ended.until.get(id).is_some_and(|&until| until >= now_s)
+    }
+
     /// Admissions per second measured by the store.
     pub fn admit_rate(&self) -> f64 {
         self.admit_rate_milli.load(Ordering::Relaxed) as f64 / 1000.0
@@ -75,6 +115,8 @@ pub struct RouteRt {
     cookie_plain: String,
     cookie_tls: String,
     prefix_folded: Option<String>,
+    /// `exit_paths` lower-cased, for a `case_insensitive` route.
+    exit_folded: Vec<String>,
     pub live: Arc<RouteLive>,
     /// The route's own waiting page template, if it has one.
     pub template: Option<Arc<Template>>,
@@ -111,6 +153,14 @@ impl RouteRt {
             (Some(p), true) => Some(p.to_ascii_lowercase()),
             _ => None,
         };
+        let exit_folded = if cfg.matcher.case_insensitive {
+            cfg.exit_paths
+                .iter()
+                .map(|p| p.to_ascii_lowercase())
+                .collect()
+        } else {
+            Vec::new()
+        };
         RouteRt {
             cfg,
             limits,
@@ -118,6 +168,7 @@ impl RouteRt {
             cookie_plain,
             cookie_tls,
             prefix_folded,
+            exit_folded,
             live,
             template,
             metrics,
@@ -150,6 +201,36 @@ impl RouteRt {
         } else {
             &self.cookie_plain
         }
+    }
+
+    /// Whether the route counts each session's forwarded requests
+    /// (`max_requests_per_session`, on a route that admits by passes).
+    pub fn counts_requests(&self) -> bool {
+        self.cfg.max_requests_per_session.is_some()
+            && matches!(self.cfg.mode, config::Mode::Gate | config::Mode::QueueAll)
+    }
+
+    /// Whether a request to this route for any of `readings` is for one of
+    /// its `exit_paths` (DESIGN §8.6): matched as the route's own prefix
+    /// is, on a segment boundary and with its `case_insensitive`, against
+    /// every reading of the path an origin could make.
+    pub fn is_exit(&self, readings: &path::Readings<'_>) -> bool {
+        if self.cfg.exit_paths.is_empty() {
+            return false;
+        }
+        readings.iter().any(|p| {
+            if self.cfg.matcher.case_insensitive {
+                let folded = p.to_ascii_lowercase();
+                self.exit_folded
+                    .iter()
+                    .any(|exit| path::prefix_matches(&folded, exit))
+            } else {
+                self.cfg
+                    .exit_paths
+                    .iter()
+                    .any(|exit| path::prefix_matches(p, exit))
+            }
+        })
     }
 
     fn matches(&self, host: Option<&str>, path: &str) -> bool {

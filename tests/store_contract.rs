@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use queuegate::clock::Clock;
 use queuegate::queue::{
-    Arrival, Limits, MemoryStore, PassTimes, Place, Poll, QueueStore, RedisStore, RouteStats, Tick,
-    TicketTimes, VisitorId,
+    Arrival, Counted, Limits, MemoryStore, PassTimes, Place, Poll, QueueStore, RedisStore,
+    RouteStats, Tick, TicketTimes, VisitorId,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -1254,6 +1254,81 @@ async fn leave_tombstone_blocks_lost_write_restore<H: Harness>(h: &mut H) {
     assert_eq!(stats(h, &route, &limits).await.active, 0);
 }
 
+async fn count<H: Harness>(h: &H, route: &str, n: u32, limit: u64, limits: &Limits) -> Counted {
+    h.store()
+        .count_request(route, &visitor(n), limit, limits)
+        .await
+        .expect("count_request")
+}
+
+async fn count_request_ends_the_session_at_the_limit<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 1,
+        ..limits()
+    };
+    assert_eq!(arrive(h, &route, 1, &limits, true).await, Arrival::Admitted);
+    let waiter = join(h, &route, 2, &limits).await;
+    assert_eq!(waiter.position, 1);
+    assert_eq!(count(h, &route, 1, 3, &limits).await, Counted::Allowed);
+    assert_eq!(count(h, &route, 1, 3, &limits).await, Counted::Allowed);
+    assert_eq!(stats(h, &route, &limits).await.active, 1);
+    assert_eq!(count(h, &route, 1, 3, &limits).await, Counted::Last);
+    assert_eq!(
+        stats(h, &route, &limits).await.active,
+        0,
+        "the last request frees the slot at once"
+    );
+    assert_eq!(count(h, &route, 1, 3, &limits).await, Counted::Exhausted);
+    let pass = PassTimes {
+        issued_ms: stats(h, &route, &limits).await.now_us / 1_000,
+        confirmed: true,
+        granted_locally: false,
+    };
+    assert!(
+        !renew(h, &route, 1, pass, &limits).await,
+        "a session that made its requests is not renewed"
+    );
+    // The next waiter gets the slot at the next tick.
+    assert!(matches!(
+        poll(h, &route, 2, waiter.score_us, &limits).await,
+        Poll::Waiting(_)
+    ));
+    h.advance(limits.tick).await;
+    assert_eq!(tick(h, &route, &limits).await, vec![waiter.score_us]);
+}
+
+async fn count_request_after_leave_is_exhausted<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = limits();
+    assert_eq!(arrive(h, &route, 1, &limits, true).await, Arrival::Admitted);
+    leave(h, &route, 1).await;
+    assert_eq!(count(h, &route, 1, 5, &limits).await, Counted::Exhausted);
+    // One request per session: the first is the last.
+    assert_eq!(arrive(h, &route, 2, &limits, true).await, Arrival::Admitted);
+    assert_eq!(count(h, &route, 2, 1, &limits).await, Counted::Last);
+    assert_eq!(count(h, &route, 2, 1, &limits).await, Counted::Exhausted);
+    // An id with no session counts nothing.
+    assert_eq!(count(h, &route, 9, 1, &limits).await, Counted::Gone);
+    assert_eq!(count(h, &route, 9, 1, &limits).await, Counted::Gone);
+    // Others are counted apart.
+    assert_eq!(arrive(h, &route, 3, &limits, true).await, Arrival::Admitted);
+    assert_eq!(count(h, &route, 3, 2, &limits).await, Counted::Allowed);
+    assert_eq!(stats(h, &route, &limits).await.active, 1);
+}
+
+async fn count_request_outlives_the_tombstone<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = limits();
+    assert_eq!(arrive(h, &route, 1, &limits, true).await, Arrival::Admitted);
+    assert_eq!(count(h, &route, 1, 1, &limits).await, Counted::Last);
+    // Past abandon_after a tick forgets the tombstone; the count is kept
+    // session_ttl + pass_ttl, as long as a pass may come back.
+    h.advance(limits.abandon_after * 2).await;
+    full_tick(h, &route, &limits).await;
+    assert_eq!(count(h, &route, 1, 1, &limits).await, Counted::Exhausted);
+}
+
 async fn restore_bounds_for_poll_after_a_wipe<H: Harness>(h: &mut H) {
     let route = h.fresh_route();
     let limits = Limits {
@@ -1482,7 +1557,10 @@ macro_rules! contract_suite {
                 restore_bounds_for_poll_after_a_wipe,
                 restore_bounds_for_renew_after_a_wipe,
                 a_pass_granted_locally_is_taken_back_while_there_is_room,
-                hold_keeps_newcomers_out_for_pass_ttl
+                hold_keeps_newcomers_out_for_pass_ttl,
+                count_request_ends_the_session_at_the_limit,
+                count_request_after_leave_is_exhausted,
+                count_request_outlives_the_tombstone
             );
         }
     };

@@ -317,6 +317,14 @@ pub struct Route {
     pub mode: Mode,
     /// Default local.
     pub on_store_error: OnStoreError,
+    /// Paths whose request ends the visitor's session once answered
+    /// (DESIGN §8.6), normalised as `match.path_prefix` is and matched the
+    /// same way: on a segment boundary, against every reading of the
+    /// request path, with the route's `case_insensitive`. Default none.
+    pub exit_paths: Vec<String>,
+    /// Forwarded requests one session may make before it ends, counted in
+    /// the store; `None` (the default) for no limit.
+    pub max_requests_per_session: Option<u64>,
     pub page: PageConfig,
 }
 

@@ -168,6 +168,8 @@ pub(crate) struct RawRoute {
     pub waiting_status: Option<u16>,
     pub mode: Option<Mode>,
     pub on_store_error: Option<OnStoreError>,
+    pub exit_paths: Option<Vec<String>>,
+    pub max_requests_per_session: Option<u64>,
     pub page: Option<RawPage>,
 }
 

@@ -913,6 +913,14 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
     };
     let mode = raw.mode.unwrap_or(Mode::Gate);
     let on_store_error = raw.on_store_error.unwrap_or(OnStoreError::Local);
+    let exit_paths = exit_paths(raw.exit_paths.unwrap_or_default(), at, problems);
+    let max_requests_per_session = raw.max_requests_per_session;
+    if max_requests_per_session == Some(0) {
+        problems.report(
+            at.key("max_requests_per_session"),
+            "must be at least 1 (1 lets each session make one request); leave it out for no limit",
+        );
+    }
     let page = raw.page.unwrap_or_default();
     let template = match &page.template {
         None => Some(None),
@@ -944,6 +952,8 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
         waiting_status: waiting_status?,
         mode,
         on_store_error,
+        exit_paths: exit_paths?,
+        max_requests_per_session: max_requests_per_session.filter(|&n| n > 0),
         page: PageConfig {
             title: page.title,
             message: page.message,
@@ -984,6 +994,23 @@ fn confirm_within(
         );
     }
     value
+}
+
+/// `exit_paths`: absolute paths, normalised as `match.path_prefix` is so a
+/// request path compares with them under the same rule.
+fn exit_paths(raw: Vec<String>, at: &FieldPath, problems: &mut Problems) -> Option<Vec<String>> {
+    let at = at.key("exit_paths");
+    let mut paths = Vec::with_capacity(raw.len());
+    for (i, path) in raw.into_iter().enumerate() {
+        match normalise_prefix(&path) {
+            Ok(path) => paths.push(Some(path)),
+            Err(why) => {
+                problems.report(at.index(i), format!("invalid exit path {path:?}: {why}"));
+                paths.push(None);
+            }
+        }
+    }
+    paths.into_iter().collect()
 }
 
 fn route_match(raw: RawMatch, at: &FieldPath, problems: &mut Problems) -> Option<RouteMatch> {
@@ -1434,6 +1461,43 @@ keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]
         }
         let errors = parse(&route(", client_limits: { place: 3 }")).unwrap_err();
         assert!(errors.to_string().contains("place"), "{errors}");
+    }
+
+    #[test]
+    fn exit_paths_and_max_requests_default_and_are_checked() {
+        let route = |extra: &str| {
+            format!("routes: [{{ name: a, match: {{ path_prefix: /a }}, capacity: 1{extra} }}]\n")
+        };
+        let config = parse(&route("")).unwrap();
+        assert!(config.routes[0].exit_paths.is_empty());
+        assert_eq!(config.routes[0].max_requests_per_session, None);
+        // Exit paths are normalised as route prefixes are.
+        let config = parse(&route(
+            ", exit_paths: [/checkout//done/, '/a/%64one', /x/./y], max_requests_per_session: 1",
+        ))
+        .unwrap();
+        assert_eq!(
+            config.routes[0].exit_paths,
+            ["/checkout/done", "/a/done", "/x/y"]
+        );
+        assert_eq!(config.routes[0].max_requests_per_session, Some(1));
+        assert_eq!(
+            problem_paths(&route(", max_requests_per_session: 0")),
+            ["routes[0].max_requests_per_session"]
+        );
+        assert_eq!(
+            problem_paths(&route(", exit_paths: [/ok, done, '/a?b', '/c%zz']")),
+            [
+                "routes[0].exit_paths[1]",
+                "routes[0].exit_paths[2]",
+                "routes[0].exit_paths[3]"
+            ]
+        );
+        let errors = parse(&route(", max_requests_per_session: -1")).unwrap_err();
+        assert!(
+            errors.to_string().contains("max_requests_per_session"),
+            "{errors}"
+        );
     }
 
     #[test]

@@ -13,8 +13,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Arrival, ClientKey, Limits, PassTimes, Poll, QueueStore, RouteStats, Store, StoreError, Tick,
-    TicketTimes, VisitorId,
+    Arrival, ClientKey, Counted, Limits, PassTimes, Poll, QueueStore, RouteStats, Store,
+    StoreError, Tick, TicketTimes, VisitorId,
 };
 use crate::config::StoreConfig;
 
@@ -63,6 +63,7 @@ pub enum Operation {
     Poll,
     Renew,
     Leave,
+    CountRequest,
     AdmitTick,
     Hold,
     Stats,
@@ -71,11 +72,12 @@ pub enum Operation {
 
 impl Operation {
     /// Every operation, in label order.
-    pub const ALL: [Operation; 8] = [
+    pub const ALL: [Operation; 9] = [
         Operation::Arrive,
         Operation::Poll,
         Operation::Renew,
         Operation::Leave,
+        Operation::CountRequest,
         Operation::AdmitTick,
         Operation::Hold,
         Operation::Stats,
@@ -89,6 +91,7 @@ impl Operation {
             Operation::Poll => "poll",
             Operation::Renew => "renew",
             Operation::Leave => "leave",
+            Operation::CountRequest => "count_request",
             Operation::AdmitTick => "admit_tick",
             Operation::Hold => "hold",
             Operation::Stats => "stats",
@@ -359,6 +362,21 @@ impl QueueStore for Guarded {
     async fn leave(&self, route: &str, id: &VisitorId) -> Result<(), StoreError> {
         self.breaker
             .call(Operation::Leave, self.store.leave(route, id))
+            .await
+    }
+
+    async fn count_request(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        limit: u64,
+        limits: &Limits,
+    ) -> Result<Counted, StoreError> {
+        self.breaker
+            .call(
+                Operation::CountRequest,
+                self.store.count_request(route, id, limit, limits),
+            )
             .await
     }
 

@@ -16,6 +16,9 @@
 //!   an index by expiry; expired sessions are purged at the start of every
 //!   operation, so the active count is the number of unexpired expiries,
 //!   never a counter;
+//! - `uses`: id → forwarded requests counted and when the count is
+//!   forgotten (ms), for routes with `max_requests_per_session` (the
+//!   `qg:{route}:uses:…` keys of Redis);
 //! - `clients`: per client key, the ids it brought in with their join time,
 //!   forgotten `client_memory` after the client's last contact (the
 //!   `qg:{route}:client:…` keys of Redis);
@@ -48,8 +51,8 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use super::{
-    Arrival, ClientKey, Limits, PassTimes, Place, Poll, QueueStore, RouteStats, StoreError, Tick,
-    TicketTimes, VisitorId, JOIN_WINDOW,
+    Arrival, ClientKey, Counted, Limits, PassTimes, Place, Poll, QueueStore, RouteStats,
+    StoreError, Tick, TicketTimes, VisitorId, JOIN_WINDOW,
 };
 use crate::clock::Clock;
 use ranked_set::RankedSet;
@@ -162,6 +165,8 @@ struct Route {
     line: Line,
     sessions: Sessions,
     tombstones: Tombstones,
+    /// id → (requests counted, forgotten at ms): see `count_request`.
+    uses: HashMap<VisitorId, (u64, u64)>,
     clients: Clients,
     /// The last join score handed out, so scores strictly increase.
     last_score_us: u64,
@@ -200,6 +205,7 @@ impl Route {
             line: Line::default(),
             sessions: Sessions::default(),
             tombstones: Tombstones::default(),
+            uses: HashMap::new(),
             clients: Clients::default(),
             last_score_us: 0,
             hold_until_us: 0,
@@ -442,6 +448,40 @@ impl Route {
         self.tombstones.bury(*id, now.ms);
     }
 
+    fn count_request(&mut self, now: Now, id: &VisitorId, limit: u64, limits: &Limits) -> Counted {
+        self.purge_sessions(now);
+        // The count outlives the tombstone: a session that made its
+        // requests stays exhausted while any pass of it can come back.
+        let used = self
+            .uses
+            .get(id)
+            .filter(|&&(_, forget_ms)| forget_ms > now.ms)
+            .map_or(0, |&(count, _)| count);
+        if self.tombstones.contains(id) || used >= limit {
+            return Counted::Exhausted;
+        }
+        if !self.fallback && !self.sessions.is_active(id, now.ms) {
+            return Counted::Gone;
+        }
+        let keep_ms = as_ms(limits.session_ttl.saturating_add(limits.pass_ttl));
+        let forget_ms = now.ms.saturating_add(keep_ms);
+        let uses = self.uses.entry(*id).or_insert((0, forget_ms));
+        if uses.1 <= now.ms {
+            *uses = (0, forget_ms);
+        }
+        uses.0 = uses.0.saturating_add(1);
+        uses.1 = forget_ms;
+        let count = uses.0;
+        if count > limit {
+            Counted::Exhausted
+        } else if count == limit {
+            self.leave(now, id);
+            Counted::Last
+        } else {
+            Counted::Allowed
+        }
+    }
+
     fn admit_tick(&mut self, now: Now, limits: &Limits, known_epoch_us: Option<u64>) -> Tick {
         if known_epoch_us.is_some_and(|known| known != self.epoch_us) {
             self.notice_loss(now, limits);
@@ -465,6 +505,8 @@ impl Route {
         self.tombstones
             .forget_before(now.ms.saturating_sub(as_ms(limits.abandon_after)));
         self.clients.purge(now.ms);
+        self.uses
+            .retain(|_, &mut (_, forget_ms)| forget_ms > now.ms);
         self.purge_sessions(now);
         self.drop_ghosts(now, limits);
         let pending = std::mem::take(&mut self.pending);
@@ -942,6 +984,16 @@ impl QueueStore for MemoryStore {
     async fn leave(&self, route: &str, id: &VisitorId) -> Result<(), StoreError> {
         self.with_route(route, |r, now| r.leave(now, id));
         Ok(())
+    }
+
+    async fn count_request(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        limit: u64,
+        limits: &Limits,
+    ) -> Result<Counted, StoreError> {
+        Ok(self.with_route(route, |r, now| r.count_request(now, id, limit, limits)))
     }
 
     async fn hold(&self, route: &str, limits: &Limits) -> Result<(), StoreError> {

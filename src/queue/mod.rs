@@ -50,6 +50,13 @@
 //!   (and a renewal with the pass `false`) however young it is: the store
 //!   keeps a tombstone for `abandon_after`, until the ticket is too old for
 //!   the lost-write rule. The visitor joins again at the back.
+//! - A session on a route with `max_requests_per_session` counts its
+//!   forwarded requests (`count_request`): the call that reaches the limit
+//!   ends the session as `leave` does (slot freed, tombstone), and every
+//!   later call, or one for a session that left, answers `Exhausted`; an id
+//!   with no live session and no tombstone counts nothing (`Gone`). The
+//!   count is kept `session_ttl + pass_ttl` past its last request, as long
+//!   as any pass of the session can come back.
 //! - Admissions in one tick window (`floor(now / tick)`), by the admitter and
 //!   by admit-now together, never exceed `max_admit_per_tick`.
 
@@ -210,6 +217,22 @@ pub enum Arrival {
     TooMany { retry_after: Duration },
 }
 
+/// What counting one forwarded request of a session did (see
+/// [`QueueStore::count_request`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counted {
+    /// Below the limit: forward the request; the session goes on.
+    Allowed,
+    /// The session's last request: forward it. The session has ended (its
+    /// slot is free, a tombstone written), so its pass admits no more.
+    Last,
+    /// The session had made its requests already, or left: do not forward.
+    Exhausted,
+    /// No live session has this id (it expired, or the store never had
+    /// it), and no tombstone says it ended: nothing was counted.
+    Gone,
+}
+
 /// The answer to a waiter's poll.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Poll {
@@ -353,6 +376,23 @@ pub trait QueueStore: Send + Sync {
         id: &VisitorId,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Counts one forwarded request of live session `id` against `limit`
+    /// (at least 1), atomically: the `limit`-th call answers `Last` and ends
+    /// the session as [`QueueStore::leave`] does; later calls, and calls for
+    /// an id with a tombstone (it left, or was ended), answer `Exhausted`.
+    /// An id with neither a live session nor a tombstone answers `Gone` and
+    /// counts nothing, except in the local line of a shared store, which
+    /// counts any id (the sessions it stands in for are the store's). The
+    /// count is kept `session_ttl + pass_ttl` after the last call. One store
+    /// call per request, made only on routes with `max_requests_per_session`.
+    fn count_request(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        limit: u64,
+        limits: &Limits,
+    ) -> impl Future<Output = Result<Counted, StoreError>> + Send;
+
     /// One admitter tick: unless another instance already ran this tick window,
     /// drop expired sessions and ghost waiters, then admit
     /// `min(capacity - active, max_admit_per_tick - admitted this window)` from
@@ -451,6 +491,16 @@ impl QueueStore for Store {
 
     async fn leave(&self, route: &str, id: &VisitorId) -> Result<(), StoreError> {
         dispatch!(self, s => s.leave(route, id).await)
+    }
+
+    async fn count_request(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        limit: u64,
+        limits: &Limits,
+    ) -> Result<Counted, StoreError> {
+        dispatch!(self, s => s.count_request(route, id, limit, limits).await)
     }
 
     async fn admit_tick(

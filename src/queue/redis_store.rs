@@ -25,8 +25,8 @@ use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, Ser
 use tokio::sync::{watch, Notify};
 
 use super::{
-    Arrival, ClientKey, Limits, PassTimes, Place, Poll, QueueStore, RouteStats, StoreError, Tick,
-    TicketTimes, VisitorId, JOIN_WINDOW,
+    Arrival, ClientKey, Counted, Limits, PassTimes, Place, Poll, QueueStore, RouteStats,
+    StoreError, Tick, TicketTimes, VisitorId, JOIN_WINDOW,
 };
 use crate::config::{RedisConfig, RedisMode};
 
@@ -48,6 +48,7 @@ struct Scripts {
     poll: Script,
     renew: Script,
     leave: Script,
+    count_request: Script,
     admit_tick: Script,
     hold: Script,
     stats: Script,
@@ -61,6 +62,7 @@ impl Scripts {
             poll: route_script!("poll.lua"),
             renew: route_script!("renew.lua"),
             leave: route_script!("leave.lua"),
+            count_request: route_script!("count_request.lua"),
             admit_tick: route_script!("admit_tick.lua"),
             hold: route_script!("hold.lua"),
             stats: route_script!("stats.lua"),
@@ -225,6 +227,18 @@ fn client_key(route: &str, client: ClientKey<'_>) -> String {
     use std::fmt::Write as _;
     let mut key = format!("qg:{{{route}}}:client:");
     for byte in client {
+        // Writing to a String cannot fail.
+        let _ = write!(key, "{byte:02x}");
+    }
+    key
+}
+
+/// The key counting the forwarded requests of session `id` (see
+/// count_request.lua), under the route's hash tag.
+fn uses_key(route: &str, id: &VisitorId) -> String {
+    use std::fmt::Write as _;
+    let mut key = format!("qg:{{{route}}}:uses:");
+    for byte in id {
         // Writing to a String cannot fail.
         let _ = write!(key, "{byte:02x}");
     }
@@ -519,6 +533,31 @@ impl QueueStore for RedisStore {
         }
     }
 
+    fn count_request(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        limit: u64,
+        limits: &Limits,
+    ) -> impl Future<Output = Result<Counted, StoreError>> + Send {
+        let mut invocation = prepare(&self.scripts.count_request, route, None);
+        invocation
+            .key(uses_key(route, id))
+            .arg(&id[..])
+            .arg(limit.max(1))
+            .arg(ms(limits.session_ttl.saturating_add(limits.pass_ttl)));
+        async move {
+            let counted: i64 = self.run(&invocation).await?;
+            match counted {
+                1 => Ok(Counted::Allowed),
+                2 => Ok(Counted::Last),
+                3 => Ok(Counted::Exhausted),
+                4 => Ok(Counted::Gone),
+                other => Err(unexpected_reply(format!("count_request: reply {other}"))),
+            }
+        }
+    }
+
     fn admit_tick(
         &self,
         route: &str,
@@ -643,6 +682,14 @@ mod tests {
     }
 
     #[test]
+    fn uses_keys_share_the_route_hash_tag() {
+        assert_eq!(
+            uses_key("tickets", &[0xab; 16]),
+            format!("qg:{{tickets}}:uses:{}", "ab".repeat(16))
+        );
+    }
+
+    #[test]
     fn client_keys_share_the_route_hash_tag_and_stay_printable() {
         assert_eq!(
             client_key("tickets", &[192, 0, 2, 7]),
@@ -658,6 +705,7 @@ mod tests {
             include_str!("../../lua/poll.lua"),
             include_str!("../../lua/renew.lua"),
             include_str!("../../lua/leave.lua"),
+            include_str!("../../lua/count_request.lua"),
             include_str!("../../lua/admit_tick.lua"),
             include_str!("../../lua/hold.lua"),
             include_str!("../../lua/stats.lua"),

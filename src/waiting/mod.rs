@@ -1,6 +1,7 @@
 //! The waiting room's endpoints under the reserved prefix: the waiting page,
 //! the status JSON (a poll is a heartbeat) and leave; and the answers a held
-//! back request gets: `302` to the page for a navigation, JSON for the rest.
+//! back request (or one whose session made its `max_requests_per_session`
+//! requests) gets: `302` to the page for a navigation, JSON for the rest.
 
 pub mod page;
 pub mod return_to;
@@ -105,6 +106,37 @@ pub fn held_back(
         resp.headers_mut().append(SET_COOKIE, cookie);
     }
     resp
+}
+
+/// The answer to a request whose session made its
+/// `max_requests_per_session` requests (DESIGN §8.6), which is not
+/// forwarded: a navigation goes to the waiting page, where the visitor comes
+/// through the line again; an app gets `"state":"used_up"` and the status URL.
+/// The caller clears the pass cookie.
+pub fn used_up(s: &Settings, route: &RouteRt, req: &Request<Incoming>) -> Response<Body> {
+    if is_navigation(req.method(), req.headers()) {
+        let query = WaitingQuery {
+            route: route.name().to_owned(),
+            return_path: req
+                .uri()
+                .path_and_query()
+                .map_or("/", |pq| pq.as_str())
+                .to_owned(),
+            lang: None,
+            start: None,
+        };
+        return response::redirect("used-up", &query.to_url(&waiting_path(s)));
+    }
+    let body = json!({
+        "route": route.name(),
+        "status_url": status_url(s, route.name()),
+        "state": "used_up",
+        "poll_after_ms": 1_000,
+    });
+    response::with_retry_after(
+        response::json(route.cfg.waiting_status, "used-up", body.to_string()),
+        1,
+    )
 }
 
 /// The JSON answer for apps (DESIGN §1 step 5).

@@ -289,6 +289,8 @@ pub fn route(name: &str, prefix: &str, capacity: u64) -> Route {
         waiting_status: http::StatusCode::SERVICE_UNAVAILABLE,
         mode: Mode::Gate,
         on_store_error: OnStoreError::Local,
+        exit_paths: Vec::new(),
+        max_requests_per_session: None,
         page: PageConfig::default(),
     }
 }

@@ -1,0 +1,479 @@
+//! The origin ends sessions (DESIGN §8.6): its `Queuegate-Command:
+//! end-session` response header, a route's `exit_paths`, and
+//! `max_requests_per_session`. The freed slot goes to the next waiter, the
+//! pass stops admitting, the header never reaches the client, and a client
+//! cannot send the command itself. Each runs on the memory store; the
+//! counting runs on Redis too, in-process and as three instances on one
+//! Redis.
+
+mod common;
+#[path = "common/redis.rs"]
+mod redis_harness;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use queuegate::config::{AmbiguousPaths, Backend};
+use redis_harness::RedisServer;
+
+/// An origin that counts its requests, says whether a request carried a
+/// `Queuegate-Command` header, and answers paths ending in `/end` with
+/// `end-session`, `/END` with the header name and value in upper case,
+/// `/unknown` with a command it does not know, and `/list` with a list.
+async fn commanding_origin() -> (Origin, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    let origin = spawn_origin(move |req: Request<Incoming>| {
+        let counter = counter.clone();
+        async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let saw = req.headers().contains_key("queuegate-command");
+            let mut resp = Response::new(full(format!("origin {}", req.uri().path())));
+            let h = resp.headers_mut();
+            h.insert(
+                "x-saw-command",
+                if saw { "yes" } else { "no" }.parse().unwrap(),
+            );
+            let path = req.uri().path();
+            if path.ends_with("/end") {
+                h.insert("queuegate-command", "end-session".parse().unwrap());
+            } else if path.ends_with("/END") {
+                h.insert("QUEUEGATE-COMMAND", " END-SESSION ".parse().unwrap());
+            } else if path.ends_with("/unknown") {
+                h.insert("Queuegate-Command", "launch-rockets".parse().unwrap());
+            } else if path.ends_with("/list") {
+                h.append("queuegate-command", "launch-rockets".parse().unwrap());
+                h.append("queuegate-command", "later, end-session".parse().unwrap());
+            }
+            resp
+        }
+    })
+    .await;
+    (origin, hits)
+}
+
+async fn gated(
+    capacity: u64,
+    tune: impl FnOnce(&mut queuegate::config::Config, &mut queuegate::config::Route),
+) -> (Gate, Origin, Arc<AtomicUsize>) {
+    let (origin, hits) = commanding_origin().await;
+    let mut config = proxy_config(&origin.url());
+    let mut r = route("tickets", "/tickets", capacity);
+    tune(&mut config, &mut r);
+    config.routes.push(r);
+    let gate = spawn_gate_with(config, ring("k1")).await;
+    (gate, origin, hits)
+}
+
+/// Polls until the visitor is admitted; panics after 10 s.
+async fn wait_admitted(v: &mut Visitor, gate: &Gate) {
+    for _ in 0..500 {
+        if v.status(gate, "tickets").await["state"] == "admitted" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("never admitted");
+}
+
+/// Whether `a` clears the route's pass cookie.
+fn clears_pass(a: &Answer) -> bool {
+    a.headers.get_all("set-cookie").iter().any(|v| {
+        let v = v.to_str().unwrap();
+        v.starts_with("qg_tickets=;") && v.contains("Max-Age=0")
+    })
+}
+
+/// A visitor holding `pass`, as a client replaying it would.
+fn holding(pass: &str) -> Visitor {
+    let mut v = Visitor::new();
+    v.jar.insert("qg_tickets".into(), pass.to_owned());
+    v
+}
+
+/// A visitor admitted at once, whose session is confirmed (its second
+/// request renewed the admit-now pass).
+async fn inside(gate: &Gate) -> Visitor {
+    let mut v = Visitor::new();
+    assert!(v.navigate(&gate.url("/tickets/a")).await.reached_origin());
+    assert!(v.navigate(&gate.url("/tickets/b")).await.reached_origin());
+    v
+}
+
+#[tokio::test]
+async fn end_session_from_the_origin_frees_the_slot_and_the_pass() {
+    let (gate, _origin, _hits) = gated(1, |_, _| {}).await;
+    let mut a = inside(&gate).await;
+    let pass = a.cookie("qg_tickets").unwrap().to_owned();
+    let mut b = Visitor::new();
+    assert!(!b.navigate(&gate.url("/tickets/x")).await.reached_origin());
+    assert_eq!(b.status(&gate, "tickets").await["state"], "waiting");
+
+    let ended = a.navigate(&gate.url("/tickets/end")).await;
+    assert!(ended.reached_origin(), "{ended:?}");
+    assert!(ended.headers.get("queuegate-command").is_none());
+    assert!(clears_pass(&ended), "{ended:?}");
+    assert!(a.cookie("qg_tickets").is_none());
+
+    // The slot is the waiter's at the next tick.
+    wait_admitted(&mut b, &gate).await;
+    assert!(b.navigate(&gate.url("/tickets/x")).await.reached_origin());
+    // The old pass admits no more, fresh as it is.
+    let replay = holding(&pass).navigate(&gate.url("/tickets/x")).await;
+    assert!(!replay.reached_origin(), "{replay:?}");
+}
+
+#[tokio::test]
+async fn the_command_is_read_in_any_case_and_from_a_list() {
+    let (gate, _origin, _hits) = gated(10, |_, _| {}).await;
+    for path in ["/tickets/END", "/tickets/list"] {
+        let mut v = inside(&gate).await;
+        let ended = v.navigate(&gate.url(path)).await;
+        assert!(ended.reached_origin(), "{path}: {ended:?}");
+        assert!(ended.headers.get("queuegate-command").is_none(), "{path}");
+        assert!(clears_pass(&ended), "{path}: {ended:?}");
+    }
+}
+
+#[tokio::test]
+async fn unknown_commands_are_stripped_and_change_nothing() {
+    let (gate, _origin, _hits) = gated(10, |_, _| {}).await;
+    let mut v = inside(&gate).await;
+    let a = v.navigate(&gate.url("/tickets/unknown")).await;
+    assert!(a.reached_origin());
+    assert!(a.headers.get("queuegate-command").is_none());
+    assert!(a.headers.get("set-cookie").is_none(), "{a:?}");
+    assert!(v.navigate(&gate.url("/tickets/x")).await.reached_origin());
+}
+
+#[tokio::test]
+async fn a_command_on_an_ungated_path_is_stripped_and_does_nothing() {
+    let (gate, _origin, _hits) = gated(1, |_, _| {}).await;
+    let mut v = inside(&gate).await;
+    let a = v.navigate(&gate.url("/free/end")).await;
+    assert!(a.reached_origin(), "{a:?}");
+    assert!(a.headers.get("queuegate-command").is_none());
+    assert!(a.headers.get("set-cookie").is_none(), "{a:?}");
+    // No session was touched: the visitor is still inside, and the slot
+    // still taken.
+    assert!(v.navigate(&gate.url("/tickets/x")).await.reached_origin());
+    assert!(!Visitor::new()
+        .navigate(&gate.url("/tickets/x"))
+        .await
+        .reached_origin());
+}
+
+#[tokio::test]
+async fn a_client_sending_the_command_changes_nothing() {
+    let (gate, _origin, _hits) = gated(1, |_, _| {}).await;
+    let mut v = inside(&gate).await;
+    for name in ["queuegate-command", "QueueGate-Command"] {
+        let req = Request::get(gate.url("/tickets/x"))
+            .header(name, "end-session")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let a = v.request(req).await;
+        assert!(a.reached_origin(), "{a:?}");
+        assert_eq!(a.headers["x-saw-command"], "no", "not forwarded either");
+        assert!(a.headers.get("set-cookie").is_none(), "{a:?}");
+    }
+    assert!(v.navigate(&gate.url("/tickets/x")).await.reached_origin());
+    assert!(!Visitor::new()
+        .navigate(&gate.url("/tickets/x"))
+        .await
+        .reached_origin());
+}
+
+#[tokio::test]
+async fn every_spelling_of_an_exit_path_ends_the_session() {
+    let (gate, _origin, _hits) = gated(1, |config, r| {
+        config.limits.ambiguous_paths = AmbiguousPaths::Gate;
+        r.exit_paths = vec!["/tickets/done".into()];
+    })
+    .await;
+    for path in [
+        "/tickets/done",
+        "/tickets//done",
+        "/tickets/./done",
+        "/tickets/x/../done",
+        "/tickets/%64one",
+        "/tickets/done/receipt?order=1",
+        "/tickets%2Fdone",
+        "/tickets/done;jsessionid=1",
+    ] {
+        let mut a = inside(&gate).await;
+        let pass = a.cookie("qg_tickets").unwrap().to_owned();
+        let done = a.navigate(&gate.url(path)).await;
+        assert!(done.reached_origin(), "{path}: {done:?}");
+        assert!(clears_pass(&done), "{path}: {done:?}");
+        // The slot is free, so a replay of the old pass comes in as a
+        // newcomer would: with a new admit-now pass, not on the old one.
+        let mut replayer = holding(&pass);
+        let replay = replayer.navigate(&gate.url("/tickets/x")).await;
+        assert!(replay.reached_origin(), "{path}: {replay:?}");
+        let new_pass = replayer.cookie("qg_tickets").unwrap();
+        assert!(new_pass.starts_with("v1.n."), "{path}: {new_pass}");
+        // Capacity 1: the next visitor gets in only if this one leaves.
+        replayer.leave(&gate, "tickets").await;
+    }
+    // Not an exit path: a segment boundary is needed.
+    let mut v = inside(&gate).await;
+    let a = v.navigate(&gate.url("/tickets/done2")).await;
+    assert!(a.reached_origin());
+    assert!(a.headers.get("set-cookie").is_none(), "{a:?}");
+}
+
+#[tokio::test]
+async fn a_failed_exit_request_does_not_end_the_session() {
+    // An origin that is not there: queuegate answers 502 itself.
+    let mut config = proxy_config("http://127.0.0.1:9");
+    let mut r = route("tickets", "/tickets", 1);
+    r.exit_paths = vec!["/tickets/done".into()];
+    config.routes.push(r);
+    let gate = spawn_gate_with(config, ring("k1")).await;
+    let v = &mut pass_from_the_waiting_page(&gate).await;
+    let a = v.navigate(&gate.url("/tickets/done")).await;
+    assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+    assert!(!clears_pass(&a), "{a:?}");
+    assert!(v.cookie("qg_tickets").is_some());
+}
+
+/// A visitor admitted through the waiting page, which forwards nothing.
+async fn pass_from_the_waiting_page(gate: &Gate) -> Visitor {
+    let mut v = Visitor::new();
+    let a = v
+        .navigate(&gate.url("/__queuegate/waiting?route=tickets&return=/tickets/x"))
+        .await;
+    assert_eq!(a.location(), Some("/tickets/x"), "{a:?}");
+    assert!(v.cookie("qg_tickets").is_some());
+    v
+}
+
+/// `concurrent` requests carrying one pass on a route that allows `limit`
+/// per session: how many reached the origin. The pass comes from the
+/// waiting page, so getting it forwards nothing.
+async fn concurrent_with_one_pass(
+    limit: u64,
+    concurrent: usize,
+    redis: Option<&RedisServer>,
+) -> usize {
+    let (origin, hits) = commanding_origin().await;
+    let mut config = proxy_config(&origin.url());
+    if let Some(redis) = redis {
+        config.store.backend = Backend::Redis;
+        config.store.redis = redis.config(Duration::from_secs(2));
+    }
+    let mut r = route("tickets", "/tickets", 5);
+    r.max_requests_per_session = Some(limit);
+    config.routes.push(r);
+    let gate = spawn_gate_with(config, ring("k1")).await;
+    let v = pass_from_the_waiting_page(&gate).await;
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+    let tasks: Vec<_> = (0..concurrent)
+        .map(|_| {
+            let mut tab = v.clone();
+            let url = gate.url("/tickets/x");
+            tokio::spawn(async move { tab.fetch(&url).await })
+        })
+        .collect();
+    let mut reached = 0;
+    for task in tasks {
+        let a = task.await.unwrap();
+        if a.reached_origin() {
+            reached += 1;
+        } else {
+            assert_eq!(a.json()["state"], "used_up", "{a:?}");
+            assert!(clears_pass(&a), "{a:?}");
+        }
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), reached);
+    drop(origin);
+    reached
+}
+
+#[tokio::test]
+async fn one_request_per_session_lets_one_of_fifty_through() {
+    assert_eq!(concurrent_with_one_pass(1, 50, None).await, 1);
+}
+
+#[tokio::test]
+async fn three_requests_per_session_let_three_of_fifty_through() {
+    assert_eq!(concurrent_with_one_pass(3, 50, None).await, 3);
+}
+
+#[tokio::test]
+async fn one_and_three_requests_per_session_on_redis() {
+    let redis = RedisServer::start();
+    assert_eq!(concurrent_with_one_pass(1, 50, Some(&redis)).await, 1);
+    assert_eq!(concurrent_with_one_pass(3, 50, Some(&redis)).await, 3);
+}
+
+#[tokio::test]
+async fn a_used_up_navigation_goes_back_through_the_line() {
+    let (gate, _origin, hits) = gated(1, |_, r| r.max_requests_per_session = Some(2)).await;
+    let mut v = Visitor::new();
+    assert!(v.navigate(&gate.url("/tickets/a")).await.reached_origin());
+    let pass = v.cookie("qg_tickets").unwrap().to_owned();
+    let last = v.navigate(&gate.url("/tickets/b")).await;
+    assert!(last.reached_origin());
+    assert!(
+        clears_pass(&last),
+        "the last request clears the pass: {last:?}"
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    // The slot is free at once: a newcomer is admitted.
+    let mut next = Visitor::new();
+    assert!(next
+        .navigate(&gate.url("/tickets/c"))
+        .await
+        .reached_origin());
+    // Replaying the used pass: sent to the waiting page, not the origin.
+    let replay = holding(&pass).navigate(&gate.url("/tickets/d")).await;
+    assert_eq!(replay.status, StatusCode::FOUND, "{replay:?}");
+    assert!(replay
+        .location()
+        .unwrap()
+        .starts_with("/__queuegate/waiting?"));
+    assert_eq!(hits.load(Ordering::SeqCst), 3);
+}
+
+// Three `queuegate` processes on one Redis (as in tests/multi_instance.rs,
+// kept here so their load does not overlap that file's timing-bound tests).
+
+fn route_yaml(capacity: u64, extra: &str) -> String {
+    format!(
+        "  - name: tickets\n    match: {{ path_prefix: /tickets }}\n    capacity: {capacity}\n    \
+         tick: 50ms\n    pass_ttl: 2s\n    \
+         client_limits: {{ places: 0, joins_per_minute: 0 }}\n{extra}"
+    )
+}
+
+async fn three(capacity: u64, extra: &str) -> (RedisServer, Origin, Vec<Instance>) {
+    let redis = RedisServer::start();
+    let (origin, _hits) = counting_origin().await;
+    let route = route_yaml(capacity, extra);
+    let mut instances = Vec::new();
+    for _ in 0..3 {
+        instances
+            .push(Instance::start(&redis.url(), &origin.url(), &format!("routes:\n{route}")).await);
+    }
+    (redis, origin, instances)
+}
+
+async fn status(v: &mut Visitor, at: &Instance) -> serde_json::Value {
+    let a = v.fetch(&at.url("/__queuegate/status?route=tickets")).await;
+    assert_eq!(a.status, StatusCode::OK);
+    a.json()
+}
+
+/// Polls `v`'s status on `at` until it is admitted; panics after 10 s.
+async fn admitted_on(v: &mut Visitor, at: &Instance) {
+    for _ in 0..500 {
+        if status(v, at).await["state"] == "admitted" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("never admitted");
+}
+
+/// Replays `pass` on `at` until it no longer reaches the origin; panics
+/// after 5 s (a pass is refused by every instance once it renews, at most
+/// half its two-second life after the session ended).
+async fn refused_on(pass: &str, at: &Instance) {
+    for _ in 0..250 {
+        let mut replay = Visitor::new();
+        replay.jar.insert("qg_tickets".into(), pass.to_owned());
+        if !replay
+            .navigate(&at.url("/tickets/x"))
+            .await
+            .reached_origin()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the ended session's pass still admits");
+}
+
+#[tokio::test]
+async fn an_ended_session_frees_its_slot_for_a_waiter_on_another_instance() {
+    for exit in ["/tickets/done", "/tickets//done"] {
+        let (_redis, _origin, instances) = three(1, "    exit_paths: [/tickets/done]\n").await;
+        let mut a = Visitor::new();
+        assert!(a
+            .navigate(&instances[0].url("/tickets/x"))
+            .await
+            .reached_origin());
+        // Its return confirms the session.
+        assert!(a
+            .navigate(&instances[1].url("/tickets/x"))
+            .await
+            .reached_origin());
+        let pass = a.cookie("qg_tickets").unwrap().to_owned();
+        let mut b = Visitor::new();
+        assert!(!b
+            .navigate(&instances[1].url("/tickets/x"))
+            .await
+            .reached_origin());
+
+        let done = a.navigate(&instances[2].url(exit)).await;
+        assert!(done.reached_origin(), "{exit}: {done:?}");
+        assert!(a.cookie("qg_tickets").is_none(), "{exit}: pass not cleared");
+        // The instance that ended it refuses the pass at once.
+        let mut replay = Visitor::new();
+        replay.jar.insert("qg_tickets".into(), pass.clone());
+        assert!(!replay
+            .navigate(&instances[2].url("/tickets/x"))
+            .await
+            .reached_origin());
+        // The slot is the waiter's, through another instance.
+        admitted_on(&mut b, &instances[1]).await;
+        assert!(b
+            .navigate(&instances[0].url("/tickets/x"))
+            .await
+            .reached_origin());
+        for at in &instances {
+            refused_on(&pass, at).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn one_pass_over_three_instances_makes_exactly_its_requests() {
+    let redis = RedisServer::start();
+    for limit in [1, 3] {
+        let (origin, hits) = counting_origin().await;
+        let route = route_yaml(5, &format!("    max_requests_per_session: {limit}\n"));
+        let mut instances = Vec::new();
+        for _ in 0..3 {
+            instances.push(
+                Instance::start(&redis.url(), &origin.url(), &format!("routes:\n{route}")).await,
+            );
+        }
+        let mut v = Visitor::new();
+        let a = v
+            .navigate(&instances[0].url("/__queuegate/waiting?route=tickets&return=/tickets/x"))
+            .await;
+        assert_eq!(a.location(), Some("/tickets/x"), "{a:?}");
+        let tasks: Vec<_> = (0..50)
+            .map(|i| {
+                let mut tab = v.clone();
+                let url = instances[i % 3].url("/tickets/x");
+                tokio::spawn(async move { tab.fetch(&url).await.reached_origin() })
+            })
+            .collect();
+        let mut reached = 0;
+        for task in tasks {
+            reached += usize::from(task.await.unwrap());
+        }
+        assert_eq!(reached, limit, "limit {limit}");
+        assert_eq!(hits.load(Ordering::SeqCst), limit, "limit {limit}");
+    }
+}
