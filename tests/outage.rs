@@ -439,6 +439,9 @@ async fn waiters_poll_soon_while_the_local_line_answers() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(back_to_normal, "the interval grows again once the store answers");
+    assert!(
+        back_to_normal,
+        "the interval grows again once the store answers"
+    );
     drop(gate);
 }
