@@ -65,6 +65,22 @@ pub fn poll_after_ms(route: &RouteRt, position: u64) -> u64 {
     (((base as f64) * jitter) as u64).min(cap)
 }
 
+/// The waiting page's query for a request to `route` held back: it brings
+/// the visitor back to the page asked for; `start` is the place to show at
+/// once, if known.
+fn page_query(route: &RouteRt, req: &Request<Incoming>, start: Option<u64>) -> WaitingQuery {
+    WaitingQuery {
+        route: route.name().to_owned(),
+        return_path: req
+            .uri()
+            .path_and_query()
+            .map_or("/", |pq| pq.as_str())
+            .to_owned(),
+        lang: None,
+        start,
+    }
+}
+
 fn waiting_path(s: &Settings) -> String {
     format!("{}/waiting", s.reserved_prefix)
 }
@@ -85,19 +101,11 @@ pub fn held_back(
         _ => None,
     };
     let mut resp = if is_navigation(req.method(), req.headers()) {
-        let query = WaitingQuery {
-            route: route.name().to_owned(),
-            return_path: req
-                .uri()
-                .path_and_query()
-                .map_or("/", |pq| pq.as_str())
-                .to_owned(),
-            lang: None,
-            start: match &decision {
-                Decision::Wait { place, .. } => Some(place.position),
-                _ => None,
-            },
+        let start = match &decision {
+            Decision::Wait { place, .. } => Some(place.position),
+            _ => None,
         };
+        let query = page_query(route, req, start);
         response::redirect("waiting", &query.to_url(&waiting_path(s)))
     } else {
         api_answer(s, route, &decision)
@@ -115,16 +123,7 @@ pub fn held_back(
 /// The caller clears the pass cookie.
 pub fn used_up(s: &Settings, route: &RouteRt, req: &Request<Incoming>) -> Response<Body> {
     if is_navigation(req.method(), req.headers()) {
-        let query = WaitingQuery {
-            route: route.name().to_owned(),
-            return_path: req
-                .uri()
-                .path_and_query()
-                .map_or("/", |pq| pq.as_str())
-                .to_owned(),
-            lang: None,
-            start: None,
-        };
+        let query = page_query(route, req, None);
         return response::redirect("used-up", &query.to_url(&waiting_path(s)));
     }
     let body = json!({
