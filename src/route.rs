@@ -3,6 +3,7 @@
 //! live numbers its admitter keeps fresh, gathered in [`Settings`], the set a
 //! config reload replaces whole.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -114,9 +115,11 @@ pub struct RouteRt {
     pub local_limits: Limits,
     cookie_plain: String,
     cookie_tls: String,
-    prefix_folded: Option<String>,
-    /// `exit_paths` lower-cased, for a `case_insensitive` route.
-    exit_folded: Vec<String>,
+    /// `match.path_prefix` and `exit_paths` as request paths are compared
+    /// with them: lower-cased on a `case_insensitive` route (see
+    /// [`RouteRt::compared`]).
+    prefix: Option<String>,
+    exit_prefixes: Vec<String>,
     pub live: Arc<RouteLive>,
     /// The route's own waiting page template, if it has one.
     pub template: Option<Arc<Template>>,
@@ -149,26 +152,23 @@ impl RouteRt {
         let mut local_limits = limits.clone();
         local_limits.capacity = (cfg.capacity / expected_instances.max(1)).max(1);
         let (cookie_plain, cookie_tls) = cookie::names(&cfg.name, cookie.domain.is_some());
-        let prefix_folded = match (&cfg.matcher.path_prefix, cfg.matcher.case_insensitive) {
-            (Some(p), true) => Some(p.to_ascii_lowercase()),
-            _ => None,
+        let fold = |p: &String| {
+            if cfg.matcher.case_insensitive {
+                p.to_ascii_lowercase()
+            } else {
+                p.clone()
+            }
         };
-        let exit_folded = if cfg.matcher.case_insensitive {
-            cfg.exit_paths
-                .iter()
-                .map(|p| p.to_ascii_lowercase())
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let prefix = cfg.matcher.path_prefix.as_ref().map(fold);
+        let exit_prefixes = cfg.exit_paths.iter().map(fold).collect();
         RouteRt {
             cfg,
             limits,
             local_limits,
             cookie_plain,
             cookie_tls,
-            prefix_folded,
-            exit_folded,
+            prefix,
+            exit_prefixes,
             live,
             template,
             metrics,
@@ -215,22 +215,24 @@ impl RouteRt {
     /// is, on a segment boundary and with its `case_insensitive`, against
     /// every reading of the path an origin could make.
     pub fn is_exit(&self, readings: &path::Readings<'_>) -> bool {
-        if self.cfg.exit_paths.is_empty() {
+        if self.exit_prefixes.is_empty() {
             return false;
         }
         readings.iter().any(|p| {
-            if self.cfg.matcher.case_insensitive {
-                let folded = p.to_ascii_lowercase();
-                self.exit_folded
-                    .iter()
-                    .any(|exit| path::prefix_matches(&folded, exit))
-            } else {
-                self.cfg
-                    .exit_paths
-                    .iter()
-                    .any(|exit| path::prefix_matches(p, exit))
-            }
+            let p = self.compared(p);
+            self.exit_prefixes
+                .iter()
+                .any(|exit| path::prefix_matches(&p, exit))
         })
+    }
+
+    /// `path` as this route's prefixes are compared with it.
+    fn compared<'a>(&self, path: &'a str) -> Cow<'a, str> {
+        if self.cfg.matcher.case_insensitive {
+            Cow::Owned(path.to_ascii_lowercase())
+        } else {
+            Cow::Borrowed(path)
+        }
     }
 
     fn matches(&self, host: Option<&str>, path: &str) -> bool {
@@ -241,12 +243,9 @@ impl RouteRt {
                 _ => return false,
             }
         }
-        match &m.path_prefix {
+        match &self.prefix {
             None => true,
-            Some(prefix) => match &self.prefix_folded {
-                Some(folded) => path::prefix_matches(&path.to_ascii_lowercase(), folded),
-                None => path::prefix_matches(path, prefix),
-            },
+            Some(prefix) => path::prefix_matches(&self.compared(path), prefix),
         }
     }
 }

@@ -28,6 +28,7 @@ use super::{
     Arrival, ClientKey, Counted, Limits, PassTimes, Place, Poll, QueueStore, RouteStats,
     StoreError, Tick, TicketTimes, VisitorId, JOIN_WINDOW,
 };
+use crate::clock::Clock;
 use crate::config::{RedisConfig, RedisMode};
 
 /// Builds a script from the shared prelude and one operation's file.
@@ -392,10 +393,7 @@ impl RedisStore {
     /// the store's line at a later score than the ticket's. Past this time
     /// the script stores nothing.
     fn too_late_ms(&self) -> u64 {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        ms(now + self.timeout + LATE_GRACE)
+        ms(Clock::system().now() + self.timeout + LATE_GRACE)
     }
 }
 
