@@ -110,7 +110,7 @@ fn main() {
                     id[..8].copy_from_slice(&mixed.to_le_bytes());
                     id[8..].copy_from_slice(&n.to_le_bytes());
                     store
-                        .arrive(ROUTE, &id, &client_of(n), limits, false)
+                        .arrive(ROUTE, &id, &client_of(n), limits, false, None)
                         .await
                 }
             })

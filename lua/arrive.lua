@@ -10,6 +10,8 @@
 --       [13] client memory (ms)  [14] join window (ms)
 --       [15] too late after (unix ms, the caller's clock): the caller has
 --            given up on this call by then
+--       [16] the epoch this instance saw last (µs), or '' if none
+--       [17] pass_ttl (ms): the hold when [16] shows a lost store
 -- Returns: {1}                                   admitted (or already active)
 --          {2, join score µs, position, waiting} in line (new or same place)
 --          {3, waiting}                          line full, nobody queued
@@ -38,11 +40,20 @@ local client_joins = tonumber(ARGV[12])
 local client_memory_ms = tonumber(ARGV[13])
 local join_window_ms = tonumber(ARGV[14])
 local too_late_ms = tonumber(ARGV[15])
+local known_epoch_us = tonumber(ARGV[16])
+local pass_ttl_ms = tonumber(ARGV[17])
 
 -- The caller timed out and went on without this call (a local line may have
 -- given the visitor a ticket): storing it now would place the id twice.
 if now_ms > too_late_ms then
   return {5}
+end
+
+-- The epoch this instance remembered changed: the store was lost since its
+-- last tick. Hold before anyone is let in at once ahead of the visitors whose
+-- sessions were lost.
+if known_epoch_us and known_epoch_us ~= epoch_us then
+  notice_loss(pass_ttl_ms)
 end
 
 -- Ghosts and unconfirmed tickets go first (counted by the next tick), this

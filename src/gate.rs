@@ -381,9 +381,22 @@ impl Gate {
     pub async fn arrive(&self, s: &Settings, route: &RouteRt, who: Requester<'_>) -> Decision {
         let id = admission::new_visitor_id();
         let admit_now = route.cfg.mode == Mode::Gate;
+        // The store's epoch as this instance knows it: a store lost since
+        // the last tick is noticed here too, before anyone is let in at once.
+        let known_epoch_us = match route.live.epoch_us.load(Ordering::Relaxed) {
+            0 => None,
+            e => Some(e),
+        };
         let (arrival, granted) = match self
             .store
-            .arrive(route.name(), &id, who.client, &route.limits, admit_now)
+            .arrive(
+                route.name(),
+                &id,
+                who.client,
+                &route.limits,
+                admit_now,
+                known_epoch_us,
+            )
             .await
         {
             // Unconfirmed until the visitor comes back with the pass.
@@ -399,6 +412,7 @@ impl Gate {
                             who.client,
                             &route.local_limits_now(),
                             admit_now,
+                            None,
                         )
                         .await;
                     match local {

@@ -102,7 +102,7 @@ async fn connect_does_not_wait_for_redis_and_ready_fails_while_it_is_down() {
         let store = RedisStore::connect(&cfg).expect("connect is lazy");
         assert!(store.ready().await.is_err());
         assert!(store
-            .arrive("r", &id(1), &[], &limits(), true)
+            .arrive("r", &id(1), &[], &limits(), true, None)
             .await
             .is_err());
         // Redis comes up: the same store starts answering.
@@ -112,7 +112,7 @@ async fn connect_does_not_wait_for_redis_and_ready_fails_while_it_is_down() {
         eventually("ready after start", || store.ready()).await;
         assert_eq!(
             store
-                .arrive("r", &id(1), &[], &limits(), true)
+                .arrive("r", &id(1), &[], &limits(), true, None)
                 .await
                 .unwrap(),
             Arrival::Admitted
@@ -143,7 +143,7 @@ async fn calls_time_out_while_redis_is_stopped() {
     let store = RedisStore::connect(&server.config(Duration::from_millis(200))).unwrap();
     store.ready().await.unwrap();
     server.pause();
-    let arrive = store.arrive("r", &id(1), &[], &limits(), true).await;
+    let arrive = store.arrive("r", &id(1), &[], &limits(), true, None).await;
     assert!(
         matches!(arrive, Err(StoreError::Timeout)),
         "expected a timeout, got {arrive:?}"
@@ -163,11 +163,24 @@ async fn cluster_runs_each_route_on_its_slot() {
     let routes = ["tickets", "shop", "news", "login", "api"];
     for route in routes {
         assert_eq!(
-            store.arrive(route, &id(1), &[], &l, true).await.unwrap(),
+            store
+                .arrive(route, &id(1), &[], &l, true, None)
+                .await
+                .unwrap(),
             Arrival::Admitted
         );
-        let b = waiting(store.arrive(route, &id(2), &[], &l, true).await.unwrap());
-        let c = waiting(store.arrive(route, &id(3), &[], &l, true).await.unwrap());
+        let b = waiting(
+            store
+                .arrive(route, &id(2), &[], &l, true, None)
+                .await
+                .unwrap(),
+        );
+        let c = waiting(
+            store
+                .arrive(route, &id(3), &[], &l, true, None)
+                .await
+                .unwrap(),
+        );
         assert_eq!((b.position, c.position), (1, 2));
         store.leave(route, &id(1)).await.unwrap();
         let tick = store.admit_tick(route, &l, None).await.unwrap();
@@ -210,7 +223,10 @@ async fn sentinel_failover_keeps_the_line_going() {
     eventually("sentinel ready", || store.ready()).await;
     let l = limits();
     assert_eq!(
-        store.arrive("r", &id(1), &[], &l, true).await.unwrap(),
+        store
+            .arrive("r", &id(1), &[], &l, true, None)
+            .await
+            .unwrap(),
         Arrival::Admitted
     );
     let stats = store.stats("r", &l).await.unwrap();
@@ -218,7 +234,10 @@ async fn sentinel_failover_keeps_the_line_going() {
     let mut line = Vec::new();
     for n in 2..=4 {
         line.push(waiting(
-            store.arrive("r", &id(n), &[], &l, true).await.unwrap(),
+            store
+                .arrive("r", &id(n), &[], &l, true, None)
+                .await
+                .unwrap(),
         ));
     }
     // Let the replica catch up, as it usually has by the time a master dies.
@@ -242,7 +261,12 @@ async fn sentinel_failover_keeps_the_line_going() {
     }
     assert_eq!(positions, vec![1, 2, 3]);
     // New visitors join behind them.
-    let newcomer = waiting(store.arrive("r", &id(9), &[], &l, true).await.unwrap());
+    let newcomer = waiting(
+        store
+            .arrive("r", &id(9), &[], &l, true, None)
+            .await
+            .unwrap(),
+    );
     assert_eq!(newcomer.position, 4);
     // The admitted visitor's pass still renews.
     assert!(store
@@ -267,10 +291,18 @@ async fn sentinel_switchover_moves_writes_to_the_new_master() {
     eventually("sentinel ready", || store.ready()).await;
     let l = limits();
     assert_eq!(
-        store.arrive("r", &id(1), &[], &l, true).await.unwrap(),
+        store
+            .arrive("r", &id(1), &[], &l, true, None)
+            .await
+            .unwrap(),
         Arrival::Admitted
     );
-    let b = waiting(store.arrive("r", &id(2), &[], &l, true).await.unwrap());
+    let b = waiting(
+        store
+            .arrive("r", &id(2), &[], &l, true, None)
+            .await
+            .unwrap(),
+    );
     trio.wait_for_replication();
 
     trio.failover();
@@ -279,7 +311,7 @@ async fn sentinel_switchover_moves_writes_to_the_new_master() {
 
     let c = waiting(
         eventually("arrive after switchover", || {
-            store.arrive("r", &[3; 16], &[], &l, true)
+            store.arrive("r", &[3; 16], &[], &l, true, None)
         })
         .await,
     );

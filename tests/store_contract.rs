@@ -173,7 +173,7 @@ async fn arrive_from<H: Harness>(
     now: bool,
 ) -> Arrival {
     h.store()
-        .arrive(route, &visitor(n), client, limits, now)
+        .arrive(route, &visitor(n), client, limits, now, None)
         .await
         .expect("arrive")
 }
@@ -953,6 +953,47 @@ async fn epoch_change_seen_by_admitter_starts_hold<H: Harness>(h: &mut H) {
     assert_eq!(tick(h, &route, &limits).await, vec![c.score_us]);
 }
 
+async fn epoch_change_seen_by_an_arrival_starts_hold<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = limits();
+    let epoch = stats(h, &route, &limits).await.epoch_us;
+    // The same epoch: an arrival with room is let in at once, no hold.
+    let same = h
+        .store()
+        .arrive(&route, &visitor(1), &[], &limits, true, Some(epoch))
+        .await
+        .expect("arrive");
+    assert_eq!(same, Arrival::Admitted);
+    assert_eq!(stats(h, &route, &limits).await.hold_until_us, 0);
+
+    // An instance that remembers another epoch and has not ticked since the
+    // store was lost: the arrival itself starts the hold and waits.
+    h.advance(limits.tick).await;
+    let other = h
+        .store()
+        .arrive(&route, &visitor(2), &[], &limits, true, Some(epoch + 1))
+        .await
+        .expect("arrive");
+    let Arrival::Waiting(place) = other else {
+        panic!("an arrival after a store loss is not let in at once: {other:?}");
+    };
+    assert_eq!(place.position, 1);
+    let s = stats(h, &route, &limits).await;
+    assert!(s.hold_until_us > s.now_us, "a hold is on");
+    // Later notices in the same epoch do not extend it.
+    h.advance(limits.tick).await;
+    let again = h
+        .store()
+        .arrive(&route, &visitor(3), &[], &limits, true, Some(epoch + 1))
+        .await
+        .expect("arrive");
+    assert!(matches!(again, Arrival::Waiting(_)), "{again:?}");
+    assert_eq!(
+        stats(h, &route, &limits).await.hold_until_us,
+        s.hold_until_us
+    );
+}
+
 async fn positions_and_totals_are_consistent<H: Harness>(h: &mut H) {
     let route = h.fresh_route();
     let limits = Limits {
@@ -1545,6 +1586,7 @@ macro_rules! contract_suite {
                 restore_after_store_loss,
                 lost_write_restored_when_young,
                 epoch_change_seen_by_admitter_starts_hold,
+                epoch_change_seen_by_an_arrival_starts_hold,
                 positions_and_totals_are_consistent,
                 client_places_limit_frees_when_a_place_is_given_up,
                 client_joins_per_minute_limit,

@@ -318,11 +318,13 @@ impl QueueStore for Guarded {
         client: ClientKey<'_>,
         limits: &Limits,
         admit_now: bool,
+        known_epoch_us: Option<u64>,
     ) -> Result<Arrival, StoreError> {
         self.breaker
             .call(
                 Operation::Arrive,
-                self.store.arrive(route, id, client, limits, admit_now),
+                self.store
+                    .arrive(route, id, client, limits, admit_now, known_epoch_us),
             )
             .await
     }

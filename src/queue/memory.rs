@@ -286,7 +286,11 @@ impl Route {
         client: ClientKey<'_>,
         limits: &Limits,
         admit_now: bool,
+        known_epoch_us: Option<u64>,
     ) -> Arrival {
+        if known_epoch_us.is_some_and(|known| known != self.epoch_us) {
+            self.notice_loss(now, limits);
+        }
         self.purge_sessions(now);
         self.drop_ghosts(now, limits);
         if let Some(kind) = self.sessions.kind_if_active(id, now.ms) {
@@ -955,8 +959,11 @@ impl QueueStore for MemoryStore {
         client: ClientKey<'_>,
         limits: &Limits,
         admit_now: bool,
+        known_epoch_us: Option<u64>,
     ) -> Result<Arrival, StoreError> {
-        Ok(self.with_route(route, |r, now| r.arrive(now, id, client, limits, admit_now)))
+        Ok(self.with_route(route, |r, now| {
+            r.arrive(now, id, client, limits, admit_now, known_epoch_us)
+        }))
     }
 
     async fn poll(
@@ -1113,7 +1120,7 @@ mod tests {
         let limits = limits();
         for n in 0..10 {
             store
-                .arrive("r", &visitor(n), &[], &limits, true)
+                .arrive("r", &visitor(n), &[], &limits, true, None)
                 .await
                 .unwrap();
         }
@@ -1133,7 +1140,7 @@ mod tests {
             for _ in 0..600 {
                 for _ in 0..per_second {
                     store
-                        .arrive("r", &visitor(n), &[], &limits, true)
+                        .arrive("r", &visitor(n), &[], &limits, true, None)
                         .await
                         .unwrap();
                     store.leave("r", &visitor(n)).await.unwrap();
@@ -1152,7 +1159,7 @@ mod tests {
         let limits = limits();
         assert_eq!(store.stats("r", &limits).await.unwrap().admit_rate, 0.0);
         store
-            .arrive("r", &visitor(1), &[], &limits, true)
+            .arrive("r", &visitor(1), &[], &limits, true, None)
             .await
             .unwrap();
         tokio::time::advance(Duration::from_secs(1)).await;
@@ -1169,7 +1176,7 @@ mod tests {
             ..limits()
         };
         store
-            .arrive("r", &visitor(1), &[], &limits, false)
+            .arrive("r", &visitor(1), &[], &limits, false, None)
             .await
             .unwrap();
         let tick = store.admit_tick("r", &limits, None).await.unwrap();
@@ -1195,7 +1202,7 @@ mod tests {
         let mut tickets = Vec::new();
         for n in 0..3 {
             let Arrival::Waiting(place) = store
-                .arrive("r", &visitor(n), &[], &limits, false)
+                .arrive("r", &visitor(n), &[], &limits, false, None)
                 .await
                 .unwrap()
             else {
@@ -1212,7 +1219,7 @@ mod tests {
         assert_eq!(tombstones(&store), 3);
         // Visitor 0 joins again: its tombstone goes with the new ticket.
         store
-            .arrive("r", &visitor(0), &[], &limits, false)
+            .arrive("r", &visitor(0), &[], &limits, false, None)
             .await
             .unwrap();
         assert_eq!(tombstones(&store), 2);
@@ -1285,7 +1292,12 @@ mod tests {
         let arrive = |n| {
             let id = visitor(n);
             let (store, limits) = (&store, &limits);
-            async move { store.arrive("r", &id, client, limits, false).await.unwrap() }
+            async move {
+                store
+                    .arrive("r", &id, client, limits, false, None)
+                    .await
+                    .unwrap()
+            }
         };
         assert!(matches!(arrive(1).await, Arrival::Waiting(_)));
         tokio::time::advance(Duration::from_secs(20)).await;
@@ -1316,7 +1328,7 @@ mod tests {
         };
         let client: &[u8] = &[198, 51, 100, 9];
         let Arrival::Waiting(place) = store
-            .arrive("r", &visitor(1), client, &limits, false)
+            .arrive("r", &visitor(1), client, &limits, false, None)
             .await
             .unwrap()
         else {
@@ -1339,7 +1351,7 @@ mod tests {
         assert!(step * 4 > limits.client_memory());
         assert!(matches!(
             store
-                .arrive("r", &visitor(2), client, &limits, false)
+                .arrive("r", &visitor(2), client, &limits, false, None)
                 .await
                 .unwrap(),
             Arrival::TooMany { .. }
@@ -1355,7 +1367,7 @@ mod tests {
         };
         for n in 0..100_000 {
             store
-                .arrive("r", &visitor(n), &[], &limits, false)
+                .arrive("r", &visitor(n), &[], &limits, false, None)
                 .await
                 .unwrap();
         }

@@ -37,7 +37,7 @@
 //!   confirmed, with no tombstone, issued before the epoch (strictly, in ms)
 //!   and less than `session_ttl` before it. The first notice of a loss
 //!   (restoring such an entry, or an instance seeing the epoch it remembered
-//!   change) starts a hold of one `pass_ttl` during which nobody new is
+//!   change, on a tick or an arrival) starts a hold of one `pass_ttl` during which nobody new is
 //!   admitted, so returning admitted visitors are counted first. Later
 //!   notices in the same epoch do not extend the hold: otherwise one visitor
 //!   leaving and coming back with an old ticket could stop the line for good.
@@ -314,7 +314,11 @@ pub trait QueueStore: Send + Sync {
     /// stored; with `admit_now`, admit at once (an unconfirmed session,
     /// `confirm_within`) when there is free capacity, nobody waits, the tick
     /// budget has room and no hold is on; otherwise join the back of the line
-    /// (an unconfirmed ticket) unless the line is full.
+    /// (an unconfirmed ticket) unless the line is full. `known_epoch_us` is
+    /// the epoch this instance saw last: if the store's differs, the store was
+    /// lost and a hold starts (as in [`QueueStore::admit_tick`]) before the
+    /// visitor is placed, so nobody is let in at once ahead of the visitors
+    /// whose sessions were lost.
     fn arrive(
         &self,
         route: &str,
@@ -322,6 +326,7 @@ pub trait QueueStore: Send + Sync {
         client: ClientKey<'_>,
         limits: &Limits,
         admit_now: bool,
+        known_epoch_us: Option<u64>,
     ) -> impl Future<Output = Result<Arrival, StoreError>> + Send;
 
     /// A waiter polls (a heartbeat, and the confirmation of a new ticket) from
@@ -463,8 +468,9 @@ impl QueueStore for Store {
         client: ClientKey<'_>,
         limits: &Limits,
         admit_now: bool,
+        known_epoch_us: Option<u64>,
     ) -> Result<Arrival, StoreError> {
-        dispatch!(self, s => s.arrive(route, id, client, limits, admit_now).await)
+        dispatch!(self, s => s.arrive(route, id, client, limits, admit_now, known_epoch_us).await)
     }
 
     async fn poll(

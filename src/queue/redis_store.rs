@@ -427,6 +427,7 @@ impl QueueStore for RedisStore {
         client: ClientKey<'_>,
         limits: &Limits,
         admit_now: bool,
+        known_epoch_us: Option<u64>,
     ) -> impl Future<Output = Result<Arrival, StoreError>> + Send {
         let counted = limits.limits_client(client).then_some(client);
         let mut invocation = prepare(&self.scripts.arrive, route, counted);
@@ -445,7 +446,9 @@ impl QueueStore for RedisStore {
             .arg(limits.client_joins_per_minute)
             .arg(ms(limits.client_memory()))
             .arg(ms(JOIN_WINDOW))
-            .arg(self.too_late_ms());
+            .arg(self.too_late_ms())
+            .arg(known_epoch_us.map(|e| e.to_string()).unwrap_or_default())
+            .arg(ms(limits.pass_ttl));
         async move {
             let reply: Vec<u64> = self.run(&invocation).await?;
             match field(&reply, 0, "arrive")? {
