@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use queuegate::clock::Clock;
 use queuegate::queue::{
-    Arrival, Counted, Limits, MemoryStore, PassTimes, Place, Poll, QueueStore, RedisStore,
-    RouteStats, Tick, TicketTimes, VisitorId,
+    Arrival, Counted, Heartbeat, Limits, LineRecord, MemoryStore, PassTimes, Place, Poll,
+    QueueStore, RedisStore, RouteStats, Tick, TicketTimes, VisitorId,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -994,6 +994,138 @@ async fn epoch_change_seen_by_an_arrival_starts_hold<H: Harness>(h: &mut H) {
     );
 }
 
+async fn line_record_samples_the_line_the_tick_left<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 2,
+        abandon_after: Duration::from_secs(30),
+        ..limits()
+    };
+    assert_eq!(record(h, &route, &limits).await, None, "no tick yet");
+    let mut scores = Vec::new();
+    for n in 0..260 {
+        scores.push(join(h, &route, n, &limits).await.score_us);
+        // Visitor 150 leaves: the rank of everyone behind moves up one.
+        if n == 150 {
+            leave(h, &route, n).await;
+        }
+    }
+    let tick = full_tick(h, &route, &limits).await;
+    assert_eq!(tick.admitted_scores, scores[..2].to_vec());
+    let line: Vec<u64> = scores[2..]
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i + 2 != 150)
+        .map(|(_, &s)| s)
+        .collect();
+    let record = record(h, &route, &limits)
+        .await
+        .expect("a record after a tick");
+    assert_eq!(record.epoch_us, tick.epoch_us);
+    assert_eq!(record.waiting, line.len() as u64);
+    let ranks: Vec<u64> = queuegate::queue::record::sample_ranks(record.waiting).collect();
+    assert_eq!(
+        record.samples,
+        ranks
+            .iter()
+            .map(|&r| (r, line[r as usize - 1]))
+            .collect::<Vec<_>>()
+    );
+    for (i, &score) in line.iter().enumerate() {
+        let rank = i as u64 + 1;
+        match record.position(score) {
+            None => assert!(rank <= queuegate::queue::record::HEAD),
+            Some(shown) => assert!(
+                shown.abs_diff(rank) * 50 <= rank,
+                "rank {rank} shown as {shown}"
+            ),
+        }
+    }
+    // The record is the tick's: joins after it are not in it.
+    let late = join(h, &route, 999, &limits).await;
+    assert_eq!(record.position(late.score_us), None);
+}
+
+async fn heartbeats_count_as_polls_for_those_in_line<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 0,
+        abandon_after: Duration::from_secs(30),
+        confirm_within: Duration::from_millis(400),
+        ..limits()
+    };
+    let a = join(h, &route, 1, &limits).await;
+    join(h, &route, 2, &limits).await;
+    join(h, &route, 3, &limits).await;
+    leave(h, &route, 3).await;
+    let beats: Vec<Heartbeat> = [1, 3, 4]
+        .map(|n| Heartbeat {
+            id: visitor(n),
+            client: CLIENT_A.to_vec(),
+        })
+        .to_vec();
+    let in_line = h
+        .store()
+        .heartbeats(&route, &beats, &limits)
+        .await
+        .expect("heartbeats");
+    assert_eq!(in_line, vec![true, false, false]);
+    assert!(h
+        .store()
+        .heartbeats(&route, &[], &limits)
+        .await
+        .expect("no heartbeats")
+        .is_empty());
+    // Visitor 1's ticket was confirmed by its heartbeat; visitor 2's, never
+    // polled, drops after confirm_within.
+    h.advance(Duration::from_millis(600)).await;
+    let tick = full_tick(h, &route, &limits).await;
+    assert_eq!((tick.unconfirmed_tickets, tick.abandoned), (1, 0));
+    assert!(matches!(
+        poll(h, &route, 1, a.score_us, &limits).await,
+        Poll::Waiting(p) if p.position == 1 && p.waiting_total == 1
+    ));
+    // Nothing came back for the one who left or the stranger.
+    assert_eq!(stats(h, &route, &limits).await.waiting, 1);
+}
+
+async fn heartbeats_keep_ghosts_from_being_dropped<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 0,
+        abandon_after: Duration::from_millis(400),
+        ..limits()
+    };
+    let a = join(h, &route, 1, &limits).await;
+    let b = join(h, &route, 2, &limits).await;
+    poll(h, &route, 1, a.score_us, &limits).await;
+    poll(h, &route, 2, b.score_us, &limits).await;
+    let beat = [Heartbeat {
+        id: visitor(2),
+        client: Vec::new(),
+    }];
+    for _ in 0..4 {
+        h.advance(Duration::from_millis(150)).await;
+        h.store()
+            .heartbeats(&route, &beat, &limits)
+            .await
+            .expect("heartbeats");
+    }
+    let tick = full_tick(h, &route, &limits).await;
+    assert_eq!(tick.abandoned, 1, "the silent one is a ghost");
+    assert!(matches!(
+        poll(h, &route, 2, b.score_us, &limits).await,
+        Poll::Waiting(p) if p.position == 1
+    ));
+}
+
+async fn record<H: Harness>(h: &H, route: &str, limits: &Limits) -> Option<LineRecord> {
+    h.store()
+        .line_record(route, limits)
+        .await
+        .expect("line record")
+}
+
 async fn positions_and_totals_are_consistent<H: Harness>(h: &mut H) {
     let route = h.fresh_route();
     let limits = Limits {
@@ -1587,6 +1719,9 @@ macro_rules! contract_suite {
                 lost_write_restored_when_young,
                 epoch_change_seen_by_admitter_starts_hold,
                 epoch_change_seen_by_an_arrival_starts_hold,
+                line_record_samples_the_line_the_tick_left,
+                heartbeats_count_as_polls_for_those_in_line,
+                heartbeats_keep_ghosts_from_being_dropped,
                 positions_and_totals_are_consistent,
                 client_places_limit_frees_when_a_place_is_given_up,
                 client_joins_per_minute_limit,

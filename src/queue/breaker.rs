@@ -13,8 +13,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Arrival, ClientKey, Counted, Limits, PassTimes, Poll, QueueStore, RouteStats, Store,
-    StoreError, Tick, TicketTimes, VisitorId,
+    Arrival, ClientKey, Counted, Heartbeat, Limits, LineRecord, PassTimes, Poll, QueueStore,
+    RouteStats, Store, StoreError, Tick, TicketTimes, VisitorId,
 };
 use crate::config::StoreConfig;
 
@@ -65,6 +65,8 @@ pub enum Operation {
     Leave,
     CountRequest,
     AdmitTick,
+    Heartbeats,
+    LineRecord,
     Hold,
     Stats,
     Ready,
@@ -72,13 +74,15 @@ pub enum Operation {
 
 impl Operation {
     /// Every operation, in label order.
-    pub const ALL: [Operation; 9] = [
+    pub const ALL: [Operation; 11] = [
         Operation::Arrive,
         Operation::Poll,
         Operation::Renew,
         Operation::Leave,
         Operation::CountRequest,
         Operation::AdmitTick,
+        Operation::Heartbeats,
+        Operation::LineRecord,
         Operation::Hold,
         Operation::Stats,
         Operation::Ready,
@@ -93,6 +97,8 @@ impl Operation {
             Operation::Leave => "leave",
             Operation::CountRequest => "count_request",
             Operation::AdmitTick => "admit_tick",
+            Operation::Heartbeats => "heartbeats",
+            Operation::LineRecord => "line_record",
             Operation::Hold => "hold",
             Operation::Stats => "stats",
             Operation::Ready => "ready",
@@ -399,6 +405,30 @@ impl QueueStore for Guarded {
     async fn hold(&self, route: &str, limits: &Limits) -> Result<(), StoreError> {
         self.breaker
             .call(Operation::Hold, self.store.hold(route, limits))
+            .await
+    }
+
+    async fn heartbeats(
+        &self,
+        route: &str,
+        beats: &[Heartbeat],
+        limits: &Limits,
+    ) -> Result<Vec<bool>, StoreError> {
+        self.breaker
+            .call(
+                Operation::Heartbeats,
+                self.store.heartbeats(route, beats, limits),
+            )
+            .await
+    }
+
+    async fn line_record(
+        &self,
+        route: &str,
+        limits: &Limits,
+    ) -> Result<Option<LineRecord>, StoreError> {
+        self.breaker
+            .call(Operation::LineRecord, self.store.line_record(route, limits))
             .await
     }
 

@@ -50,8 +50,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
+use super::record::{self, LineRecord};
 use super::{
-    Arrival, ClientKey, Counted, Limits, PassTimes, Place, Poll, QueueStore, RouteStats,
+    Arrival, ClientKey, Counted, Heartbeat, Limits, PassTimes, Place, Poll, QueueStore, RouteStats,
     StoreError, Tick, TicketTimes, VisitorId, JOIN_WINDOW,
 };
 use crate::clock::Clock;
@@ -395,6 +396,38 @@ impl Route {
             self.notice_loss(now, limits);
         }
         Poll::Waiting(self.line.join(*id, ticket.score_us, now.ms, true))
+    }
+
+    /// Waiters answered from the line record polled: `poll` for each one
+    /// still in line.
+    fn heartbeats(&mut self, now: Now, beats: &[Heartbeat], limits: &Limits) -> Vec<bool> {
+        beats
+            .iter()
+            .map(|beat| {
+                let in_line = self.line.heartbeat(&beat.id, now.ms).is_some();
+                if in_line {
+                    self.clients.touch(&beat.client, &beat.id, now.ms, limits);
+                }
+                in_line
+            })
+            .collect()
+    }
+
+    /// The line now, once a tick ran in this store's life.
+    fn line_record(&self) -> Option<LineRecord> {
+        self.ticked_window?;
+        let waiting = self.line.len();
+        let samples = record::sample_ranks(waiting)
+            .filter_map(|rank| {
+                let &(score_us, _) = self.line.order.nth(usize::try_from(rank - 1).ok()?)?;
+                Some((rank, score_us))
+            })
+            .collect();
+        Some(LineRecord {
+            epoch_us: self.epoch_us,
+            waiting,
+            samples,
+        })
     }
 
     fn renew(
@@ -1015,6 +1048,23 @@ impl QueueStore for MemoryStore {
         known_epoch_us: Option<u64>,
     ) -> Result<Tick, StoreError> {
         Ok(self.with_route(route, |r, now| r.admit_tick(now, limits, known_epoch_us)))
+    }
+
+    async fn heartbeats(
+        &self,
+        route: &str,
+        beats: &[Heartbeat],
+        limits: &Limits,
+    ) -> Result<Vec<bool>, StoreError> {
+        Ok(self.with_route(route, |r, now| r.heartbeats(now, beats, limits)))
+    }
+
+    async fn line_record(
+        &self,
+        route: &str,
+        _limits: &Limits,
+    ) -> Result<Option<LineRecord>, StoreError> {
+        Ok(self.with_route(route, |r, _| r.line_record()))
     }
 
     async fn stats(&self, route: &str, _limits: &Limits) -> Result<RouteStats, StoreError> {

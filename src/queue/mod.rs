@@ -62,6 +62,7 @@
 
 pub mod breaker;
 pub mod memory;
+pub mod record;
 pub mod redis_store;
 
 use std::future::Future;
@@ -69,6 +70,7 @@ use std::time::Duration;
 
 pub use breaker::{Breaker, BreakerConfig, BreakerState, Guarded, Operation};
 pub use memory::MemoryStore;
+pub use record::LineRecord;
 pub use redis_store::RedisStore;
 
 use crate::clock::Clock;
@@ -145,6 +147,15 @@ impl Limits {
 /// derives from the client address (an IPv4 address, an IPv6 /64). Empty
 /// means the client is unknown, and no per-client limit applies.
 pub type ClientKey<'a> = &'a [u8];
+
+/// A waiter an instance answered from the line record (a poll without a
+/// store call): the store counts it as polled at the instance's next flush.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Heartbeat {
+    pub id: VisitorId,
+    /// The client the poll came from (empty: unknown), as for `poll`.
+    pub client: Vec<u8>,
+}
 
 /// What a waiter's ticket says, for `poll`: when it joined and when it was
 /// last known alive.
@@ -421,6 +432,29 @@ pub trait QueueStore: Send + Sync {
         limits: &Limits,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// The waiters in `beats` polled (answered from the line record since
+    /// this instance's last flush): for each one still in line, what `poll`
+    /// does to a waiter in line (its last poll is now, the ticket is
+    /// confirmed, its client's memory is kept). One call per instance per
+    /// tick, however many. Answers, in order, whether each was in line; one
+    /// that was not (admitted, left, dropped, or lost with a store) is
+    /// answered by the store at its next poll, which restores or admits it
+    /// as `poll` does.
+    fn heartbeats(
+        &self,
+        route: &str,
+        beats: &[Heartbeat],
+        limits: &Limits,
+    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send;
+
+    /// The line as the last admitter tick left it, or later (see
+    /// [`record`]); `None` before the first tick of the epoch.
+    fn line_record(
+        &self,
+        route: &str,
+        limits: &Limits,
+    ) -> impl Future<Output = Result<Option<LineRecord>, StoreError>> + Send;
+
     /// The route's live numbers.
     fn stats(
         &self,
@@ -520,6 +554,23 @@ impl QueueStore for Store {
 
     async fn hold(&self, route: &str, limits: &Limits) -> Result<(), StoreError> {
         dispatch!(self, s => s.hold(route, limits).await)
+    }
+
+    async fn heartbeats(
+        &self,
+        route: &str,
+        beats: &[Heartbeat],
+        limits: &Limits,
+    ) -> Result<Vec<bool>, StoreError> {
+        dispatch!(self, s => s.heartbeats(route, beats, limits).await)
+    }
+
+    async fn line_record(
+        &self,
+        route: &str,
+        limits: &Limits,
+    ) -> Result<Option<LineRecord>, StoreError> {
+        dispatch!(self, s => s.line_record(route, limits).await)
     }
 
     async fn stats(&self, route: &str, limits: &Limits) -> Result<RouteStats, StoreError> {

@@ -25,8 +25,8 @@ use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, Ser
 use tokio::sync::{watch, Notify};
 
 use super::{
-    Arrival, ClientKey, Counted, Limits, PassTimes, Place, Poll, QueueStore, RouteStats,
-    StoreError, Tick, TicketTimes, VisitorId, JOIN_WINDOW,
+    Arrival, ClientKey, Counted, Heartbeat, Limits, LineRecord, PassTimes, Place, Poll, QueueStore,
+    RouteStats, StoreError, Tick, TicketTimes, VisitorId, JOIN_WINDOW,
 };
 use crate::clock::Clock;
 use crate::config::{RedisConfig, RedisMode};
@@ -51,6 +51,8 @@ struct Scripts {
     leave: Script,
     count_request: Script,
     admit_tick: Script,
+    heartbeats: Script,
+    line_record: Script,
     hold: Script,
     stats: Script,
     ready: Script,
@@ -65,6 +67,8 @@ impl Scripts {
             leave: route_script!("leave.lua"),
             count_request: route_script!("count_request.lua"),
             admit_tick: route_script!("admit_tick.lua"),
+            heartbeats: route_script!("heartbeats.lua"),
+            line_record: route_script!("line_record.lua"),
             hold: route_script!("hold.lua"),
             stats: route_script!("stats.lua"),
             ready: Script::new(include_str!("../../lua/ready.lua")),
@@ -586,6 +590,66 @@ impl QueueStore for RedisStore {
                 unconfirmed_tickets: field(&reply, 6, "admit_tick")?,
                 admitted_scores: reply.get(7..).unwrap_or_default().to_vec(),
             })
+        }
+    }
+
+    fn heartbeats(
+        &self,
+        route: &str,
+        beats: &[Heartbeat],
+        limits: &Limits,
+    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send {
+        let mut invocation = prepare(&self.scripts.heartbeats, route, None);
+        // Each client's key once, after the route's five; waiters name it by
+        // its index among them (0: no client, or none counted).
+        let mut clients: Vec<&[u8]> = Vec::new();
+        let mut indexes = Vec::with_capacity(beats.len());
+        for beat in beats {
+            let client = beat.client.as_slice();
+            let index = if limits.limits_client(client) {
+                match clients.iter().position(|c| *c == client) {
+                    Some(i) => i + 1,
+                    None => {
+                        clients.push(client);
+                        clients.len()
+                    }
+                }
+            } else {
+                0
+            };
+            indexes.push(index);
+        }
+        for client in &clients {
+            invocation.key(client_key(route, client));
+        }
+        invocation.arg(ms(limits.client_memory()));
+        for (beat, index) in beats.iter().zip(indexes) {
+            invocation.arg(&beat.id[..]).arg(index);
+        }
+        let empty = beats.is_empty();
+        async move {
+            if empty {
+                return Ok(Vec::new());
+            }
+            let reply: Vec<i64> = self.run(&invocation).await?;
+            Ok(reply.into_iter().map(|in_line| in_line == 1).collect())
+        }
+    }
+
+    fn line_record(
+        &self,
+        route: &str,
+        _limits: &Limits,
+    ) -> impl Future<Output = Result<Option<LineRecord>, StoreError>> + Send {
+        let invocation = prepare(&self.scripts.line_record, route, None);
+        async move {
+            let reply: Option<String> = self.run(&invocation).await?;
+            match reply {
+                None => Ok(None),
+                Some(text) => LineRecord::parse(&text)
+                    .map(Some)
+                    .ok_or_else(|| unexpected_reply(format!("line_record: {text:.60}"))),
+            }
         }
     }
 

@@ -89,6 +89,25 @@ impl<K: Ord + Copy> RankedSet<K> {
         Some(&self.nodes[at].key)
     }
 
+    /// The key at `rank` (0-based: the smallest is 0).
+    pub(super) fn nth(&self, rank: usize) -> Option<&K> {
+        let mut at = self.root;
+        let mut rank = rank;
+        while let Some(i) = at {
+            let node = &self.nodes[i];
+            let left = self.size(node.left);
+            match rank.cmp(&left) {
+                Ordering::Less => at = node.left,
+                Ordering::Equal => return Some(&node.key),
+                Ordering::Greater => {
+                    rank -= left + 1;
+                    at = node.right;
+                }
+            }
+        }
+        None
+    }
+
     /// Adds `key`; false if it was already there.
     pub(super) fn insert(&mut self, key: K) -> bool {
         if self.contains(&key) {
@@ -304,6 +323,7 @@ mod tests {
                     Op::Rank(k) => {
                         prop_assert_eq!(set.contains(&k), model.contains(&k));
                         prop_assert_eq!(set.count_below(&k), model.range(..k).count());
+                        prop_assert_eq!(set.nth(usize::from(k) % 64), model.iter().nth(usize::from(k) % 64));
                     }
                 }
                 prop_assert_eq!(set.len(), model.len());
@@ -312,6 +332,19 @@ mod tests {
             let keys = set.checked_keys();
             prop_assert_eq!(keys, model.into_iter().collect::<Vec<_>>());
         }
+    }
+
+    #[test]
+    fn nth_walks_the_keys_in_order() {
+        let mut set = RankedSet::new();
+        for k in [50u32, 10, 40, 20, 30] {
+            set.insert(k);
+        }
+        let walked: Vec<u32> = (0..6).filter_map(|r| set.nth(r).copied()).collect();
+        assert_eq!(walked, vec![10, 20, 30, 40, 50]);
+        set.remove(&30);
+        assert_eq!(set.nth(2), Some(&40));
+        assert_eq!(set.nth(4), None);
     }
 
     #[test]

@@ -1,0 +1,269 @@
+//! The line record: the line of a route as the last admitter tick left it,
+//! which every instance reads once per tick so that a status poll from behind
+//! the head of the line is answered without a store call (DESIGN §8.9).
+//!
+//! # What it holds
+//!
+//! The route's epoch, the number waiting, and the join scores found at a
+//! fixed set of ranks (1-based places in line), the *samples*:
+//!
+//! ```text
+//! r₀ = HEAD (100), r₁ = r₀ + max(1, ⌊r₀ / 50⌋), …, every rᵢ < waiting, then waiting
+//! ```
+//!
+//! so consecutive sampled ranks are at most 2 % apart and the number of
+//! samples grows with the logarithm of the line: about 500 for a million
+//! waiting, 600 for ten million. The memory store and `lua/admit_tick.lua`
+//! take the same ranks.
+//!
+//! # What a poll is answered
+//!
+//! A waiter whose join score lies strictly after the sample at `HEAD` and at
+//! or before the last sample is ranked by interpolating between the two
+//! samples around its score. Ranks follow join scores, so its real rank when
+//! the record was taken lies between those two sampled ranks: the answer is
+//! within 2 % of it whatever the pattern of leaving ahead, and exact at a
+//! sample. Everyone else (the first `HEAD` places, where admission is close
+//! and positions are small, a ticket newer than the record or older than the
+//! epoch) is answered by the store as before ([`LineRecord::position`]
+//! returns `None`).
+//!
+//! # Wire format (the stats hash's `record` field in Redis)
+//!
+//! Decimal integers joined by `,`: `epoch_us,waiting,r₀,s₀,r₁,s₁,…`. A record
+//! that does not parse is no record ([`LineRecord::parse`] answers `None`);
+//! polls then go to the store.
+
+/// Places at the head of the line answered by the store, never estimated.
+pub const HEAD: u64 = 100;
+
+/// The ranks sampled in a line of `waiting` (ascending; empty when the line
+/// is no longer than [`HEAD`] − 1).
+pub fn sample_ranks(waiting: u64) -> impl Iterator<Item = u64> {
+    let mut next = HEAD;
+    let mut done = waiting < HEAD;
+    std::iter::from_fn(move || {
+        if done {
+            return None;
+        }
+        if next < waiting {
+            let rank = next;
+            next += (next / 50).max(1);
+            Some(rank)
+        } else {
+            done = true;
+            Some(waiting)
+        }
+    })
+}
+
+/// A line as one tick left it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LineRecord {
+    /// The route's epoch (µs) when the record was taken.
+    pub epoch_us: u64,
+    /// People in line then.
+    pub waiting: u64,
+    /// (rank, join score µs) at each of [`sample_ranks`]`(waiting)`, in
+    /// order; both ascend.
+    pub samples: Vec<(u64, u64)>,
+}
+
+impl LineRecord {
+    /// The estimated place of a waiter who joined at `score_us`, or `None`
+    /// when the store must answer: within the first [`HEAD`] places (or
+    /// admitted, or gone), newer than the record, or from before the epoch.
+    pub fn position(&self, score_us: u64) -> Option<u64> {
+        if score_us < self.epoch_us {
+            return None;
+        }
+        let &(_, head_score) = self.samples.first()?;
+        let &(_, last_score) = self.samples.last()?;
+        if score_us <= head_score || score_us > last_score {
+            return None;
+        }
+        // The first sample at or after the score; the one before it is
+        // strictly before (the head's score is).
+        let after = self.samples.partition_point(|&(_, s)| s < score_us);
+        let (r_hi, s_hi) = self.samples[after];
+        if s_hi == score_us {
+            return Some(r_hi);
+        }
+        let (r_lo, s_lo) = self.samples[after - 1];
+        let gap = r_hi - r_lo;
+        if gap < 2 {
+            // No rank between two neighbours: the score is not in line (it
+            // left since). The lower bound of where it would be.
+            return Some(r_hi);
+        }
+        let fraction = (score_us - s_lo) as f64 / (s_hi - s_lo) as f64;
+        let inside = (fraction * gap as f64).round() as u64;
+        Some(r_lo + inside.clamp(1, gap - 1))
+    }
+
+    /// The record's wire form (see the module doc).
+    pub fn encode(&self) -> String {
+        let mut out = format!("{},{}", self.epoch_us, self.waiting);
+        for (rank, score) in &self.samples {
+            out.push_str(&format!(",{rank},{score}"));
+        }
+        out
+    }
+
+    /// Reads the wire form; `None` for anything malformed: samples not
+    /// ascending, not at the ranks the rule gives, or not a number.
+    pub fn parse(text: &str) -> Option<LineRecord> {
+        let mut numbers = text.split(',').map(|n| n.parse::<u64>().ok());
+        let epoch_us = numbers.next()??;
+        let waiting = numbers.next()??;
+        let mut samples = Vec::new();
+        let mut ranks = sample_ranks(waiting);
+        let mut last_score = None;
+        while let Some(rank) = numbers.next() {
+            let rank = rank?;
+            let score = numbers.next()??;
+            if ranks.next() != Some(rank) || last_score.is_some_and(|s| s >= score) {
+                return None;
+            }
+            last_score = Some(score);
+            samples.push((rank, score));
+        }
+        if ranks.next().is_some() {
+            return None;
+        }
+        Some(LineRecord {
+            epoch_us,
+            waiting,
+            samples,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A line of `scores` (ascending) as a record.
+    fn record_of(scores: &[u64]) -> LineRecord {
+        let waiting = scores.len() as u64;
+        LineRecord {
+            epoch_us: 0,
+            waiting,
+            samples: sample_ranks(waiting)
+                .map(|r| (r, scores[r as usize - 1]))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn ranks_start_at_the_head_end_at_the_last_and_stay_two_percent_apart() {
+        assert_eq!(sample_ranks(99).count(), 0);
+        assert_eq!(sample_ranks(100).collect::<Vec<_>>(), vec![100]);
+        assert_eq!(sample_ranks(103).collect::<Vec<_>>(), vec![100, 102, 103]);
+        let ranks: Vec<u64> = sample_ranks(1_000_000).collect();
+        assert_eq!(ranks[0], HEAD);
+        assert_eq!(*ranks.last().unwrap(), 1_000_000);
+        assert!(ranks.len() < 550, "{} samples", ranks.len());
+        for pair in ranks.windows(2) {
+            assert!(pair[1] > pair[0]);
+            assert!(pair[1] - pair[0] <= (pair[0] / 50).max(1), "{pair:?}");
+        }
+        assert!(sample_ranks(10_000_000).count() < 700);
+    }
+
+    #[test]
+    fn the_head_newer_tickets_and_older_epochs_go_to_the_store() {
+        let scores: Vec<u64> = (1..=1_000).map(|i| 1_000 + i * 10).collect();
+        let record = LineRecord {
+            epoch_us: 1_000,
+            ..record_of(&scores)
+        };
+        assert_eq!(record.position(scores[0]), None);
+        assert_eq!(record.position(scores[99]), None, "rank 100 is the head");
+        assert_eq!(record.position(scores[100]), Some(101));
+        assert_eq!(record.position(scores[999]), Some(1_000));
+        assert_eq!(
+            record.position(scores[999] + 1),
+            None,
+            "newer than the record"
+        );
+        assert_eq!(record.position(999), None, "before the epoch");
+        assert_eq!(LineRecord::default().position(5), None);
+    }
+
+    #[test]
+    fn a_line_nobody_left_is_ranked_exactly_when_joins_are_even() {
+        let scores: Vec<u64> = (0..50_000).map(|i| 7 + i * 3).collect();
+        let record = record_of(&scores);
+        for (i, &s) in scores.iter().enumerate().skip(HEAD as usize) {
+            assert_eq!(record.position(s), Some(i as u64 + 1));
+        }
+    }
+
+    proptest! {
+        /// Whatever the gaps between join times (bursts, pauses, people
+        /// leaving), the estimate is within 2 % of the real rank.
+        #[test]
+        fn the_estimate_is_within_two_percent(
+            gaps in proptest::collection::vec(1u64..1_000_000, 150..6_000),
+            picks in proptest::collection::vec(any::<prop::sample::Index>(), 1..50),
+        ) {
+            let mut scores = Vec::with_capacity(gaps.len());
+            let mut at = 0;
+            for g in gaps {
+                at += g;
+                scores.push(at);
+            }
+            let record = record_of(&scores);
+            for pick in picks {
+                let i = pick.index(scores.len());
+                let rank = i as u64 + 1;
+                match record.position(scores[i]) {
+                    None => prop_assert!(rank <= HEAD),
+                    Some(p) => {
+                        prop_assert!(rank > HEAD);
+                        let error = p.abs_diff(rank) as f64 / rank as f64;
+                        prop_assert!(error <= 0.02, "rank {} shown {}", rank, p);
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn the_wire_form_reads_back(
+            waiting in 0u64..5_000,
+            epoch_us in any::<u64>(),
+            start in 0u64..1_000_000,
+        ) {
+            let scores: Vec<u64> = (0..waiting).map(|i| start + i * 2).collect();
+            let record = LineRecord { epoch_us, ..record_of(&scores) };
+            prop_assert_eq!(LineRecord::parse(&record.encode()), Some(record));
+        }
+
+        #[test]
+        fn garbage_is_no_record(text in ".{0,200}") {
+            if let Some(record) = LineRecord::parse(&text) {
+                prop_assert_eq!(LineRecord::parse(&record.encode()), Some(record));
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_records_are_refused() {
+        let good = record_of(&(0..200).collect::<Vec<_>>()).encode();
+        assert!(LineRecord::parse(&good).is_some());
+        for bad in [
+            "",
+            "1",
+            "1,x",
+            "1,200,100,5",
+            "1,200,100,99,102,98",
+            "1,50,100,5",
+            &format!("{good},1"),
+            &good.replacen(",100,", ",101,", 1),
+        ] {
+            assert_eq!(LineRecord::parse(bad), None, "{bad}");
+        }
+    }
+}
