@@ -15,7 +15,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use crate::config::{Mode, OnStoreError};
 use crate::gate::Gate;
 use crate::queue::QueueStore;
-use crate::route::{self, Settings};
+use crate::route::{self, RouteRt, Settings};
 
 /// Live numbers are refreshed at most this often.
 const STATS_EVERY: Duration = Duration::from_millis(500);
@@ -64,6 +64,9 @@ pub async fn run(
                 live.granted_locally.store(false, Ordering::Relaxed);
                 tracing::info!(route = %name, "store back after local admissions: holding admissions for one pass_ttl");
             }
+            if gate.store().is_shared() {
+                flush_heartbeats(&gate, route).await;
+            }
             match gate.store().admit_tick(&name, &route.limits, known).await {
                 Ok(t) => {
                     live.answered_locally.store(false, Ordering::Relaxed);
@@ -78,6 +81,14 @@ pub async fn run(
                 }
                 Err(err) => {
                     tracing::debug!(route = %name, error = %err, "admit tick failed");
+                }
+            }
+            if gate.store().is_shared() {
+                match gate.store().line_record(&name, &route.limits).await {
+                    Ok(record) => live.set_record(record),
+                    Err(err) => {
+                        tracing::debug!(route = %name, error = %err, "line record not read");
+                    }
                 }
             }
             if route.cfg.on_store_error == OnStoreError::Local {
@@ -175,6 +186,43 @@ impl Admitters {
             .collect();
         for task in tasks {
             let _ = task.await;
+        }
+    }
+}
+
+/// Most heartbeats kept for the next flush when one fails: a long outage
+/// must not grow them without bound (the waiters' next polls bring them
+/// again).
+const HEARTBEATS_KEPT: usize = 200_000;
+
+/// Sends the polls answered from the line record since the last flush to
+/// the store as one call; the waiters it finds out of line are answered by
+/// the store at their next poll. A failed flush is tried again at the next
+/// tick, so an outage of the store does not make live waiters ghosts.
+async fn flush_heartbeats(gate: &Gate, route: &RouteRt) {
+    let live = &route.live;
+    let beats = live.take_heartbeats();
+    if beats.is_empty() {
+        return;
+    }
+    match gate
+        .store()
+        .heartbeats(route.name(), &beats, &route.limits)
+        .await
+    {
+        Ok(in_line) => {
+            let out = beats
+                .iter()
+                .zip(in_line)
+                .filter(|&(_, in_line)| !in_line)
+                .map(|(beat, _)| beat.id);
+            live.out_of_line(out, route.limits.abandon_after);
+        }
+        Err(err) => {
+            tracing::debug!(route = route.name(), error = %err, "heartbeats not flushed");
+            for beat in beats.into_iter().take(HEARTBEATS_KEPT) {
+                live.heartbeat(beat);
+            }
         }
     }
 }

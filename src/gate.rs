@@ -7,6 +7,7 @@
 //! ending one at the origin's command or on an exit path.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use http::header::HeaderValue;
 
@@ -16,8 +17,8 @@ use crate::config::{Mode, OnStoreError};
 use crate::cookie::{self, Credentials};
 use crate::metrics::SessionEnd;
 use crate::queue::{
-    Arrival, ClientKey, Counted, Guarded, MemoryStore, PassTimes, Place, Poll, QueueStore,
-    StoreError, TicketTimes,
+    Arrival, ClientKey, Counted, Guarded, Heartbeat, MemoryStore, PassTimes, Place, Poll,
+    QueueStore, StoreError, TicketTimes,
 };
 
 /// Who is asking, as far as the gate cares: whether the request came over
@@ -118,6 +119,13 @@ impl Gate {
     /// store comes and goes). Answers whether there was anything to leave.
     pub async fn leave(&self, route: &RouteRt, creds: &Credentials) -> bool {
         let mut left = false;
+        if let Some(ticket) = creds.ticket {
+            // A ticket that left is out of line here at once, not only at
+            // the next flush.
+            route
+                .live
+                .out_of_line([ticket.id], route.limits.abandon_after);
+        }
         for claims in [creds.pass, creds.ticket].into_iter().flatten() {
             if let Err(err) = self.store.leave(route.name(), &claims.id).await {
                 tracing::warn!(route = route.name(), error = %err, "leave could not reach the store");
@@ -322,6 +330,12 @@ impl Gate {
             score_us: ticket.t,
             seen_us: ticket.at.unwrap_or(ticket.t),
         };
+        if let Some(decision) = self.answer_from_record(s, route, ticket, times, who) {
+            route.metrics.poll(true);
+            return Some(decision);
+        }
+        route.metrics.poll(false);
+        route.live.polled_in_store(&ticket.id);
         let (polled, granted) = match self
             .store
             .poll(route.name(), &ticket.id, who.client, times, &route.limits)
@@ -350,15 +364,7 @@ impl Gate {
         };
         match polled {
             Poll::Waiting(place) => {
-                // The ticket carries when the line last saw its holder, so a
-                // restore after a store loss can tell a live waiter from one
-                // that had gone silent before it (DESIGN §8.3). Written again
-                // on the first poll and then every quarter of abandon_after,
-                // not on every poll.
-                let now_us = self.clock.now_us().max(ticket.t + 1);
-                let refresh_us = route.limits.abandon_after.as_micros() as u64 / 4;
-                let stale = !times.confirmed() || now_us.saturating_sub(times.seen_us) > refresh_us;
-                let set_cookie = stale.then(|| {
+                let set_cookie = self.seen_again(route, ticket, times).map(|now_us| {
                     self.ticket_cookie(s, route, &ticket.id, ticket.t, Some(now_us), who.tls)
                 });
                 Some(Decision::Wait { place, set_cookie })
@@ -375,6 +381,63 @@ impl Gate {
             }
             Poll::Gone => None,
         }
+    }
+
+    /// The ticket carries when the line last saw its holder, so a restore
+    /// after a store loss can tell a live waiter from one that had gone
+    /// silent before it (DESIGN §8.3). It is written again on the first poll
+    /// and then every quarter of abandon_after, not on every poll: the time
+    /// to write (µs), or `None`.
+    fn seen_again(&self, route: &RouteRt, ticket: &Claims, times: TicketTimes) -> Option<u64> {
+        let now_us = self.clock.now_us().max(ticket.t + 1);
+        let refresh_us = route.limits.abandon_after.as_micros() as u64 / 4;
+        let stale = !times.confirmed() || now_us.saturating_sub(times.seen_us) > refresh_us;
+        stale.then_some(now_us)
+    }
+
+    /// A poll answered from the line record, without a store call, when the
+    /// store is shared, the ticket was confirmed, and the record places it
+    /// behind the head of the line (DESIGN §8.9). The poll's heartbeat goes
+    /// to the store with the next flush, at the same moments the ticket's
+    /// own record of it is written again, so the store's last poll of a
+    /// waiter lags the ticket's by one tick at most.
+    fn answer_from_record(
+        &self,
+        s: &Settings,
+        route: &RouteRt,
+        ticket: &Claims,
+        times: TicketTimes,
+        who: Requester<'_>,
+    ) -> Option<Decision> {
+        if !self.store.is_shared() || !times.confirmed() {
+            return None;
+        }
+        // Silent for abandon_after: dropped as a ghost, or about to be; the
+        // store says which (a live waiter's ticket is written again every
+        // quarter of it).
+        let silent_us = self.clock.now_us().saturating_sub(times.seen_us);
+        if silent_us >= route.limits.abandon_after.as_micros() as u64 {
+            return None;
+        }
+        // Three ticks without a record: the admitter is not reaching the
+        // store, and the store (or the local line) answers.
+        let fresh_for = route.limits.tick * 3 + Duration::from_millis(500);
+        let placed = route
+            .live
+            .place_from_record(&ticket.id, ticket.t, fresh_for)?;
+        let set_cookie = self.seen_again(route, ticket, times).map(|now_us| {
+            route.live.heartbeat(Heartbeat {
+                id: ticket.id,
+                client: who.client.to_vec(),
+            });
+            self.ticket_cookie(s, route, &ticket.id, ticket.t, Some(now_us), who.tls)
+        });
+        let place = Place {
+            score_us: ticket.t,
+            position: placed.position,
+            waiting_total: placed.waiting_total,
+        };
+        Some(Decision::Wait { place, set_cookie })
     }
 
     /// No usable cookie: admit at once or join the line.

@@ -56,6 +56,12 @@ struct UnconfirmedLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PollLabels {
+    route: String,
+    answered_by: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EndedLabels {
     route: String,
     reason: &'static str,
@@ -230,6 +236,7 @@ pub struct Metrics {
     no_show: Family<RouteLabel, Counter>,
     unconfirmed: Family<UnconfirmedLabels, Counter>,
     sessions_ended: Family<EndedLabels, Counter>,
+    polls: Family<PollLabels, Counter>,
     fail_open: Family<RouteLabel, Counter>,
     store_errors: Family<OperationLabel, Counter>,
     breaker_state: Gauge,
@@ -268,6 +275,7 @@ impl Metrics {
         let no_show = Family::<RouteLabel, Counter>::default();
         let unconfirmed = Family::<UnconfirmedLabels, Counter>::default();
         let sessions_ended = Family::<EndedLabels, Counter>::default();
+        let polls = Family::<PollLabels, Counter>::default();
         let fail_open = Family::<RouteLabel, Counter>::default();
         let store_errors = Family::<OperationLabel, Counter>::default();
         let breaker_state = Gauge::default();
@@ -339,6 +347,11 @@ impl Metrics {
             "queuegate_sessions_ended",
             "Sessions ended before they expired: by the origin's command, an exit path, or max_requests_per_session",
             sessions_ended.clone(),
+        );
+        registry.register(
+            "queuegate_polls",
+            "Status polls of waiters, by what answered them: the line record (no store call) or the store",
+            polls.clone(),
         );
         registry.register(
             "queuegate_store_errors",
@@ -436,6 +449,7 @@ impl Metrics {
             no_show,
             unconfirmed,
             sessions_ended,
+            polls,
             fail_open,
             store_errors,
             breaker_state,
@@ -499,6 +513,12 @@ impl Metrics {
                     reason: reason.as_str(),
                 })
             }),
+            polls: ["record", "store"].map(|answered_by| {
+                self.polls.get_or_create_owned(&PollLabels {
+                    route: name.to_owned(),
+                    answered_by,
+                })
+            }),
         }
     }
 
@@ -531,6 +551,12 @@ impl Metrics {
             self.sessions_ended.remove(&EndedLabels {
                 route: name.to_owned(),
                 reason: reason.as_str(),
+            });
+        }
+        for answered_by in ["record", "store"] {
+            self.polls.remove(&PollLabels {
+                route: name.to_owned(),
+                answered_by,
             });
         }
         for reason in ["full", "too_many", "closed", "store_down"] {
@@ -683,9 +709,17 @@ pub struct RouteMetrics {
     fail_open: Counter,
     /// By [`SessionEnd`], in the order of [`SessionEnd::ALL`].
     sessions_ended: [Counter; 3],
+    /// Polls answered by the line record, then by the store.
+    polls: [Counter; 2],
 }
 
 impl RouteMetrics {
+    /// Counts one status poll of a waiter (or of an admitted visitor's
+    /// ticket), answered from the line record or by the store.
+    pub fn poll(&self, from_record: bool) {
+        self.polls[usize::from(!from_record)].inc();
+    }
+
     /// Counts a session ended before it expired.
     pub fn session_ended(&self, reason: SessionEnd) {
         self.sessions_ended[reason as usize].inc();

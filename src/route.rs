@@ -7,6 +7,9 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
 
 use http::header::{HeaderMap, HeaderValue};
 use http::Method;
@@ -16,7 +19,7 @@ use crate::config::{self, BypassRule, Config};
 use crate::cookie::{self, CookieMemo, Credentials};
 use crate::metrics::{Metrics, RouteMetrics};
 use crate::path;
-use crate::queue::Limits;
+use crate::queue::{Heartbeat, Limits, LineRecord};
 use crate::template::Template;
 
 /// Numbers one route's admitter keeps fresh for the gate and the waiting room.
@@ -45,6 +48,38 @@ pub struct RouteLive {
     /// Whether `ended` may hold anything: a pass is checked against it
     /// without taking the lock while nothing was ended.
     any_ended: AtomicBool,
+    /// The line record the admitter read last, and when (DESIGN §8.9).
+    record: ArcSwapOption<ReadRecord>,
+    /// Waiters answered from the record since the admitter's last flush.
+    heartbeats: Mutex<Vec<Heartbeat>>,
+    /// Waiters a flush found out of line, by when: the store answers their
+    /// next poll (it admits, restores or lets go of them).
+    out_of_line: Mutex<OutOfLine>,
+    /// Whether `out_of_line` may hold anything.
+    any_out_of_line: AtomicBool,
+}
+
+/// Waiters out of the store's line, by when that was found, and when
+/// entries older than `forget_after` were last dropped (at most once a
+/// second, so marking many stays cheap).
+#[derive(Debug, Default)]
+struct OutOfLine {
+    ids: HashMap<VisitorId, Instant>,
+    pruned: Option<Instant>,
+}
+
+/// A line record and when it was read.
+#[derive(Debug)]
+struct ReadRecord {
+    record: LineRecord,
+    at: Instant,
+}
+
+/// A place answered from the line record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordedPlace {
+    pub position: u64,
+    pub waiting_total: u64,
 }
 
 /// Ended sessions by id, with the unix second after which no pass of theirs
@@ -79,6 +114,102 @@ impl RouteLive {
         }
         let ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
         ended.until.get(id).is_some_and(|&until| until >= now_s)
+    }
+
+    /// Keeps the line record the admitter just read; `None`: the store has
+    /// none (a new epoch), so every poll goes to the store.
+    pub fn set_record(&self, record: Option<LineRecord>) {
+        self.record.store(record.map(|record| {
+            Arc::new(ReadRecord {
+                record,
+                at: Instant::now(),
+            })
+        }));
+    }
+
+    /// The place of waiter `id` who joined at `score_us`, from a line record
+    /// read less than `fresh_for` ago; `None` when the store must answer (no
+    /// fresh record, a place at the head, a ticket the record cannot place,
+    /// or a waiter a flush found out of line).
+    pub fn place_from_record(
+        &self,
+        id: &VisitorId,
+        score_us: u64,
+        fresh_for: Duration,
+    ) -> Option<RecordedPlace> {
+        let read = self.record.load();
+        let read = read.as_ref()?;
+        if read.at.elapsed() > fresh_for {
+            return None;
+        }
+        let position = read.record.position(score_us)?;
+        if self.any_out_of_line.load(Ordering::Acquire)
+            && self
+                .out_of_line
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .ids
+                .contains_key(id)
+        {
+            return None;
+        }
+        Some(RecordedPlace {
+            position,
+            waiting_total: read.record.waiting,
+        })
+    }
+
+    /// A waiter answered from the record is to count as polled in the
+    /// store at the next flush.
+    pub fn heartbeat(&self, beat: Heartbeat) {
+        self.heartbeats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(beat);
+    }
+
+    /// The heartbeats gathered since the last call.
+    pub fn take_heartbeats(&self) -> Vec<Heartbeat> {
+        std::mem::take(
+            &mut *self
+                .heartbeats
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+
+    /// `ids` are not in the store's line (a flush said so, or they left
+    /// here): until the store answers one of their polls, or `forget_after`
+    /// passes, the record does not answer for them.
+    pub fn out_of_line(&self, ids: impl IntoIterator<Item = VisitorId>, forget_after: Duration) {
+        let mut out = self
+            .out_of_line
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        if out
+            .pruned
+            .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1))
+        {
+            out.pruned = Some(now);
+            out.ids
+                .retain(|_, at| now.duration_since(*at) < forget_after);
+        }
+        out.ids.extend(ids.into_iter().map(|id| (id, now)));
+        self.any_out_of_line
+            .store(!out.ids.is_empty(), Ordering::Release);
+    }
+
+    /// The store answered a poll of `id`: the record may answer for it
+    /// again.
+    pub fn polled_in_store(&self, id: &VisitorId) {
+        if self.any_out_of_line.load(Ordering::Acquire) {
+            self.out_of_line
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .ids
+                .remove(id);
+        }
     }
 
     /// Admissions per second measured by the store.

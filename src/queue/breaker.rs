@@ -314,6 +314,11 @@ impl Guarded {
     pub fn breaker(&self) -> &Arc<Breaker> {
         &self.breaker
     }
+
+    /// See [`Store::is_shared`].
+    pub fn is_shared(&self) -> bool {
+        self.store.is_shared()
+    }
 }
 
 impl QueueStore for Guarded {

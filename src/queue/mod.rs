@@ -483,6 +483,14 @@ impl Store {
             Backend::Redis => Ok(Store::Redis(RedisStore::connect(&cfg.redis)?)),
         }
     }
+
+    /// Whether instances share it (Redis): then status polls from behind
+    /// the head of the line are answered from the line record (DESIGN
+    /// §8.9). The memory store answers a poll as cheaply as a record would,
+    /// and exactly.
+    pub fn is_shared(&self) -> bool {
+        matches!(self, Store::Redis(_))
+    }
 }
 
 macro_rules! dispatch {
