@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use queuegate::clock::Clock;
 use queuegate::queue::{
-    Arrival, Counted, Heartbeat, Limits, LineRecord, MemoryStore, PassTimes, Place, Poll,
+    Arrival, Arriving, Counted, Heartbeat, Limits, LineRecord, MemoryStore, PassTimes, Place, Poll,
     QueueStore, RedisStore, RouteStats, Tick, TicketTimes, VisitorId,
 };
 use rand::rngs::StdRng;
@@ -1126,6 +1126,91 @@ async fn record<H: Harness>(h: &H, route: &str, limits: &Limits) -> Option<LineR
         .expect("line record")
 }
 
+async fn a_batch_arrives_as_its_arrivals_would_one_after_another<H: Harness>(h: &mut H) {
+    let limits = Limits {
+        capacity: 2,
+        max_waiting: 5,
+        client_places: 2,
+        abandon_after: Duration::from_secs(30),
+        ..limits()
+    };
+    let arrivals: Vec<Arriving> = [
+        (0, CLIENT_A, true),
+        (1, CLIENT_B, false),
+        (2, CLIENT_A, true),
+        (3, CLIENT_A, true),
+        (4, &[][..], true),
+        (2, CLIENT_A, true),
+        (5, CLIENT_B, true),
+        (6, &[][..], true),
+        (7, &[][..], true),
+        (8, &[][..], true),
+    ]
+    .map(|(n, client, admit_now)| Arriving {
+        id: visitor(n),
+        client: client.to_vec(),
+        admit_now,
+    })
+    .to_vec();
+    let one_by_one = h.fresh_route();
+    let mut expected = Vec::new();
+    for a in &arrivals {
+        expected.push(
+            h.store()
+                .arrive(&one_by_one, &a.id, &a.client, &limits, a.admit_now, None)
+                .await
+                .expect("arrive"),
+        );
+    }
+    let batched = h.fresh_route();
+    let got = h
+        .store()
+        .arrive_batch(&batched, &arrivals, &limits, None)
+        .await
+        .expect("arrive_batch");
+    // Join scores differ (they are times); everything else is the same.
+    let shape = |a: &Arrival| match a {
+        Arrival::Waiting(p) => format!("waiting {} of {}", p.position, p.waiting_total),
+        Arrival::TooMany { .. } => "too many".to_owned(),
+        other => format!("{other:?}"),
+    };
+    assert_eq!(
+        got.iter().map(shape).collect::<Vec<_>>(),
+        expected.iter().map(shape).collect::<Vec<_>>()
+    );
+    assert_eq!(shape(&got[0]), "Admitted");
+    assert_eq!(shape(&got[3]), "too many", "client A holds two places");
+    let place = |a: &Arrival| match a {
+        Arrival::Waiting(p) => (p.score_us, p.position),
+        other => panic!("waiting, got {other:?}"),
+    };
+    assert_eq!(
+        place(&got[2]),
+        place(&got[5]),
+        "the same id keeps its place in a batch"
+    );
+    assert!(matches!(got[9], Arrival::Full { waiting_total: 5 }));
+    // New places (not the repeated id's) in the batch's order.
+    let scores: Vec<u64> = got
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| match a {
+            Arrival::Waiting(p) if i != 5 => Some(p.score_us),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        scores.windows(2).all(|w| w[0] <= w[1]),
+        "the batch joins in its order: {scores:?}"
+    );
+    assert!(h
+        .store()
+        .arrive_batch(&batched, &[], &limits, None)
+        .await
+        .expect("an empty batch")
+        .is_empty());
+}
+
 async fn positions_and_totals_are_consistent<H: Harness>(h: &mut H) {
     let route = h.fresh_route();
     let limits = Limits {
@@ -1720,6 +1805,7 @@ macro_rules! contract_suite {
                 epoch_change_seen_by_admitter_starts_hold,
                 epoch_change_seen_by_an_arrival_starts_hold,
                 line_record_samples_the_line_the_tick_left,
+                a_batch_arrives_as_its_arrivals_would_one_after_another,
                 heartbeats_count_as_polls_for_those_in_line,
                 heartbeats_keep_ghosts_from_being_dropped,
                 positions_and_totals_are_consistent,

@@ -13,8 +13,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Arrival, ClientKey, Counted, Heartbeat, Limits, LineRecord, PassTimes, Poll, QueueStore,
-    RouteStats, Store, StoreError, Tick, TicketTimes, VisitorId,
+    Arrival, Arriving, ClientKey, Counted, Heartbeat, Limits, LineRecord, PassTimes, Poll,
+    QueueStore, RouteStats, Store, StoreError, Tick, TicketTimes, VisitorId,
 };
 use crate::config::StoreConfig;
 
@@ -336,6 +336,22 @@ impl QueueStore for Guarded {
                 Operation::Arrive,
                 self.store
                     .arrive(route, id, client, limits, admit_now, known_epoch_us),
+            )
+            .await
+    }
+
+    async fn arrive_batch(
+        &self,
+        route: &str,
+        arrivals: &[Arriving],
+        limits: &Limits,
+        known_epoch_us: Option<u64>,
+    ) -> Result<Vec<Arrival>, StoreError> {
+        self.breaker
+            .call(
+                Operation::Arrive,
+                self.store
+                    .arrive_batch(route, arrivals, limits, known_epoch_us),
             )
             .await
     }

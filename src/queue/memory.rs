@@ -52,8 +52,8 @@ use std::time::Duration;
 
 use super::record::{self, LineRecord};
 use super::{
-    Arrival, ClientKey, Counted, Heartbeat, Limits, PassTimes, Place, Poll, QueueStore, RouteStats,
-    StoreError, Tick, TicketTimes, VisitorId, JOIN_WINDOW,
+    Arrival, Arriving, ClientKey, Counted, Heartbeat, Limits, PassTimes, Place, Poll, QueueStore,
+    RouteStats, StoreError, Tick, TicketTimes, VisitorId, JOIN_WINDOW,
 };
 use crate::clock::Clock;
 use ranked_set::RankedSet;
@@ -996,6 +996,21 @@ impl QueueStore for MemoryStore {
     ) -> Result<Arrival, StoreError> {
         Ok(self.with_route(route, |r, now| {
             r.arrive(now, id, client, limits, admit_now, known_epoch_us)
+        }))
+    }
+
+    async fn arrive_batch(
+        &self,
+        route: &str,
+        arrivals: &[Arriving],
+        limits: &Limits,
+        known_epoch_us: Option<u64>,
+    ) -> Result<Vec<Arrival>, StoreError> {
+        Ok(self.with_route(route, |r, now| {
+            arrivals
+                .iter()
+                .map(|a| r.arrive(now, &a.id, &a.client, limits, a.admit_now, known_epoch_us))
+                .collect()
         }))
     }
 

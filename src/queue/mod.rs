@@ -148,6 +148,15 @@ impl Limits {
 /// means the client is unknown, and no per-client limit applies.
 pub type ClientKey<'a> = &'a [u8];
 
+/// One visitor of a batch of arrivals (see [`QueueStore::arrive_batch`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Arriving {
+    pub id: VisitorId,
+    /// The client it came from (empty: unknown), as for `arrive`.
+    pub client: Vec<u8>,
+    pub admit_now: bool,
+}
+
 /// A waiter an instance answered from the line record (a poll without a
 /// store call): the store counts it as polled at the instance's next flush.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -340,6 +349,19 @@ pub trait QueueStore: Send + Sync {
         known_epoch_us: Option<u64>,
     ) -> impl Future<Output = Result<Arrival, StoreError>> + Send;
 
+    /// `arrive` for each of `arrivals`, in order, in one store call: each
+    /// answer is what that arrival would get from its own call made right
+    /// after the ones before it (so a batch joins the line in its order).
+    /// An instance sends the arrivals gathered while its previous call was
+    /// in flight (DESIGN §8.9).
+    fn arrive_batch(
+        &self,
+        route: &str,
+        arrivals: &[Arriving],
+        limits: &Limits,
+        known_epoch_us: Option<u64>,
+    ) -> impl Future<Output = Result<Vec<Arrival>, StoreError>> + Send;
+
     /// A waiter polls (a heartbeat, and the confirmation of a new ticket) from
     /// `client`, which keeps the client's count of places alive. An entry
     /// missing from the store is restored at the ticket's score only when its
@@ -513,6 +535,16 @@ impl QueueStore for Store {
         known_epoch_us: Option<u64>,
     ) -> Result<Arrival, StoreError> {
         dispatch!(self, s => s.arrive(route, id, client, limits, admit_now, known_epoch_us).await)
+    }
+
+    async fn arrive_batch(
+        &self,
+        route: &str,
+        arrivals: &[Arriving],
+        limits: &Limits,
+        known_epoch_us: Option<u64>,
+    ) -> Result<Vec<Arrival>, StoreError> {
+        dispatch!(self, s => s.arrive_batch(route, arrivals, limits, known_epoch_us).await)
     }
 
     async fn poll(

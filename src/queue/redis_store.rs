@@ -25,8 +25,8 @@ use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, Ser
 use tokio::sync::{watch, Notify};
 
 use super::{
-    Arrival, ClientKey, Counted, Heartbeat, Limits, LineRecord, PassTimes, Place, Poll, QueueStore,
-    RouteStats, StoreError, Tick, TicketTimes, VisitorId, JOIN_WINDOW,
+    Arrival, Arriving, ClientKey, Counted, Heartbeat, Limits, LineRecord, PassTimes, Place, Poll,
+    QueueStore, RouteStats, StoreError, Tick, TicketTimes, VisitorId, JOIN_WINDOW,
 };
 use crate::clock::Clock;
 use crate::config::{RedisConfig, RedisMode};
@@ -399,6 +399,93 @@ impl RedisStore {
     fn too_late_ms(&self) -> u64 {
         ms(Clock::system().now() + self.timeout + LATE_GRACE)
     }
+
+    /// The arrive script's call for `arrivals`: each counted client's key
+    /// once after the route's five, named by its index among them.
+    fn arrive_invocation<'s>(
+        &'s self,
+        route: &str,
+        arrivals: &[Arriving],
+        limits: &Limits,
+        known_epoch_us: Option<u64>,
+    ) -> ScriptInvocation<'s> {
+        let mut invocation = prepare(&self.scripts.arrive, route, None);
+        let mut clients: Vec<&[u8]> = Vec::new();
+        let mut indexes = Vec::with_capacity(arrivals.len());
+        for arrival in arrivals {
+            let client = arrival.client.as_slice();
+            let index = if limits.limits_client(client) {
+                match clients.iter().position(|c| *c == client) {
+                    Some(i) => i + 1,
+                    None => {
+                        clients.push(client);
+                        clients.len()
+                    }
+                }
+            } else {
+                0
+            };
+            indexes.push(index);
+        }
+        for client in &clients {
+            invocation.key(client_key(route, client));
+        }
+        invocation
+            .arg(limits.capacity)
+            .arg(limits.max_admit_per_tick)
+            .arg(ms(limits.tick).max(1))
+            .arg(ms(limits.session_ttl))
+            .arg(ms(limits.abandon_after))
+            .arg(limits.max_waiting)
+            .arg(ms(limits.unconfirmed_session()))
+            .arg(ms(limits.unconfirmed_ticket()))
+            .arg(limits.client_places)
+            .arg(limits.client_joins_per_minute)
+            .arg(ms(limits.client_memory()))
+            .arg(ms(JOIN_WINDOW))
+            .arg(self.too_late_ms())
+            .arg(known_epoch_us.map(|e| e.to_string()).unwrap_or_default())
+            .arg(ms(limits.pass_ttl));
+        for (arrival, index) in arrivals.iter().zip(indexes) {
+            invocation
+                .arg(&arrival.id[..])
+                .arg(u8::from(arrival.admit_now))
+                .arg(index);
+        }
+        invocation
+    }
+
+    /// Runs an arrive call for `count` arrivals and reads their answers.
+    async fn run_arrive(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+        count: usize,
+    ) -> Result<Vec<Arrival>, StoreError> {
+        let reply: Vec<u64> = self.run(invocation).await?;
+        if reply.len() != count * 4 {
+            return Err(unexpected_reply(format!(
+                "arrive: {} numbers for {count} arrivals",
+                reply.len()
+            )));
+        }
+        reply
+            .chunks_exact(4)
+            .map(|answer| match answer[0] {
+                // Run after this instance gave up on it (its clock ahead of
+                // Redis's by more than the grace): as a timeout.
+                5 => Err(StoreError::Timeout),
+                1 => Ok(Arrival::Admitted),
+                2 => Ok(Arrival::Waiting(place(answer, "arrive")?)),
+                3 => Ok(Arrival::Full {
+                    waiting_total: answer[1],
+                }),
+                4 => Ok(Arrival::TooMany {
+                    retry_after: Duration::from_millis(answer[1]),
+                }),
+                other => Err(unexpected_reply(format!("arrive: reply kind {other}"))),
+            })
+            .collect()
+    }
 }
 
 /// The client whose places a poll or renewal keeps alive: only a known
@@ -433,42 +520,34 @@ impl QueueStore for RedisStore {
         admit_now: bool,
         known_epoch_us: Option<u64>,
     ) -> impl Future<Output = Result<Arrival, StoreError>> + Send {
-        let counted = limits.limits_client(client).then_some(client);
-        let mut invocation = prepare(&self.scripts.arrive, route, counted);
-        invocation
-            .arg(&id[..])
-            .arg(u8::from(admit_now))
-            .arg(limits.capacity)
-            .arg(limits.max_admit_per_tick)
-            .arg(ms(limits.tick).max(1))
-            .arg(ms(limits.session_ttl))
-            .arg(ms(limits.abandon_after))
-            .arg(limits.max_waiting)
-            .arg(ms(limits.unconfirmed_session()))
-            .arg(ms(limits.unconfirmed_ticket()))
-            .arg(limits.client_places)
-            .arg(limits.client_joins_per_minute)
-            .arg(ms(limits.client_memory()))
-            .arg(ms(JOIN_WINDOW))
-            .arg(self.too_late_ms())
-            .arg(known_epoch_us.map(|e| e.to_string()).unwrap_or_default())
-            .arg(ms(limits.pass_ttl));
+        let one = [Arriving {
+            id: *id,
+            client: client.to_vec(),
+            admit_now,
+        }];
+        let invocation = self.arrive_invocation(route, &one, limits, known_epoch_us);
         async move {
-            let reply: Vec<u64> = self.run(&invocation).await?;
-            match field(&reply, 0, "arrive")? {
-                // Run after this instance gave up on it (its clock ahead of
-                // Redis's by more than the grace): as a timeout.
-                5 => Err(StoreError::Timeout),
-                1 => Ok(Arrival::Admitted),
-                2 => Ok(Arrival::Waiting(place(&reply, "arrive")?)),
-                3 => Ok(Arrival::Full {
-                    waiting_total: field(&reply, 1, "arrive")?,
-                }),
-                4 => Ok(Arrival::TooMany {
-                    retry_after: Duration::from_millis(field(&reply, 1, "arrive")?),
-                }),
-                other => Err(unexpected_reply(format!("arrive: reply kind {other}"))),
+            let mut answers = self.run_arrive(&invocation, 1).await?;
+            answers
+                .pop()
+                .ok_or_else(|| unexpected_reply("arrive: no answer".into()))
+        }
+    }
+
+    fn arrive_batch(
+        &self,
+        route: &str,
+        arrivals: &[Arriving],
+        limits: &Limits,
+        known_epoch_us: Option<u64>,
+    ) -> impl Future<Output = Result<Vec<Arrival>, StoreError>> + Send {
+        let invocation = self.arrive_invocation(route, arrivals, limits, known_epoch_us);
+        let count = arrivals.len();
+        async move {
+            if count == 0 {
+                return Ok(Vec::new());
             }
+            self.run_arrive(&invocation, count).await
         }
     }
 
