@@ -17,7 +17,7 @@ use crate::config::{Mode, OnStoreError};
 use crate::cookie::{self, Credentials};
 use crate::metrics::SessionEnd;
 use crate::queue::{
-    Arrival, ClientKey, Counted, Guarded, Heartbeat, MemoryStore, PassTimes, Place, Poll,
+    Arrival, Arriving, ClientKey, Counted, Guarded, Heartbeat, MemoryStore, PassTimes, Place, Poll,
     QueueStore, StoreError, TicketTimes,
 };
 
@@ -450,18 +450,37 @@ impl Gate {
             0 => None,
             e => Some(e),
         };
-        let (arrival, granted) = match self
-            .store
-            .arrive(
-                route.name(),
-                &id,
-                who.client,
-                &route.limits,
+        // A shared store takes this instance's arrivals in batches.
+        let arrived = if self.store.is_shared() {
+            let arriving = Arriving {
+                id,
+                client: who.client.to_vec(),
                 admit_now,
-                known_epoch_us,
-            )
-            .await
-        {
+            };
+            route
+                .live
+                .joins
+                .arrive(
+                    &self.store,
+                    route.name(),
+                    arriving,
+                    &route.limits,
+                    known_epoch_us,
+                )
+                .await
+        } else {
+            self.store
+                .arrive(
+                    route.name(),
+                    &id,
+                    who.client,
+                    &route.limits,
+                    admit_now,
+                    known_epoch_us,
+                )
+                .await
+        };
+        let (arrival, granted) = match arrived {
             // Unconfirmed until the visitor comes back with the pass.
             Ok(a) => (a, Kind::NewPass),
             Err(err) => match route.cfg.on_store_error {

@@ -27,7 +27,7 @@
 //! - `file_watch`: notices changed files (config, certificates) by their directories.
 //! - `metrics`: every exported Prometheus metric, one `Metrics` struct.
 //! - `queue`: the `QueueStore` trait and its memory and Redis backends; the
-//!   line record polls are answered from.
+//!   line record polls are answered from; arrivals gathered into batches.
 //! - `config`: the YAML file, parsed and validated into a typed `Config`.
 //! - `template`: the waiting page's template language and phrase table.
 //! - `path`: every reading of a request path, and the segment-boundary prefix match.

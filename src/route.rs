@@ -19,6 +19,7 @@ use crate::config::{self, BypassRule, Config};
 use crate::cookie::{self, CookieMemo, Credentials};
 use crate::metrics::{Metrics, RouteMetrics};
 use crate::path;
+use crate::queue::joins::JoinQueue;
 use crate::queue::{Heartbeat, Limits, LineRecord};
 use crate::template::Template;
 
@@ -48,6 +49,8 @@ pub struct RouteLive {
     /// Whether `ended` may hold anything: a pass is checked against it
     /// without taking the lock while nothing was ended.
     any_ended: AtomicBool,
+    /// Arrivals waiting for this instance's next arrive call (DESIGN §8.9).
+    pub joins: Arc<JoinQueue>,
     /// The line record the admitter read last, and when (DESIGN §8.9).
     record: ArcSwapOption<ReadRecord>,
     /// Waiters answered from the record since the admitter's last flush.

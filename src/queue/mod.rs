@@ -61,6 +61,7 @@
 //!   by admit-now together, never exceed `max_admit_per_tick`.
 
 pub mod breaker;
+pub mod joins;
 pub mod memory;
 pub mod record;
 pub mod redis_store;
@@ -323,6 +324,22 @@ pub enum StoreError {
     /// server error, or a reply that is not what the script returns.
     #[error("store unavailable: {0}")]
     Unavailable(#[source] redis::RedisError),
+}
+
+impl StoreError {
+    /// The same error again, for each of the callers one failed call
+    /// answers (a batch of arrivals).
+    pub fn share(&self) -> StoreError {
+        match self {
+            StoreError::Timeout => StoreError::Timeout,
+            StoreError::CircuitOpen => StoreError::CircuitOpen,
+            StoreError::Unavailable(e) => StoreError::Unavailable(redis::RedisError::from((
+                e.kind(),
+                "store call failed",
+                e.to_string(),
+            ))),
+        }
+    }
 }
 
 /// The operations the gate and the admitter need. Every call is atomic.

@@ -1,8 +1,10 @@
-//! Polls answered from the line record (DESIGN §8.9), on three queuegate
-//! processes sharing one real `redis-server`: behind the first 100 places a
-//! status poll is answered without a store call, within 2 % of the real
-//! place; the batched heartbeats keep those waiters in line while the silent
-//! are dropped; a waiter who left, or went silent, is answered by the store.
+//! The waiting path at scale (DESIGN §8.9), on queuegate processes sharing
+//! one real `redis-server`: behind the first 100 places a status poll is
+//! answered from the line record without a store call, within 2 % of the
+//! real place; the batched heartbeats keep those waiters in line while the
+//! silent are dropped; a waiter who left, or went silent, is answered by the
+//! store; arrivals made together share store calls and each gets its own
+//! place.
 
 mod common;
 #[path = "common/redis.rs"]
@@ -211,4 +213,62 @@ async fn record_answered_waiters_stay_in_line_and_the_silent_and_the_gone_ask_th
     let after = polls(&instances).await;
     assert_eq!(after.1 - before.1, 1, "the store answered the replay");
     assert!(position(&s) > 240, "a ticket that left has no place: {s}");
+}
+
+/// The arrive calls Redis has run so far (every script runs as EVALSHA).
+fn script_calls(redis: &RedisServer) -> u64 {
+    let info: String = redis.query(&["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map(|n| n.parse().expect("a count"))
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn arrivals_made_together_share_store_calls_and_each_gets_its_place() {
+    const CROWD: usize = 300;
+    let redis = RedisServer::start();
+    let (origin, _hits) = counting_origin().await;
+    // Slow ticks, so that the admitter's calls are few beside the joins.
+    let route = "routes:\n  - name: tickets\n    match: { path_prefix: /tickets }\n    \
+                 capacity: 1\n    tick: 1s\n    \
+                 client_limits: { places: 0, joins_per_minute: 0 }\n";
+    let at = Instance::start(&redis.url(), &origin.url(), route).await;
+    let mut holder = Visitor::new();
+    for _ in 0..2 {
+        assert!(holder.navigate(&at.url("/tickets")).await.reached_origin());
+    }
+    let before = script_calls(&redis);
+    let url = at.url("/tickets");
+    let crowd: Vec<_> = (0..CROWD)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let mut v = Visitor::new();
+                let a = v.navigate(&url).await;
+                (a.status, v)
+            })
+        })
+        .collect();
+    let mut line = Vec::new();
+    for joined in crowd {
+        let (status, v) = joined.await.expect("the visitor ran");
+        assert_eq!(status, http::StatusCode::FOUND);
+        line.push(v);
+    }
+    let calls = script_calls(&redis) - before;
+    assert!(
+        calls < CROWD as u64 / 2,
+        "{CROWD} arrivals at once took {calls} store calls"
+    );
+    // Every visitor has a place of its own: the places are 1..=CROWD.
+    let mut places = Vec::new();
+    for v in line.iter_mut() {
+        let s = status(v, &at).await;
+        assert_eq!(s["state"], "waiting", "{s}");
+        places.push(position(&s));
+    }
+    places.sort_unstable();
+    assert_eq!(places, (1..=CROWD as u64).collect::<Vec<_>>());
 }
