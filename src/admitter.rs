@@ -35,6 +35,8 @@ pub async fn run(
     let mut interval = tokio::time::interval(tick);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut last_stats: Option<Instant> = None;
+    // The store time of the last sessions-ended read (0: none yet).
+    let mut ended_read_ms = 0;
     loop {
         tokio::select! {
             _ = interval.tick() => {}
@@ -84,6 +86,7 @@ pub async fn run(
                 }
             }
             if gate.store().is_shared() {
+                ended_read_ms = refuse_ended(&gate, route, ended_read_ms).await;
                 match gate.store().line_record(&name, &route.limits).await {
                     Ok(record) => live.set_record(record),
                     Err(err) => {
@@ -186,6 +189,30 @@ impl Admitters {
             .collect();
         for task in tasks {
             let _ = task.await;
+        }
+    }
+}
+
+/// Reads the sessions ended anywhere since `since_ms` (store time) and
+/// refuses their passes here from now on; returns the `since_ms` of the
+/// next read. It reaches a little back, so that an end recorded in the
+/// same millisecond as the last read is not missed.
+async fn refuse_ended(gate: &Gate, route: &RouteRt, since_ms: u64) -> u64 {
+    match gate
+        .store()
+        .ended_since(route.name(), since_ms.saturating_sub(1_000), &route.limits)
+        .await
+    {
+        Ok(ended) => {
+            let now_s = gate.clock().now_s();
+            for id in &ended.ids {
+                route.live.end(id, now_s, &route.limits);
+            }
+            ended.now_ms
+        }
+        Err(err) => {
+            tracing::debug!(route = route.name(), error = %err, "ended sessions not read");
+            since_ms
         }
     }
 }

@@ -433,6 +433,21 @@ async fn an_ended_session_frees_its_slot_for_a_waiter_on_another_instance() {
             .navigate(&instances[2].url("/tickets/x"))
             .await
             .reached_origin());
+        // Every instance refuses it within a few ticks (50 ms), while the
+        // pass is still in the first half of its 2 s life, when it would
+        // admit without a store call.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for (i, at) in instances.iter().enumerate() {
+            let mut replay = Visitor::new();
+            replay.jar.insert("qg_tickets".into(), pass.clone());
+            assert!(
+                !replay
+                    .navigate(&at.url("/tickets/x"))
+                    .await
+                    .reached_origin(),
+                "{exit}: instance {i} still admits the ended session's pass"
+            );
+        }
         // The slot is the waiter's, through another instance.
         admitted_on(&mut b, &instances[1]).await;
         assert!(b

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use queuegate::clock::Clock;
 use queuegate::queue::{
-    Arrival, Arriving, Counted, Heartbeat, Limits, LineRecord, MemoryStore, PassTimes, Place, Poll,
-    QueueStore, RedisStore, RouteStats, Tick, TicketTimes, VisitorId,
+    Arrival, Arriving, Counted, Ended, Heartbeat, Limits, LineRecord, MemoryStore, PassTimes,
+    Place, Poll, QueueStore, RedisStore, RouteStats, Tick, TicketTimes, VisitorId,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -1211,6 +1211,42 @@ async fn a_batch_arrives_as_its_arrivals_would_one_after_another<H: Harness>(h: 
         .is_empty());
 }
 
+async fn ended_since_lists_the_places_ended_after_a_time<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        abandon_after: Duration::from_secs(30),
+        ..limits()
+    };
+    assert_eq!(arrive(h, &route, 1, &limits, true).await, Arrival::Admitted);
+    join(h, &route, 2, &limits).await;
+    let none = ended(h, &route, 0, &limits).await;
+    assert!(none.ids.is_empty());
+    assert!(none.now_ms > 0);
+    leave(h, &route, 1).await;
+    let first = ended(h, &route, 0, &limits).await;
+    assert_eq!(first.ids, vec![visitor(1)]);
+    assert!(first.now_ms >= none.now_ms);
+    h.advance(Duration::from_millis(50)).await;
+    leave(h, &route, 2).await;
+    assert_eq!(
+        ended(h, &route, first.now_ms + 1, &limits).await.ids,
+        vec![visitor(2)]
+    );
+    let all = ended(h, &route, 0, &limits).await;
+    assert_eq!(
+        all.ids,
+        vec![visitor(2), visitor(1)],
+        "the most recent first"
+    );
+}
+
+async fn ended<H: Harness>(h: &H, route: &str, since_ms: u64, limits: &Limits) -> Ended {
+    h.store()
+        .ended_since(route, since_ms, limits)
+        .await
+        .expect("ended_since")
+}
+
 async fn positions_and_totals_are_consistent<H: Harness>(h: &mut H) {
     let route = h.fresh_route();
     let limits = Limits {
@@ -1805,6 +1841,7 @@ macro_rules! contract_suite {
                 epoch_change_seen_by_admitter_starts_hold,
                 epoch_change_seen_by_an_arrival_starts_hold,
                 line_record_samples_the_line_the_tick_left,
+                ended_since_lists_the_places_ended_after_a_time,
                 a_batch_arrives_as_its_arrivals_would_one_after_another,
                 heartbeats_count_as_polls_for_those_in_line,
                 heartbeats_keep_ghosts_from_being_dropped,

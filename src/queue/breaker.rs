@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Arrival, Arriving, ClientKey, Counted, Heartbeat, Limits, LineRecord, PassTimes, Poll,
+    Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, Limits, LineRecord, PassTimes, Poll,
     QueueStore, RouteStats, Store, StoreError, Tick, TicketTimes, VisitorId,
 };
 use crate::config::StoreConfig;
@@ -66,6 +66,7 @@ pub enum Operation {
     CountRequest,
     AdmitTick,
     Heartbeats,
+    Ended,
     LineRecord,
     Hold,
     Stats,
@@ -74,7 +75,7 @@ pub enum Operation {
 
 impl Operation {
     /// Every operation, in label order.
-    pub const ALL: [Operation; 11] = [
+    pub const ALL: [Operation; 12] = [
         Operation::Arrive,
         Operation::Poll,
         Operation::Renew,
@@ -82,6 +83,7 @@ impl Operation {
         Operation::CountRequest,
         Operation::AdmitTick,
         Operation::Heartbeats,
+        Operation::Ended,
         Operation::LineRecord,
         Operation::Hold,
         Operation::Stats,
@@ -98,6 +100,7 @@ impl Operation {
             Operation::CountRequest => "count_request",
             Operation::AdmitTick => "admit_tick",
             Operation::Heartbeats => "heartbeats",
+            Operation::Ended => "ended_since",
             Operation::LineRecord => "line_record",
             Operation::Hold => "hold",
             Operation::Stats => "stats",
@@ -439,6 +442,20 @@ impl QueueStore for Guarded {
             .call(
                 Operation::Heartbeats,
                 self.store.heartbeats(route, beats, limits),
+            )
+            .await
+    }
+
+    async fn ended_since(
+        &self,
+        route: &str,
+        since_ms: u64,
+        limits: &Limits,
+    ) -> Result<Ended, StoreError> {
+        self.breaker
+            .call(
+                Operation::Ended,
+                self.store.ended_since(route, since_ms, limits),
             )
             .await
     }

@@ -52,11 +52,14 @@ use std::time::Duration;
 
 use super::record::{self, LineRecord};
 use super::{
-    Arrival, Arriving, ClientKey, Counted, Heartbeat, Limits, PassTimes, Place, Poll, QueueStore,
-    RouteStats, StoreError, Tick, TicketTimes, VisitorId, JOIN_WINDOW,
+    Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, Limits, PassTimes, Place, Poll,
+    QueueStore, RouteStats, StoreError, Tick, TicketTimes, VisitorId, JOIN_WINDOW,
 };
 use crate::clock::Clock;
 use ranked_set::RankedSet;
+
+/// Most ids one `ended_since` answers, as `lua/ended.lua`.
+const ENDED_MOST: usize = 10_000;
 
 /// Time constant of the admit rate's exponential decay, seconds.
 const RATE_TAU_S: f64 = 60.0;
@@ -797,6 +800,17 @@ impl Tombstones {
         }
     }
 
+    /// Up to `most` ids buried at or after `since_ms`, the most recent
+    /// first.
+    fn since(&self, since_ms: u64, most: usize) -> Vec<VisitorId> {
+        self.by_time
+            .range((since_ms, [0; 16])..)
+            .rev()
+            .take(most)
+            .map(|&(_, id)| id)
+            .collect()
+    }
+
     fn forget_before(&mut self, cutoff_ms: u64) {
         while let Some(&(at_ms, id)) = self.by_time.first() {
             if at_ms >= cutoff_ms {
@@ -1072,6 +1086,18 @@ impl QueueStore for MemoryStore {
         limits: &Limits,
     ) -> Result<Vec<bool>, StoreError> {
         Ok(self.with_route(route, |r, now| r.heartbeats(now, beats, limits)))
+    }
+
+    async fn ended_since(
+        &self,
+        route: &str,
+        since_ms: u64,
+        _limits: &Limits,
+    ) -> Result<Ended, StoreError> {
+        Ok(self.with_route(route, |r, now| Ended {
+            ids: r.tombstones.since(since_ms, ENDED_MOST),
+            now_ms: now.ms,
+        }))
     }
 
     async fn line_record(

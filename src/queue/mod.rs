@@ -149,6 +149,14 @@ impl Limits {
 /// means the client is unknown, and no per-client limit applies.
 pub type ClientKey<'a> = &'a [u8];
 
+/// Places that ended since a time (see [`QueueStore::ended_since`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ended {
+    pub ids: Vec<VisitorId>,
+    /// The store's time of the answer (ms): the next call's `since_ms`.
+    pub now_ms: u64,
+}
+
 /// One visitor of a batch of arrivals (see [`QueueStore::arrive_batch`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Arriving {
@@ -486,6 +494,19 @@ pub trait QueueStore: Send + Sync {
         limits: &Limits,
     ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send;
 
+    /// The ids whose places ended (left, ended by the origin or an exit
+    /// path or `max_requests_per_session`, purged as no-shows) at or after
+    /// `since_ms` (store time, ms; 0: all still remembered, which is
+    /// `abandon_after`), at most 10,000, with the store's time now for the
+    /// next call. Each instance asks once per tick, so a session ended
+    /// anywhere is refused everywhere within a tick (DESIGN §8.6).
+    fn ended_since(
+        &self,
+        route: &str,
+        since_ms: u64,
+        limits: &Limits,
+    ) -> impl Future<Output = Result<Ended, StoreError>> + Send;
+
     /// The line as the last admitter tick left it, or later (see
     /// [`record`]); `None` before the first tick of the epoch.
     fn line_record(
@@ -620,6 +641,15 @@ impl QueueStore for Store {
         limits: &Limits,
     ) -> Result<Vec<bool>, StoreError> {
         dispatch!(self, s => s.heartbeats(route, beats, limits).await)
+    }
+
+    async fn ended_since(
+        &self,
+        route: &str,
+        since_ms: u64,
+        limits: &Limits,
+    ) -> Result<Ended, StoreError> {
+        dispatch!(self, s => s.ended_since(route, since_ms, limits).await)
     }
 
     async fn line_record(

@@ -25,8 +25,8 @@ use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, Ser
 use tokio::sync::{watch, Notify};
 
 use super::{
-    Arrival, Arriving, ClientKey, Counted, Heartbeat, Limits, LineRecord, PassTimes, Place, Poll,
-    QueueStore, RouteStats, StoreError, Tick, TicketTimes, VisitorId, JOIN_WINDOW,
+    Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, Limits, LineRecord, PassTimes, Place,
+    Poll, QueueStore, RouteStats, StoreError, Tick, TicketTimes, VisitorId, JOIN_WINDOW,
 };
 use crate::clock::Clock;
 use crate::config::{RedisConfig, RedisMode};
@@ -52,6 +52,7 @@ struct Scripts {
     count_request: Script,
     admit_tick: Script,
     heartbeats: Script,
+    ended: Script,
     line_record: Script,
     hold: Script,
     stats: Script,
@@ -68,6 +69,7 @@ impl Scripts {
             count_request: route_script!("count_request.lua"),
             admit_tick: route_script!("admit_tick.lua"),
             heartbeats: route_script!("heartbeats.lua"),
+            ended: route_script!("ended.lua"),
             line_record: route_script!("line_record.lua"),
             hold: route_script!("hold.lua"),
             stats: route_script!("stats.lua"),
@@ -712,6 +714,34 @@ impl QueueStore for RedisStore {
             }
             let reply: Vec<i64> = self.run(&invocation).await?;
             Ok(reply.into_iter().map(|in_line| in_line == 1).collect())
+        }
+    }
+
+    fn ended_since(
+        &self,
+        route: &str,
+        since_ms: u64,
+        _limits: &Limits,
+    ) -> impl Future<Output = Result<Ended, StoreError>> + Send {
+        let mut invocation = prepare(&self.scripts.ended, route, None);
+        invocation.arg(since_ms);
+        async move {
+            let reply: Vec<Vec<u8>> = self.run(&invocation).await?;
+            let (now, ids) = reply
+                .split_first()
+                .ok_or_else(|| unexpected_reply("ended_since: empty reply".into()))?;
+            let now_ms = std::str::from_utf8(now)
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| unexpected_reply("ended_since: no time".into()))?;
+            let ids = ids
+                .iter()
+                .map(|id| {
+                    VisitorId::try_from(id.as_slice())
+                        .map_err(|_| unexpected_reply("ended_since: not an id".into()))
+                })
+                .collect::<Result<_, _>>()?;
+            Ok(Ended { ids, now_ms })
         }
     }
 
