@@ -1,6 +1,6 @@
 -- admit_tick.lua: one admitter tick of one instance.
 --
--- KEYS: the route's five keys (see route.lua).
+-- KEYS: the route's six keys (see route.lua).
 -- ARGV: [1] capacity  [2] max_admit_per_tick  [3] tick (ms)
 --       [4] arrival_grace (ms)  [5] abandon_after (ms)  [6] pass_ttl (ms)
 --       [7] the epoch this instance saw last (µs), or '' if none
@@ -10,7 +10,7 @@
 -- Invariant: at most one run per tick window floor(now_ms / tick), whichever
 -- instance comes first (the tick key holds the window last run); every
 -- no-show purged leaves a tombstone in seen for abandon_after; unconfirmed
--- sessions (.25) and tickets (.5 in seen) are counted apart from no-shows
+-- sessions (.25) and tickets (`u` in beat) are counted apart from no-shows
 -- and ghosts; admissions
 -- in a window (this and admit-now together) never exceed max_admit_per_tick;
 -- the active count (expiry > now) never exceeds capacity; ghosts are dropped
@@ -80,7 +80,10 @@ for i = 1, #expired_ids, 1000 do
 end
 
 -- Ghosts and unconfirmed tickets dropped since the last tick (by arrive) and now.
-local ghosts, unconfirmed_tickets = drop_ghosts(abandon_after_ms, 1000)
+-- The scan covers the whole line about once per abandon_after.
+local scan = math.ceil(redis.call('ZCARD', waiting_key) * tick_ms / abandon_after_ms)
+local ghosts, unconfirmed_tickets = drop_ghosts(abandon_after_ms,
+  math.min(20000, math.max(1000, scan)))
 local pending = redis.call('HMGET', stats_key, 'pending_abandoned',
   'pending_unconfirmed_tickets')
 local abandoned = ghosts + (tonumber(pending[1]) or 0)
@@ -103,7 +106,7 @@ if now_us >= hold_until() then
     local id = head[1]
     local ghost = is_ghost(id, abandon_after_ms)
     local never_polled = unconfirmed_ticket(id)
-    redis.call('ZREM', seen_key, id)
+    redis.call('HDEL', beat_key, id)
     if ghost and never_polled then
       unconfirmed_tickets = unconfirmed_tickets + 1
     elseif ghost then

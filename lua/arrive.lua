@@ -2,7 +2,7 @@
 -- a batch of them (an instance gathers the arrivals made while its previous
 -- call was in flight), handled in order as if each were its own call.
 --
--- KEYS: the route's five keys (see route.lua), then the keys of the clients
+-- KEYS: the route's six keys (see route.lua), then the keys of the clients
 --       the arrivals came from that the limits count, each once (any
 --       number, all under the route's hash tag).
 -- ARGV: [1] capacity  [2] max_admit_per_tick  [3] tick (ms)
@@ -15,7 +15,7 @@
 --       [14] the epoch this instance saw last (µs), or '' if none
 --       [15] pass_ttl (ms): the hold when [14] shows a lost store
 --       then for each arrival: id (16 raw bytes), admit_now (1|0), the
---       index of its client's key in KEYS after the route's five (0: none)
+--       index of its client's key in KEYS after the route's six (0: none)
 -- Returns: four numbers per arrival, in order:
 --          {1, 0, 0, 0}                          admitted (or already active)
 --          {2, join score µs, position, waiting} in line (new or same place)
@@ -27,8 +27,8 @@
 -- count (expiry > now) is below capacity and the tick window has room; it
 -- spends one from the same window budget the admitter uses. Join scores are
 -- unique and increasing, so the line is FIFO, in the batch's order within a
--- batch. New sessions and tickets are unconfirmed (.25 in active, .5 in
--- seen). An id already in line or active is not a new place and is never
+-- batch. New sessions and tickets are unconfirmed (.25 in active, `u` in
+-- beat). An id already in line or active is not a new place and is never
 -- refused.
 
 local capacity = tonumber(ARGV[1])
@@ -81,7 +81,7 @@ local function arrive_one(id, admit_now)
       ghosts = ghosts + 1
     end
     redis.call('ZREM', waiting_key, id)
-    redis.call('ZREM', seen_key, id)
+    redis.call('HDEL', beat_key, id)
   end
 
   -- Arriving again is not coming back with a cookie: an unconfirmed session
@@ -97,7 +97,7 @@ local function arrive_one(id, admit_now)
   local score = tonumber(redis.call('ZSCORE', waiting_key, id))
   if score then
     if not unconfirmed_ticket(id) then
-      redis.call('ZADD', seen_key, int(now_ms), id)
+      beat_now(id)
     end
     return place(id, score)
   end
@@ -131,8 +131,10 @@ local function arrive_one(id, admit_now)
   end
   redis.call('HSET', stats_key, 'last_score', int(score))
   redis.call('ZADD', waiting_key, int(score), id)
-  redis.call('ZADD', seen_key,
-    int(now_ms - (abandon_after_ms - unconfirmed_ticket_ms)) .. '.5', id)
+  redis.call('HSET', beat_key, id,
+    beat_value(now_ms - (abandon_after_ms - unconfirmed_ticket_ms), true))
+  -- A tombstone of an earlier place goes with the new one.
+  redis.call('ZREM', seen_key, id)
   client_record(id, client_memory_ms)
   return place(id, score)
 end
@@ -141,7 +143,7 @@ for i = FIRST_ARRIVAL, #ARGV, 3 do
   local client = tonumber(ARGV[i + 2])
   -- The prelude's client functions read client_key.
   if client > 0 then
-    client_key = KEYS[5 + client]
+    client_key = KEYS[6 + client]
   else
     client_key = nil
   end

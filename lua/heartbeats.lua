@@ -1,7 +1,7 @@
 -- heartbeats.lua: waiters an instance answered from the line record since
 -- its last flush polled; one call for all of them.
 --
--- KEYS: the route's five keys (see route.lua), then the keys of the clients
+-- KEYS: the route's six keys (see route.lua), then the keys of the clients
 --       the polls came from, each once (any number, all under the route's
 --       hash tag).
 -- ARGV: [1] client memory (ms), then for each waiter: id (16 raw bytes) and
@@ -29,17 +29,17 @@ for first = 1, #ids, 1000 do
     local in_line = scores[i - first + 1] ~= false
     reply[i] = in_line and 1 or 0
     if in_line then
-      seen[#seen + 1] = int(now_ms)
       seen[#seen + 1] = ids[i]
+      seen[#seen + 1] = beat_value(now_ms, false)
       local c = clients[i]
-      if c > 0 and not touched[c] and redis.call('ZSCORE', KEYS[5 + c], ids[i]) then
-        redis.call('PEXPIRE', KEYS[5 + c], memory_ms)
+      if c > 0 and not touched[c] and redis.call('ZSCORE', KEYS[6 + c], ids[i]) then
+        redis.call('PEXPIRE', KEYS[6 + c], memory_ms)
         touched[c] = true
       end
     end
   end
   if #seen > 0 then
-    redis.call('ZADD', seen_key, unpack(seen))
+    redis.call('HSET', beat_key, unpack(seen))
   end
 end
 return reply

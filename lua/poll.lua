@@ -1,7 +1,7 @@
 -- poll.lua: a waiter polls; the poll is its heartbeat, and confirms a new
 -- ticket.
 --
--- KEYS: the route's five keys, then the client's key when the client is
+-- KEYS: the route's six keys, then the client's key when the client is
 --       known and the places limit is on (see route.lua).
 -- ARGV: [1] id (16 raw bytes)  [2] ticket's join score (µs)
 --       [3] ticket's last seen (µs; the score if never polled)
@@ -35,7 +35,7 @@ local confirm_within_ms = tonumber(ARGV[8])
 
 local score = tonumber(redis.call('ZSCORE', waiting_key, id))
 if score then
-  redis.call('ZADD', seen_key, int(now_ms), id)
+  beat_now(id)
   client_touch(id, client_memory_ms)
   return place(id, score)
 end
@@ -60,7 +60,7 @@ local lost_write = age_us < abandon_after_ms * 1000
   and (confirmed or age_us < confirm_within_ms * 1000)
 if wiped or lost_write then
   redis.call('ZADD', waiting_key, int(ticket_us), id)
-  redis.call('ZADD', seen_key, int(now_ms), id)
+  beat_now(id)
   if wiped then
     notice_loss(pass_ttl_ms)
   end

@@ -1,6 +1,6 @@
 -- renew.lua: a pass holder renews its session, confirming a new one.
 --
--- KEYS: the route's five keys, then the client's key when the client is
+-- KEYS: the route's six keys, then the client's key when the client is
 --       known and the places limit is on (see route.lua).
 -- ARGV: [1] id (16 raw bytes)  [2] pass issued at (unix ms)
 --       [3] pass confirmed (1|0)  [4] session_ttl (ms)  [5] pass_ttl (ms)
@@ -50,5 +50,6 @@ if now_us >= hold_until() and active_count() >= capacity then
 end
 redis.call('ZADD', active_key, int(now_ms + session_ttl_ms), id)
 redis.call('ZREM', waiting_key, id)
+redis.call('HDEL', beat_key, id)
 redis.call('ZREM', seen_key, id)
 return 1

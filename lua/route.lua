@@ -1,18 +1,13 @@
 -- route.lua: the prelude every store script (except ready.lua) starts with;
 -- it is prepended at build time, so each script stays one atomic EVALSHA.
 --
--- KEYS (the same five, in this order, for every script; one `{route}` hash
+-- KEYS (the same six, in this order, for every script; one `{route}` hash
 -- tag, so they share a Cluster slot):
 --   KEYS[1] qg:{route}:waiting  ZSET  id -> join score (store time, µs)
---   KEYS[2] qg:{route}:seen     ZSET  id -> last poll (ms) of an id in line;
---                                      ending in .5 for a ticket never polled
---                                      (unconfirmed), set back abandon_after -
---                                      confirm_within so the ghost rule drops
---                                      it confirm_within after joining;
---                                      or -time (ms) of a tombstone: a purged
---                                      no-show (its expiry) or a leave (its
---                                      time), negative so no poll time is
---                                      ever one, kept abandon_after
+--   KEYS[2] qg:{route}:seen     ZSET  id -> -time (ms) of a tombstone: a
+--                                      purged no-show (its expiry) or a leave
+--                                      (its time), kept abandon_after (only
+--                                      tombstones: the last polls are in beat)
 --   KEYS[3] qg:{route}:active   ZSET  id -> expiry (ms); an expiry ending in
 --                                      .5 marks a waiter admitted from the
 --                                      line who has not shown up yet, one
@@ -33,16 +28,26 @@
 --                                      pending_unconfirmed_tickets (tickets
 --                                      never polled, dropped since then),
 --                                      last_tick (ms of the last tick run,
---                                      for noticing a gap)
+--                                      for noticing a gap), beat_cursor (where
+--                                      the ghost scan of beat goes on), record
+--                                      (the line record, admit_tick.lua)
+--   KEYS[6] qg:{route}:beat     HASH  id -> last poll of an id in line, ms
+--                                      after the epoch in decimal (a hash
+--                                      entry costs about half a sorted-set
+--                                      one); prefixed `u` for a ticket never
+--                                      polled (unconfirmed), set back
+--                                      abandon_after - confirm_within so the
+--                                      ghost rule drops it confirm_within
+--                                      after joining
 -- and, for arrive, poll and renew from a client the limits count:
---   KEYS[6] qg:{route}:client:<hex client key>  ZSET  id -> join time (ms)
+--   KEYS[7] qg:{route}:client:<hex client key>  ZSET  id -> join time (ms)
 --                                      of each visitor the client brought in
 --                                      (joined or admitted at once), kept
 --                                      while it may hold a place or falls in
 --                                      the join window; the key expires
 --                                      client memory after its last contact
 -- and, for count_request:
---   KEYS[6] qg:{route}:uses:<hex id>  string: forwarded requests of one
+--   KEYS[7] qg:{route}:uses:<hex id>  string: forwarded requests of one
 --                                      session, on routes with
 --                                      max_requests_per_session; expires
 --                                      session_ttl + pass_ttl after the last
@@ -53,9 +58,9 @@
 -- Invariant: every integer written is formatted with %d, so scores and
 -- fields never turn into exponent notation.
 
-local waiting_key, seen_key, active_key, tick_key, stats_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local client_key = KEYS[6]
+local waiting_key, seen_key, active_key, tick_key, stats_key, beat_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local client_key = KEYS[7]
 
 local clock = redis.call('TIME')
 local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
@@ -149,52 +154,84 @@ local function admit_rate()
   return n / t
 end
 
--- Whether a seen or active score carries a fraction: an unconfirmed ticket
--- (.5 in seen), an admitted waiter still arriving (.5 in active) or an
--- unconfirmed session (.25 in active).
+-- Whether an active score carries a fraction: an admitted waiter still
+-- arriving (.5) or an unconfirmed session (.25).
 local function marked(score, fraction)
   return score % 1 == fraction
 end
 
--- Drops up to `limit` waiters whose last poll is before now - abandon_after
--- (the oldest first), unconfirmed tickets included (their time is set back);
--- returns how many ghosts and how many unconfirmed tickets. Tombstones
--- (negative) are not waiters.
-local function drop_ghosts(abandon_after_ms, limit)
-  local found = redis.call('ZRANGEBYSCORE', seen_key, 0,
-    '(' .. int(now_ms - abandon_after_ms), 'WITHSCORES', 'LIMIT', 0, limit)
+-- A waiter's last poll (ms) as kept in beat, and whether it never polled.
+local epoch_ms = math.floor(epoch_us / 1000)
+local function beat_value(ms, unconfirmed)
+  return (unconfirmed and 'u' or '') .. int(ms - epoch_ms)
+end
+local function parse_beat(value)
+  local unconfirmed = string.sub(value, 1, 1) == 'u'
+  local after = tonumber(unconfirmed and string.sub(value, 2) or value) or 0
+  return epoch_ms + after, unconfirmed
+end
+
+-- `id` (in line) polled now: confirmed, alive.
+local function beat_now(id)
+  redis.call('HSET', beat_key, id, beat_value(now_ms, false))
+end
+
+-- Drops the ghosts (last poll before now - abandon_after, unconfirmed
+-- tickets included: their time is set back) among the next `budget` or so
+-- waiters of a scan of beat that goes on where the last call left it (one
+-- call sees every waiter of a small line; a long line is covered every
+-- waiting / budget calls); returns how many ghosts and how many unconfirmed
+-- tickets. A ghost met at the head of the line is never admitted whatever
+-- the scan (see admit_tick.lua); the scan keeps counts and positions true.
+local function drop_ghosts(abandon_after_ms, budget)
+  local cursor = redis.call('HGET', stats_key, 'beat_cursor') or '0'
+  local scanned = redis.call('HSCAN', beat_key, cursor, 'COUNT', budget)
+  redis.call('HSET', stats_key, 'beat_cursor', scanned[1])
+  local entries = scanned[2]
+  local cutoff = now_ms - abandon_after_ms
   local ids, unconfirmed = {}, 0
-  for i = 1, #found, 2 do
-    ids[#ids + 1] = found[i]
-    if marked(tonumber(found[i + 1]), 0.5) then
-      unconfirmed = unconfirmed + 1
+  for i = 1, #entries, 2 do
+    local ms, never_polled = parse_beat(entries[i + 1])
+    if ms < cutoff then
+      ids[#ids + 1] = entries[i]
+      if never_polled then
+        unconfirmed = unconfirmed + 1
+      end
     end
   end
-  if #ids > 0 then
-    redis.call('ZREM', waiting_key, unpack(ids))
-    redis.call('ZREM', seen_key, unpack(ids))
+  for i = 1, #ids, 1000 do
+    local last = math.min(i + 999, #ids)
+    redis.call('ZREM', waiting_key, unpack(ids, i, last))
+    redis.call('HDEL', beat_key, unpack(ids, i, last))
   end
   return #ids - unconfirmed, unconfirmed
 end
 
 -- Whether an id in line was never polled.
 local function unconfirmed_ticket(id)
-  local seen = tonumber(redis.call('ZSCORE', seen_key, id))
-  return seen ~= nil and seen >= 0 and marked(seen, 0.5)
+  local value = redis.call('HGET', beat_key, id)
+  return value ~= false and string.sub(value, 1, 1) == 'u'
 end
 
 -- Whether a waiter's last poll makes it a ghost (no poll recorded: not one,
 -- so a lost heartbeat never costs a place).
 local function is_ghost(id, abandon_after_ms)
-  local seen = tonumber(redis.call('ZSCORE', seen_key, id))
-  return seen ~= nil and seen >= 0 and seen < now_ms - abandon_after_ms
+  local value = redis.call('HGET', beat_key, id)
+  if not value then
+    return false
+  end
+  local ms = parse_beat(value)
+  return ms < now_ms - abandon_after_ms
 end
 
 -- A no-show, admitted at `expiry_ms` - arrival_grace, was purged: a tombstone
--- in `seen` tells its ticket from a lost write (see poll.lua). NX: an id that
--- joined the line again keeps its poll time.
+-- in `seen` tells its ticket from a lost write (see poll.lua). An id that
+-- joined the line again keeps its place and gets none; NX keeps an earlier
+-- tombstone.
 local function bury_no_show(id, expiry_ms)
-  redis.call('ZADD', seen_key, 'NX', int(-math.floor(expiry_ms)), id)
+  if redis.call('HEXISTS', beat_key, id) == 0 then
+    redis.call('ZADD', seen_key, 'NX', int(-math.floor(expiry_ms)), id)
+  end
 end
 
 -- Whether `id` left or was admitted and never came: a tombstone, or a pending
@@ -214,6 +251,7 @@ end
 local function end_place(id)
   local removed = redis.call('ZREM', waiting_key, id)
   removed = removed + redis.call('ZREM', active_key, id)
+  redis.call('HDEL', beat_key, id)
   redis.call('ZADD', seen_key, int(-now_ms), id)
   return removed
 end
@@ -223,6 +261,8 @@ end
 local function forget_tombstones(abandon_after_ms)
   redis.call('ZREMRANGEBYSCORE', seen_key,
     '(' .. int(abandon_after_ms - now_ms), '(0')
+  -- Poll times an earlier version kept here: beat holds them now.
+  redis.call('ZREMRANGEBYSCORE', seen_key, 0, '+inf')
 end
 
 -- The reply for a visitor in line: {2, join score, position, waiting total}.

@@ -1,6 +1,6 @@
 -- stats.lua: a route's live numbers.
 --
--- KEYS: the route's five keys (see route.lua).
+-- KEYS: the route's six keys (see route.lua).
 -- ARGV: none.
 -- Returns: {waiting, active, admitted_total, admit rate per second (string),
 --           epoch µs, hold_until µs (0 if none), now µs}

@@ -192,12 +192,12 @@ async fn cluster_runs_each_route_on_its_slot() {
                 .unwrap(),
             Poll::Admitted
         );
-        // All five keys sit on the node that owns the route's slot.
+        // All six keys sit on the node that owns the route's slot.
         let waiting_key = format!("qg:{{{route}}}:waiting");
         let node = cluster.node_for(&waiting_key);
         let mut keys: Vec<String> = node.query(&["KEYS", &format!("qg:{{{route}}}:*")]);
         keys.sort();
-        assert_eq!(keys.len(), 5, "{route}: {keys:?}");
+        assert_eq!(keys.len(), 6, "{route}: {keys:?}");
     }
     // Routes spread over more than one node.
     let owners: std::collections::HashSet<u16> = routes

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use queuegate::queue::{
-    Arrival, Limits, PassTimes, Poll, QueueStore, RedisStore, StoreError, Tick, TicketTimes,
-    VisitorId,
+    Arrival, Arriving, Heartbeat, Limits, PassTimes, Poll, QueueStore, RedisStore, StoreError,
+    Tick, TicketTimes, VisitorId,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -583,7 +583,7 @@ async fn an_instance_that_sees_the_epoch_change_starts_a_hold() {
 }
 
 #[tokio::test]
-async fn only_the_five_route_keys_exist_and_no_id_is_in_a_key() {
+async fn only_the_six_route_keys_exist_and_no_id_is_in_a_key() {
     let server = RedisServer::start();
     let s = store(&server);
     let l = limits();
@@ -607,6 +607,7 @@ async fn only_the_five_route_keys_exist_and_no_id_is_in_a_key() {
         keys,
         [
             "qg:{tickets}:active",
+            "qg:{tickets}:beat",
             "qg:{tickets}:seen",
             "qg:{tickets}:stats",
             "qg:{tickets}:tick",
@@ -778,13 +779,13 @@ async fn purged_no_shows_leave_tombstones_in_seen_until_abandon_after() {
             .unwrap(),
         Poll::Gone
     );
-    // Joining again replaces the tombstone with a poll time.
+    // Joining again replaces the tombstone with a poll time (in beat).
     let again = waiting(s.arrive("r", &id(2), &[], &l, false, None).await.unwrap());
     assert!(again.score_us > b.score_us);
-    let id2_seen: Vec<(Vec<u8>, f64)> =
-        server.query(&["ZRANGEBYSCORE", seen_key, "0", "+inf", "WITHSCORES"]);
-    assert_eq!(id2_seen.len(), 1);
-    assert_eq!(id2_seen[0].0, id(2).to_vec());
+    let still_buried: Vec<Vec<u8>> = server.query(&["ZRANGE", seen_key, "0", "-1"]);
+    assert_eq!(still_buried, vec![id(1).to_vec()]);
+    let beats: Vec<Vec<u8>> = server.query(&["HKEYS", "qg:{r}:beat"]);
+    assert_eq!(beats, vec![id(2).to_vec()]);
 
     // Past abandon_after the tick forgets the remaining tombstone.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -802,7 +803,9 @@ async fn purged_no_shows_leave_tombstones_in_seen_until_abandon_after() {
         assert!(tokio::time::Instant::now() < deadline, "tombstone kept");
     }
     let seen: u64 = server.query(&["ZCARD", seen_key]);
-    assert_eq!(seen, 1, "the waiter's own poll time stays");
+    assert_eq!(seen, 0, "no tombstone is kept past abandon_after");
+    let beats: u64 = server.query(&["HLEN", "qg:{r}:beat"]);
+    assert_eq!(beats, 1, "the waiter's own poll time stays");
 }
 
 /// When no admitter reached the store for a while (Redis paused, or every
@@ -886,4 +889,71 @@ async fn an_arrival_run_after_its_caller_gave_up_stores_nothing() {
     );
     let members: i64 = server.query(&["ZCARD", "qg:{r}:waiting"]);
     assert_eq!(members, 1);
+}
+
+/// A long line's poll times are a hash (`beat`), scanned for ghosts a slice
+/// per call: every ghost goes within a few ticks once silent past
+/// abandon_after, and no waiter who polled goes with them. Poll times an
+/// earlier version kept in `seen` are cleared by the tick.
+#[tokio::test]
+async fn ghosts_in_a_long_line_are_dropped_by_the_scan() {
+    const LINE: u32 = 5_000;
+    let server = RedisServer::start();
+    let s = store(&server);
+    let l = Limits {
+        capacity: 0,
+        tick: Duration::from_millis(50),
+        abandon_after: Duration::from_millis(3_000),
+        confirm_within: Duration::from_millis(1_000),
+        max_waiting: 100_000,
+        ..limits()
+    };
+    let wide = |n: u32| {
+        let mut v = [0x33; 16];
+        v[..4].copy_from_slice(&n.to_be_bytes());
+        v
+    };
+    let arrivals: Vec<Arriving> = (0..LINE)
+        .map(|n| Arriving {
+            id: wide(n),
+            client: Vec::new(),
+            admit_now: false,
+        })
+        .collect();
+    for batch in arrivals.chunks(500) {
+        s.arrive_batch("r", batch, &l, None).await.unwrap();
+    }
+    // A poll time in the layout of an earlier version.
+    let _: () = server.query(&["ZADD", "qg:{r}:seen", "12345", "legacy"]);
+    // Every waiter but one in ten polls (the others never confirm their
+    // tickets), twice, across abandon_after.
+    let polled: Vec<Heartbeat> = (0..LINE)
+        .filter(|n| n % 10 != 0)
+        .map(|n| Heartbeat {
+            id: wide(n),
+            client: Vec::new(),
+        })
+        .collect();
+    for _ in 0..2 {
+        s.heartbeats("r", &polled, &l).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+    }
+    let mut dropped = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while dropped < u64::from(LINE / 10) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{dropped} ghosts dropped"
+        );
+        let tick = s.admit_tick("r", &l, None).await.unwrap();
+        dropped += tick.abandoned + tick.unconfirmed_tickets;
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    assert_eq!(dropped, u64::from(LINE / 10));
+    let stats = s.stats("r", &l).await.unwrap();
+    assert_eq!(stats.waiting, u64::from(LINE - LINE / 10));
+    let beats: u64 = server.query(&["HLEN", "qg:{r}:beat"]);
+    assert_eq!(beats, stats.waiting);
+    let legacy: u64 = server.query(&["ZCARD", "qg:{r}:seen"]);
+    assert_eq!(legacy, 0);
 }

@@ -2,7 +2,7 @@
 //! run by SHA over a standalone, Cluster or Sentinel connection, each call
 //! bounded by the configured timeout.
 //!
-//! Every route lives in five keys under one hash tag (`qg:{route}:…`, see
+//! Every route lives in six keys under one hash tag (`qg:{route}:…`, see
 //! DESIGN §3), plus one key per client that the per-client limits count
 //! (`qg:{route}:client:<hex>`, expiring by itself), all passed through `KEYS`
 //! so Cluster routes the call to the slot that holds them. Visitor ids are
@@ -223,9 +223,9 @@ impl RedisStore {
     }
 }
 
-/// The route's five keys, in the order every script expects them.
-fn route_keys(route: &str) -> [String; 5] {
-    ["waiting", "seen", "active", "tick", "stats"].map(|k| format!("qg:{{{route}}}:{k}"))
+/// The route's six keys, in the order every script expects them.
+fn route_keys(route: &str) -> [String; 6] {
+    ["waiting", "seen", "active", "tick", "stats", "beat"].map(|k| format!("qg:{{{route}}}:{k}"))
 }
 
 /// The key of one client's arrivals, under the route's hash tag; the client
@@ -403,7 +403,7 @@ impl RedisStore {
     }
 
     /// The arrive script's call for `arrivals`: each counted client's key
-    /// once after the route's five, named by its index among them.
+    /// once after the route's six, named by its index among them.
     fn arrive_invocation<'s>(
         &'s self,
         route: &str,
@@ -681,7 +681,7 @@ impl QueueStore for RedisStore {
         limits: &Limits,
     ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send {
         let mut invocation = prepare(&self.scripts.heartbeats, route, None);
-        // Each client's key once, after the route's five; waiters name it by
+        // Each client's key once, after the route's six; waiters name it by
         // its index among them (0: no client, or none counted).
         let mut clients: Vec<&[u8]> = Vec::new();
         let mut indexes = Vec::with_capacity(beats.len());
@@ -851,6 +851,7 @@ mod tests {
                 "qg:{tickets}:active",
                 "qg:{tickets}:tick",
                 "qg:{tickets}:stats",
+                "qg:{tickets}:beat",
             ]
         );
     }
