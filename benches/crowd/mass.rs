@@ -8,8 +8,8 @@
 //! polls displayed against the exact rank, and the line's order and capacity.
 //!
 //! Each connection worker owns the waiters `i ≡ w (mod sockets)` and makes
-//! their requests one at a time, with their cookies; nothing else is kept per
-//! waiter. Holders (admitted visitors) are handed to one leaver task that
+//! their requests one at a time, with their cookies; a waiter is its jar and
+//! the few numbers the report needs. Holders (admitted visitors) are handed to one leaver task that
 //! makes them leave at `--leave-rate`. Capacity and order are judged as in
 //! `sim.rs`, from what the waiters saw, so that there are no false alarms.
 
