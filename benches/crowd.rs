@@ -25,9 +25,28 @@
 //! `--think-ms` (100), `--deadline-s` (600), `--seed` (1); `--targets
 //! URL,URL` with `--route` and `--path` to drive instances already running
 //! (then `--capacity` and `--session-ttl-ms` must match their config).
+//!
+//! `--waiters N` selects the mass mode instead (`crowd/mass.rs`): N waiters,
+//! each only its cookie jar, share `--sockets` keep-alive connections to
+//! `--instances` instances on one Redis; it times joins and polls, reads
+//! Redis's own counters around each phase, and checks displayed positions
+//! against ZRANK:
+//!
+//! ```text
+//! cargo bench --bench crowd -- --waiters 100000 --abandon 0.1
+//! ```
+//!
+//! Its flags: `--waiters`, `--instances` (3), `--sockets` (2000),
+//! `--capacity` (100), `--poll-s` (10), `--poll-duration-s` (60),
+//! `--abandon` (0), `--leave-rate` holders/s (10), `--abandon-after-s` (45),
+//! `--arrival-grace-s` (as abandon-after), `--tick-ms` (100), `--samples`
+//! (1000), `--quiet-s` (5), `--evalsha-clients` (50), `--evalsha-requests`
+//! (200000), `--seed` (1).
 
 #[path = "crowd/fleet.rs"]
 mod fleet;
+#[path = "crowd/mass.rs"]
+mod mass;
 #[path = "crowd/sim.rs"]
 mod sim;
 
@@ -42,7 +61,11 @@ fn main() {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    let passed = runtime.block_on(crowd(&flags));
+    let passed = if flags.get("waiters").is_some() {
+        runtime.block_on(mass::run(&flags))
+    } else {
+        runtime.block_on(crowd(&flags))
+    };
     if !passed {
         std::process::exit(1);
     }

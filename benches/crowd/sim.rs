@@ -168,7 +168,8 @@ pub struct Jar {
 }
 
 impl Jar {
-    fn header(&self) -> Option<String> {
+    /// The `Cookie` header the jar sends, if it holds any cookie.
+    pub fn header(&self) -> Option<String> {
         if self.cookies.is_empty() {
             return None;
         }
@@ -833,14 +834,26 @@ pub fn max_at_once(records: &[Record]) -> u64 {
 /// `[from_us, until_us)`, counting those admitted before `from_us` who still
 /// held their slot.
 pub fn max_at_once_within(records: &[Record], from_us: u64, until_us: u64) -> u64 {
+    let held = records.iter().filter_map(|r| {
+        r.admitted
+            .map(|(from, _)| (from, r.released_us.unwrap_or(u64::MAX)))
+    });
+    max_overlap_within(held, from_us, until_us)
+}
+
+/// The most of the `(from, until)` intervals open at once at any moment in
+/// `[from_us, until_us)`; an empty interval counts for nothing, and at equal
+/// times a release is counted first.
+pub fn max_overlap_within(
+    intervals: impl IntoIterator<Item = (u64, u64)>,
+    from_us: u64,
+    until_us: u64,
+) -> u64 {
     let mut events: Vec<(u64, i64)> = Vec::new();
-    for r in records {
-        if let Some((from, _)) = r.admitted {
-            let until = r.released_us.unwrap_or(u64::MAX);
-            if until > from {
-                events.push((from, 1));
-                events.push((until, -1));
-            }
+    for (from, until) in intervals {
+        if until > from {
+            events.push((from, 1));
+            events.push((until, -1));
         }
     }
     events.sort_unstable();
@@ -907,8 +920,13 @@ pub fn inversion_pairs(records: &[Record]) -> Vec<(u64, u64)> {
 /// Pairs (A, B) where B joined later (higher ticket score) yet was seen
 /// admitted before a poll of A was sent that still answered "waiting".
 pub fn inversions(records: &[Record]) -> u64 {
-    let mut admitted = admissions_from_line(records);
-    let mut waiting = seen_waiting(records);
+    count_inversions(admissions_from_line(records), seen_waiting(records))
+}
+
+/// The count of [`inversions`] from its two lists: `admitted` holds (answer
+/// received, ticket score) of each admission from the line, `waiting` (poll
+/// sent, ticket score) of each ticket's last poll that answered "waiting".
+pub fn count_inversions(mut admitted: Vec<(u64, u64)>, mut waiting: Vec<(u64, u64)>) -> u64 {
     admitted.sort_unstable();
     waiting.sort_unstable();
     let mut scores: Vec<u64> = admitted.iter().map(|&(_, s)| s).collect();
