@@ -57,7 +57,7 @@ fn used_memory(server: &RedisServer) -> u64 {
 }
 
 fn route_key_bytes(server: &RedisServer) -> Vec<(String, u64)> {
-    ["waiting", "seen", "active", "tick", "stats"]
+    ["waiting", "seen", "active", "tick", "stats", "beat"]
         .iter()
         .map(|k| {
             let key = format!("qg:{{{ROUTE}}}:{k}");

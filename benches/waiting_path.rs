@@ -291,18 +291,18 @@ fn evalsha_per_second(redis: &RedisServer, ticket: &str, clients: usize, request
         .expect("the ticket's id is base64url");
     // `t` is the join score, then `-` and when the line last saw the holder.
     let (score, seen) = fields[4].split_once('-').unwrap_or((fields[4], fields[4]));
-    let keys: Vec<String> = ["waiting", "seen", "active", "tick", "stats"]
+    let keys: Vec<String> = ["waiting", "seen", "active", "tick", "stats", "beat"]
         .iter()
         .map(|k| format!("qg:{{{ROUTE}}}:{k}"))
         .collect();
-    let (session_ttl, abandon_after, pass_ttl, client_memory) =
-        ("600000", "600000", "60000", "600000");
+    let (session_ttl, abandon_after, pass_ttl, client_memory, confirm_within) =
+        ("600000", "600000", "60000", "600000", "600000");
 
     // The same call once through the client: the waiter is in line.
     let mut con = redis.connection();
     let reply: Vec<u64> = redis::cmd("EVALSHA")
         .arg(&sha)
-        .arg(5)
+        .arg(6)
         .arg(&keys)
         .arg(&id[..])
         .arg(score)
@@ -311,6 +311,7 @@ fn evalsha_per_second(redis: &RedisServer, ticket: &str, clients: usize, request
         .arg(abandon_after)
         .arg(pass_ttl)
         .arg(client_memory)
+        .arg(confirm_within)
         .query(&mut con)
         .expect("EVALSHA poll");
     assert_eq!(
@@ -328,7 +329,7 @@ fn evalsha_per_second(redis: &RedisServer, ticket: &str, clients: usize, request
             &requests.to_string(),
             "-q",
         ])
-        .args(["EVALSHA", &sha, "5"])
+        .args(["EVALSHA", &sha, "6"])
         .args(&keys)
         .arg(std::ffi::OsStr::from_bytes(&id))
         .args([
@@ -338,6 +339,7 @@ fn evalsha_per_second(redis: &RedisServer, ticket: &str, clients: usize, request
             abandon_after,
             pass_ttl,
             client_memory,
+            confirm_within,
         ])
         .output()
         .expect("run redis-benchmark (apt-get install redis-tools)");

@@ -762,7 +762,7 @@ fn evalsha_reference(redis: &RedisServer, plan: &MassPlan, ticket: &str, ticks: 
         .expect("the ticket's id is base64url");
     // `t` is the join score, then `-` and when the line last saw the holder.
     let (score, seen) = fields[4].split_once('-').unwrap_or((fields[4], fields[4]));
-    let keys: Vec<String> = ["waiting", "seen", "active", "tick", "stats"]
+    let keys: Vec<String> = ["waiting", "seen", "active", "tick", "stats", "beat"]
         .iter()
         .map(|k| format!("qg:{{{ROUTE}}}:{k}"))
         .collect();
@@ -784,7 +784,7 @@ fn evalsha_reference(redis: &RedisServer, plan: &MassPlan, ticket: &str, ticks: 
     let mut con = redis.connection();
     let reply: Vec<u64> = redis::cmd("EVALSHA")
         .arg(&sha)
-        .arg(5)
+        .arg(6)
         .arg(&keys)
         .arg(&id[..])
         .arg(&args[..])
@@ -796,7 +796,7 @@ fn evalsha_reference(redis: &RedisServer, plan: &MassPlan, ticket: &str, ticks: 
         .args(["-p", &redis.port().to_string()])
         .args(["-c", &plan.evalsha_clients.to_string()])
         .args(["-n", &plan.evalsha_requests.to_string(), "-q"])
-        .args(["EVALSHA", &sha, "5"])
+        .args(["EVALSHA", &sha, "6"])
         .args(&keys)
         .arg(std::ffi::OsStr::from_bytes(&id))
         .args(args)
