@@ -2,7 +2,9 @@
 //! (default 1,000,000; `QG_BENCH_WAITERS` overrides) through the real
 //! `arrive` script, with the per-client limits on (the defaults: 20 places,
 //! 120 joins a minute) and every waiter from its own client key, the worst
-//! case for memory: one client key per waiter. Prints `used_memory` growth,
+//! case for memory: one client key per waiter; `QG_BENCH_CLIENT_LIMITS=0`
+//! turns the limits off (no client keys). Tickets are never polled in the
+//! bench, so `confirm_within` is set as long as `abandon_after`. Prints `used_memory` growth,
 //! the route keys' `MEMORY USAGE` and a sample of client keys', each per
 //! waiter. A measurement, not a test: it checks only that every arrival
 //! queued.
@@ -72,6 +74,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1_000_000);
+    let client_limits = std::env::var("QG_BENCH_CLIENT_LIMITS").map_or(true, |v| v != "0");
     let server = RedisServer::start();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -87,9 +90,9 @@ fn main() {
         arrival_grace: Duration::from_secs(60),
         abandon_after: Duration::from_secs(3600),
         max_waiting: waiters + 1,
-        confirm_within: Duration::from_secs(30),
-        client_places: 20,
-        client_joins_per_minute: 120,
+        confirm_within: Duration::from_secs(3600),
+        client_places: if client_limits { 20 } else { 0 },
+        client_joins_per_minute: if client_limits { 120 } else { 0 },
     };
 
     runtime.block_on(async {
@@ -146,9 +149,11 @@ fn main() {
             "route keys total:        {total} bytes = {:.1} bytes per waiting visitor",
             total as f64 / joined as f64
         );
-        println!(
-            "client keys:             {:.1} bytes each (MEMORY USAGE, {CLIENT_SAMPLE} sampled), one per waiter",
-            client_key_bytes(&server, joined)
-        );
+        if client_limits {
+            println!(
+                "client keys:             {:.1} bytes each (MEMORY USAGE, {CLIENT_SAMPLE} sampled), one per waiter",
+                client_key_bytes(&server, joined)
+            );
+        }
     });
 }

@@ -51,7 +51,8 @@
 --                                      session, on routes with
 --                                      max_requests_per_session; expires
 --                                      session_ttl + pass_ttl after the last
--- Ids are the raw 16-byte visitor ids: members only, never part of a key.
+-- Ids are the raw first 12 bytes of the visitor ids (`store_id` in
+-- src/queue/mod.rs): members only, never part of a key.
 --
 -- It defines: now_us / now_ms (Redis TIME), epoch_us (created with HSETNX by
 -- the first script that touches the route), and the helpers below.

@@ -206,7 +206,7 @@ async fn refuse_ended(gate: &Gate, route: &RouteRt, since_ms: u64) -> u64 {
         Ok(ended) => {
             let now_s = gate.clock().now_s();
             for id in &ended.ids {
-                route.live.end(id, now_s, &route.limits);
+                route.live.end_stored(id, now_s, &route.limits);
             }
             ended.now_ms
         }

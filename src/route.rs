@@ -20,7 +20,7 @@ use crate::cookie::{self, CookieMemo, Credentials};
 use crate::metrics::{Metrics, RouteMetrics};
 use crate::path;
 use crate::queue::joins::JoinQueue;
-use crate::queue::{Heartbeat, Limits, LineRecord};
+use crate::queue::{store_id, Heartbeat, Limits, LineRecord, StoreId};
 use crate::template::Template;
 
 /// Numbers one route's admitter keeps fresh for the gate and the waiting room.
@@ -89,7 +89,7 @@ pub struct RecordedPlace {
 /// is valid any more.
 #[derive(Debug, Default)]
 struct Ended {
-    until: HashMap<VisitorId, u64>,
+    until: HashMap<StoreId, u64>,
     /// When expired entries were last dropped (unix seconds).
     pruned_s: u64,
 }
@@ -98,6 +98,11 @@ impl RouteLive {
     /// Remembers that session `id` ended at `now_s`, until every pass it
     /// may hold has expired (one `pass_ttl`).
     pub fn end(&self, id: &VisitorId, now_s: u64, limits: &Limits) {
+        self.end_stored(&store_id(id), now_s, limits);
+    }
+
+    /// [`RouteLive::end`] for the id as the store names it.
+    pub fn end_stored(&self, id: &StoreId, now_s: u64, limits: &Limits) {
         let mut ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
         // At most once a second, so ending many sessions stays cheap.
         if ended.pruned_s != now_s {
@@ -116,7 +121,10 @@ impl RouteLive {
             return false;
         }
         let ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
-        ended.until.get(id).is_some_and(|&until| until >= now_s)
+        ended
+            .until
+            .get(&store_id(id))
+            .is_some_and(|&until| until >= now_s)
     }
 
     /// Keeps the line record the admitter just read; `None`: the store has

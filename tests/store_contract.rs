@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use queuegate::clock::Clock;
 use queuegate::queue::{
-    Arrival, Arriving, Counted, Ended, Heartbeat, Limits, LineRecord, MemoryStore, PassTimes,
-    Place, Poll, QueueStore, RedisStore, RouteStats, Tick, TicketTimes, VisitorId,
+    store_id, Arrival, Arriving, Counted, Ended, Heartbeat, Limits, LineRecord, MemoryStore,
+    PassTimes, Place, Poll, QueueStore, RedisStore, RouteStats, Tick, TicketTimes, VisitorId,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -1224,18 +1224,18 @@ async fn ended_since_lists_the_places_ended_after_a_time<H: Harness>(h: &mut H) 
     assert!(none.now_ms > 0);
     leave(h, &route, 1).await;
     let first = ended(h, &route, 0, &limits).await;
-    assert_eq!(first.ids, vec![visitor(1)]);
+    assert_eq!(first.ids, vec![store_id(&visitor(1))]);
     assert!(first.now_ms >= none.now_ms);
     h.advance(Duration::from_millis(50)).await;
     leave(h, &route, 2).await;
     assert_eq!(
         ended(h, &route, first.now_ms + 1, &limits).await.ids,
-        vec![visitor(2)]
+        vec![store_id(&visitor(2))]
     );
     let all = ended(h, &route, 0, &limits).await;
     assert_eq!(
         all.ids,
-        vec![visitor(2), visitor(1)],
+        vec![store_id(&visitor(2)), store_id(&visitor(1))],
         "the most recent first"
     );
 }

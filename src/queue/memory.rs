@@ -52,8 +52,8 @@ use std::time::Duration;
 
 use super::record::{self, LineRecord};
 use super::{
-    Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, Limits, PassTimes, Place, Poll,
-    QueueStore, RouteStats, StoreError, Tick, TicketTimes, VisitorId, JOIN_WINDOW,
+    store_id, Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, Limits, PassTimes, Place,
+    Poll, QueueStore, RouteStats, StoreError, StoreId, Tick, TicketTimes, VisitorId, JOIN_WINDOW,
 };
 use crate::clock::Clock;
 use ranked_set::RankedSet;
@@ -802,12 +802,12 @@ impl Tombstones {
 
     /// Up to `most` ids buried at or after `since_ms`, the most recent
     /// first.
-    fn since(&self, since_ms: u64, most: usize) -> Vec<VisitorId> {
+    fn since(&self, since_ms: u64, most: usize) -> Vec<StoreId> {
         self.by_time
             .range((since_ms, [0; 16])..)
             .rev()
             .take(most)
-            .map(|&(_, id)| id)
+            .map(|(_, id)| store_id(id))
             .collect()
     }
 

@@ -5,8 +5,9 @@
 //! Every route lives in six keys under one hash tag (`qg:{route}:…`, see
 //! DESIGN §3), plus one key per client that the per-client limits count
 //! (`qg:{route}:client:<hex>`, expiring by itself), all passed through `KEYS`
-//! so Cluster routes the call to the slot that holds them. Visitor ids are
-//! raw 16-byte members, never part of a key.
+//! so Cluster routes the call to the slot that holds them. Visitors are
+//! named by the raw first 12 bytes of their ids (`store_id`), members only,
+//! never part of a key.
 //! All times come from Redis `TIME` inside the scripts, so instance clocks
 //! never matter.
 //!
@@ -25,8 +26,9 @@ use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, Ser
 use tokio::sync::{watch, Notify};
 
 use super::{
-    Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, Limits, LineRecord, PassTimes, Place,
-    Poll, QueueStore, RouteStats, StoreError, Tick, TicketTimes, VisitorId, JOIN_WINDOW,
+    store_id, Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, Limits, LineRecord,
+    PassTimes, Place, Poll, QueueStore, RouteStats, StoreError, StoreId, Tick, TicketTimes,
+    VisitorId, JOIN_WINDOW,
 };
 use crate::clock::Clock;
 use crate::config::{RedisConfig, RedisMode};
@@ -450,7 +452,7 @@ impl RedisStore {
             .arg(ms(limits.pass_ttl));
         for (arrival, index) in arrivals.iter().zip(indexes) {
             invocation
-                .arg(&arrival.id[..])
+                .arg(&store_id(&arrival.id)[..])
                 .arg(u8::from(arrival.admit_now))
                 .arg(index);
         }
@@ -563,7 +565,7 @@ impl QueueStore for RedisStore {
     ) -> impl Future<Output = Result<Poll, StoreError>> + Send {
         let mut invocation = prepare(&self.scripts.poll, route, touched(client, limits));
         invocation
-            .arg(&id[..])
+            .arg(&store_id(id)[..])
             .arg(ticket.score_us)
             .arg(ticket.seen_us)
             .arg(ms(limits.session_ttl))
@@ -592,7 +594,7 @@ impl QueueStore for RedisStore {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         let mut invocation = prepare(&self.scripts.renew, route, touched(client, limits));
         invocation
-            .arg(&id[..])
+            .arg(&store_id(id)[..])
             .arg(pass.issued_ms)
             .arg(u8::from(pass.confirmed))
             .arg(ms(limits.session_ttl))
@@ -612,7 +614,7 @@ impl QueueStore for RedisStore {
         id: &VisitorId,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let mut invocation = prepare(&self.scripts.leave, route, None);
-        invocation.arg(&id[..]);
+        invocation.arg(&store_id(id)[..]);
         async move {
             let _removed: i64 = self.run(&invocation).await?;
             Ok(())
@@ -629,7 +631,7 @@ impl QueueStore for RedisStore {
         let mut invocation = prepare(&self.scripts.count_request, route, None);
         invocation
             .key(uses_key(route, id))
-            .arg(&id[..])
+            .arg(&store_id(id)[..])
             .arg(limit.max(1))
             .arg(ms(limits.session_ttl.saturating_add(limits.pass_ttl)));
         async move {
@@ -705,7 +707,7 @@ impl QueueStore for RedisStore {
         }
         invocation.arg(ms(limits.client_memory()));
         for (beat, index) in beats.iter().zip(indexes) {
-            invocation.arg(&beat.id[..]).arg(index);
+            invocation.arg(&store_id(&beat.id)[..]).arg(index);
         }
         let empty = beats.is_empty();
         async move {
@@ -737,7 +739,7 @@ impl QueueStore for RedisStore {
             let ids = ids
                 .iter()
                 .map(|id| {
-                    VisitorId::try_from(id.as_slice())
+                    StoreId::try_from(id.as_slice())
                         .map_err(|_| unexpected_reply("ended_since: not an id".into()))
                 })
                 .collect::<Result<_, _>>()?;
