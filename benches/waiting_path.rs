@@ -286,9 +286,11 @@ fn evalsha_per_second(redis: &RedisServer, ticket: &str, clients: usize, request
     assert_eq!(known, [1], "the script loaded");
     // v1.w.<route>.<id>.<t>.<kid>.<mac>
     let fields: Vec<&str> = ticket.split('.').collect();
-    let id = base64::engine::general_purpose::URL_SAFE_NO_PAD
+    let mut id = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(fields[3])
         .expect("the ticket's id is base64url");
+    // Redis names the visitor by the id's first 12 bytes (`store_id`).
+    id.truncate(12);
     // `t` is the join score, then `-` and when the line last saw the holder.
     let (score, seen) = fields[4].split_once('-').unwrap_or((fields[4], fields[4]));
     let keys: Vec<String> = ["waiting", "seen", "active", "tick", "stats", "beat"]

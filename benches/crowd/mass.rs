@@ -392,18 +392,21 @@ impl Shared {
     }
 }
 
-/// The raw 16-byte visitor id inside the route's cookie
+/// The visitor as Redis names it, from the route's cookie
 /// (`v1.<state>.<route>.<id>.<t>.<kid>.<mac>`).
 fn visitor_id(jar: &Jar) -> Option<Vec<u8>> {
     visitor_id_of(jar.get(&format!("qg_{ROUTE}"))?)
 }
 
-/// The raw visitor id inside one cookie value.
+/// The visitor as Redis names it (the first 12 bytes of the raw id, see
+/// `queuegate::queue::store_id`), from one cookie value.
 fn visitor_id_of(cookie: &str) -> Option<Vec<u8>> {
     let id = cookie.split('.').nth(3)?;
-    base64::engine::general_purpose::URL_SAFE_NO_PAD
+    let mut id = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(id)
-        .ok()
+        .ok()?;
+    id.truncate(12);
+    Some(id)
 }
 
 /// One connection and the waiters it serves.
@@ -757,9 +760,7 @@ impl Window {
 fn evalsha_reference(redis: &RedisServer, plan: &MassPlan, ticket: &str, ticks: f64) -> (f64, f64) {
     let sha: String = redis.query(&["SCRIPT", "LOAD", POLL_SCRIPT]);
     let fields: Vec<&str> = ticket.split('.').collect();
-    let id = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(fields[3])
-        .expect("the ticket's id is base64url");
+    let id = visitor_id_of(ticket).expect("the ticket's id is base64url");
     // `t` is the join score, then `-` and when the line last saw the holder.
     let (score, seen) = fields[4].split_once('-').unwrap_or((fields[4], fields[4]));
     let keys: Vec<String> = ["waiting", "seen", "active", "tick", "stats", "beat"]
