@@ -63,8 +63,9 @@ fn full_route(store: StoreSpec) -> GateSpec {
 
 const NAVIGATE: [(&str, &str); 2] = [("accept", "text/html"), ("sec-fetch-mode", "navigate")];
 
-/// Fills the route: one admitted holder, then `n` waiters; returns the
-/// waiters' ticket cookie values in join order.
+/// Fills the route: one admitted holder, then `n` waiters, each polled once
+/// as the waiting page does; returns the waiters' ticket cookie values in
+/// join order.
 async fn fill(gate: &Queuegate, n: usize) -> Vec<String> {
     let browser = Browser::new(64);
     let url = format!("{}{PATH}", gate.url());
@@ -82,6 +83,14 @@ async fn fill(gate: &Queuegate, n: usize) -> Vec<String> {
             .await
             .expect("a waiter's request");
         assert_eq!(a.status, StatusCode::FOUND, "a newcomer waits");
+        // The waiting page's first poll confirms the ticket, as in a
+        // browser; the ticket it sets is the one polled from then on.
+        let status = format!("{}/__queuegate/status?route={ROUTE}", gate.url());
+        let polled = browser
+            .send(Method::GET, &status, &[], &mut jar)
+            .await
+            .expect("a waiter's first poll");
+        assert_eq!(polled.status, StatusCode::OK);
         let cookie = jar
             .get(&format!("qg_{ROUTE}"))
             .expect("a ticket cookie")
