@@ -4,14 +4,23 @@
 //! Every operation is per route and atomic. Times are store times: the memory
 //! store reads its `Clock`, the Redis store reads Redis `TIME`, so instance
 //! clocks never matter. Scores are microseconds since the Unix epoch; the
-//! active set's expiries and the seen set's poll times are milliseconds.
+//! active set's expiries and the waiters' last polls are milliseconds.
 //!
 //! Semantics shared by every backend (checked by the store contract suite):
 //!
 //! - The active count is counted from expiry scores (`expiry > now`), never kept
 //!   as a counter, so it cannot drift when visitors vanish.
 //! - A waiter who has not polled for `abandon_after` is a ghost: it is dropped
-//!   before anyone behind it is admitted and never takes a slot.
+//!   before anyone behind it is admitted and never takes a slot. (Elsewhere
+//!   in a long line, Redis finds ghosts by a scan that covers the line about
+//!   once per `abandon_after`, so totals may count a ghost that long again.)
+//! - `heartbeats` are polls for many waiters in one call: each one still in
+//!   line is treated as `poll` treats it; the rest are reported out of line.
+//! - `arrive_batch` answers each arrival as its own `arrive` made right after
+//!   the ones before it would be answered.
+//! - After a tick has run in the epoch, `line_record` gives the join scores
+//!   at the ranks [`record::sample_ranks`] names (see [`record`]), and
+//!   `ended_since` the places ended (tombstones) since a store time.
 //! - A waiter admitted by the admitter gets `arrival_grace` to show up (poll or
 //!   request); showing up turns the slot into a session that lives
 //!   `session_ttl` past the last store contact (arrival, renewal).
