@@ -70,9 +70,12 @@ fn position(s: &serde_json::Value) -> u64 {
         .unwrap_or_else(|| panic!("no position: {s}"))
 }
 
-#[tokio::test]
-async fn polls_behind_the_head_are_answered_from_the_record() {
-    let (_redis, _origin, instances) = three("30s").await;
+/// A holder takes the one slot (and keeps it), then `LINE` visitors join
+/// through the instances in turn, each polling once, as the waiting page
+/// does, which confirms its ticket and shows its exact place. With
+/// `keep_polling`, those in line poll again every 50 joins, so that none is
+/// silent for long while the others join.
+async fn hold_and_line_up(instances: &[Instance], keep_polling: bool) -> Vec<Visitor> {
     let mut holder = Visitor::new();
     for _ in 0..2 {
         assert!(holder
@@ -88,14 +91,25 @@ async fn polls_behind_the_head_are_answered_from_the_record() {
             v.navigate(&at.url("/tickets")).await.status,
             http::StatusCode::FOUND
         );
-        // The first poll confirms the ticket: the store answers it.
         let s = status(&mut v, at).await;
         assert_eq!(
             (s["state"].as_str(), position(&s)),
             (Some("waiting"), i as u64 + 1)
         );
         line.push(v);
+        if keep_polling && i % 50 == 49 {
+            for (j, v) in line.iter_mut().enumerate() {
+                assert_eq!(status(v, &instances[j % 3]).await["state"], "waiting");
+            }
+        }
     }
+    line
+}
+
+#[tokio::test]
+async fn polls_behind_the_head_are_answered_from_the_record() {
+    let (_redis, _origin, instances) = three("30s").await;
+    let mut line = hold_and_line_up(&instances, false).await;
     // A tick after the last join leaves a record with everyone in it.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
@@ -131,30 +145,7 @@ async fn polls_behind_the_head_are_answered_from_the_record() {
 #[tokio::test]
 async fn record_answered_waiters_stay_in_line_and_the_silent_and_the_gone_ask_the_store() {
     let (_redis, _origin, instances) = three("4s").await;
-    let mut holder = Visitor::new();
-    for _ in 0..2 {
-        assert!(holder
-            .navigate(&instances[0].url("/tickets"))
-            .await
-            .reached_origin());
-    }
-    let mut line = Vec::new();
-    for i in 0..LINE {
-        let mut v = Visitor::new();
-        let at = &instances[i % 3];
-        assert_eq!(
-            v.navigate(&at.url("/tickets")).await.status,
-            http::StatusCode::FOUND
-        );
-        assert_eq!(status(&mut v, at).await["state"], "waiting");
-        line.push(v);
-        // Those in line keep polling while the others join.
-        if i % 50 == 49 {
-            for (j, v) in line.iter_mut().enumerate() {
-                assert_eq!(status(v, &instances[j % 3]).await["state"], "waiting");
-            }
-        }
-    }
+    let mut line = hold_and_line_up(&instances, true).await;
     // Waiters 200..210 go silent; everyone else polls, anywhere, for longer
     // than abandon_after (4 s), mostly answered from the record.
     let silent = 200..210;

@@ -14,6 +14,7 @@
 //! It does not decide what to do when Redis is down: errors come back as
 //! `StoreError` and the gate applies the route's `on_store_error`.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -270,6 +271,31 @@ fn prepare<'a>(
     invocation
 }
 
+/// For a call on behalf of many visitors: adds each client's key once to
+/// `invocation`, after the route's six, and returns for each visitor the
+/// index of its client's key among them (1-based; 0: no client, or limits
+/// that do not count it).
+fn client_keys<'a>(
+    invocation: &mut ScriptInvocation<'_>,
+    route: &str,
+    clients: impl Iterator<Item = ClientKey<'a>>,
+    limits: &Limits,
+) -> Vec<usize> {
+    let mut seen: HashMap<ClientKey<'a>, usize> = HashMap::new();
+    clients
+        .map(|client| {
+            if !limits.limits_client(client) {
+                return 0;
+            }
+            let next = seen.len() + 1;
+            *seen.entry(client).or_insert_with(|| {
+                invocation.key(client_key(route, client));
+                next
+            })
+        })
+        .collect()
+}
+
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -414,26 +440,12 @@ impl RedisStore {
         known_epoch_us: Option<u64>,
     ) -> ScriptInvocation<'s> {
         let mut invocation = prepare(&self.scripts.arrive, route, None);
-        let mut clients: Vec<&[u8]> = Vec::new();
-        let mut indexes = Vec::with_capacity(arrivals.len());
-        for arrival in arrivals {
-            let client = arrival.client.as_slice();
-            let index = if limits.limits_client(client) {
-                match clients.iter().position(|c| *c == client) {
-                    Some(i) => i + 1,
-                    None => {
-                        clients.push(client);
-                        clients.len()
-                    }
-                }
-            } else {
-                0
-            };
-            indexes.push(index);
-        }
-        for client in &clients {
-            invocation.key(client_key(route, client));
-        }
+        let indexes = client_keys(
+            &mut invocation,
+            route,
+            arrivals.iter().map(|a| a.client.as_slice()),
+            limits,
+        );
         invocation
             .arg(limits.capacity)
             .arg(limits.max_admit_per_tick)
@@ -683,28 +695,12 @@ impl QueueStore for RedisStore {
         limits: &Limits,
     ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send {
         let mut invocation = prepare(&self.scripts.heartbeats, route, None);
-        // Each client's key once, after the route's six; waiters name it by
-        // its index among them (0: no client, or none counted).
-        let mut clients: Vec<&[u8]> = Vec::new();
-        let mut indexes = Vec::with_capacity(beats.len());
-        for beat in beats {
-            let client = beat.client.as_slice();
-            let index = if limits.limits_client(client) {
-                match clients.iter().position(|c| *c == client) {
-                    Some(i) => i + 1,
-                    None => {
-                        clients.push(client);
-                        clients.len()
-                    }
-                }
-            } else {
-                0
-            };
-            indexes.push(index);
-        }
-        for client in &clients {
-            invocation.key(client_key(route, client));
-        }
+        let indexes = client_keys(
+            &mut invocation,
+            route,
+            beats.iter().map(|b| b.client.as_slice()),
+            limits,
+        );
         invocation.arg(ms(limits.client_memory()));
         for (beat, index) in beats.iter().zip(indexes) {
             invocation.arg(&store_id(&beat.id)[..]).arg(index);
