@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
@@ -57,7 +57,8 @@ pub struct RouteLive {
     heartbeats: Mutex<Vec<Heartbeat>>,
     /// Waiters a flush found out of line, by when: the store answers their
     /// next poll (it admits, restores or lets go of them).
-    out_of_line: Mutex<OutOfLine>,
+    /// (Read by every poll the record answers while it holds anything.)
+    out_of_line: RwLock<OutOfLine>,
     /// Whether `out_of_line` may hold anything.
     any_out_of_line: AtomicBool,
 }
@@ -157,7 +158,7 @@ impl RouteLive {
         if self.any_out_of_line.load(Ordering::Acquire)
             && self
                 .out_of_line
-                .lock()
+                .read()
                 .unwrap_or_else(PoisonError::into_inner)
                 .ids
                 .contains_key(id)
@@ -195,7 +196,7 @@ impl RouteLive {
     pub fn out_of_line(&self, ids: impl IntoIterator<Item = VisitorId>, forget_after: Duration) {
         let mut out = self
             .out_of_line
-            .lock()
+            .write()
             .unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         if out
@@ -214,9 +215,16 @@ impl RouteLive {
     /// The store answered a poll of `id`: the record may answer for it
     /// again.
     pub fn polled_in_store(&self, id: &VisitorId) {
-        if self.any_out_of_line.load(Ordering::Acquire) {
+        if self.any_out_of_line.load(Ordering::Acquire)
+            && self
+                .out_of_line
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .ids
+                .contains_key(id)
+        {
             self.out_of_line
-                .lock()
+                .write()
                 .unwrap_or_else(PoisonError::into_inner)
                 .ids
                 .remove(id);
