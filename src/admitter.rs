@@ -222,33 +222,46 @@ async fn refuse_ended(gate: &Gate, route: &RouteRt, since_ms: u64) -> u64 {
 /// again).
 const HEARTBEATS_KEPT: usize = 200_000;
 
+/// Most heartbeats in one store call: bounds how long the script runs (the
+/// route's other calls wait meanwhile).
+const HEARTBEATS_PER_CALL: usize = 5_000;
+
 /// Sends the polls answered from the line record since the last flush to
 /// the store as one call; the waiters it finds out of line are answered by
 /// the store at their next poll. A failed flush is tried again at the next
 /// tick, so an outage of the store does not make live waiters ghosts.
 async fn flush_heartbeats(gate: &Gate, route: &RouteRt) {
     let live = &route.live;
-    let beats = live.take_heartbeats();
+    let mut beats = live.take_heartbeats();
     if beats.is_empty() {
         return;
     }
-    match gate
-        .store()
-        .heartbeats(route.name(), &beats, &route.limits)
-        .await
-    {
-        Ok(in_line) => {
-            let out = beats
-                .iter()
-                .zip(in_line)
-                .filter(|&(_, in_line)| !in_line)
-                .map(|(beat, _)| beat.id);
-            live.out_of_line(out, route.limits.abandon_after);
-        }
-        Err(err) => {
-            tracing::debug!(route = route.name(), error = %err, "heartbeats not flushed");
-            for beat in beats.into_iter().take(HEARTBEATS_KEPT) {
-                live.heartbeat(beat);
+    // A waiter polled twice since the last flush (or many times through an
+    // outage, answered by the local line) is one heartbeat.
+    beats.sort_unstable_by_key(|beat| beat.id);
+    beats.dedup_by(|a, b| a.id == b.id);
+    let mut chunks = beats.chunks(HEARTBEATS_PER_CALL);
+    for chunk in chunks.by_ref() {
+        match gate
+            .store()
+            .heartbeats(route.name(), chunk, &route.limits)
+            .await
+        {
+            Ok(in_line) => {
+                let out = chunk
+                    .iter()
+                    .zip(in_line)
+                    .filter(|&(_, in_line)| !in_line)
+                    .map(|(beat, _)| beat.id);
+                live.out_of_line(out, route.limits.abandon_after);
+            }
+            Err(err) => {
+                tracing::debug!(route = route.name(), error = %err, "heartbeats not flushed");
+                let unsent = chunk.iter().chain(chunks.flatten());
+                for beat in unsent.take(HEARTBEATS_KEPT) {
+                    live.heartbeat(beat.clone());
+                }
+                return;
             }
         }
     }

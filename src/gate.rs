@@ -357,6 +357,17 @@ impl Gate {
                         )
                         .await
                         .ok()?;
+                    if self.store.is_shared() && matches!(polled, Poll::Waiting(_)) {
+                        // The ticket's own record of the poll moves on; the
+                        // store hears of it with the flush once it answers
+                        // again, so that the polls the record answers next
+                        // (which send no heartbeat while the ticket's is
+                        // fresh) find the waiter alive in the store.
+                        route.live.heartbeat(Heartbeat {
+                            id: ticket.id,
+                            client: who.client.to_vec(),
+                        });
+                    }
                     (polled, Kind::LocalPass)
                 }
                 _ => return Some(self.store_failed(route, &err)),
