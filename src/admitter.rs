@@ -55,10 +55,7 @@ pub async fn run(
         }
         let live = &route.live;
         if route.cfg.mode == Mode::Gate {
-            let known = match live.epoch_us.load(Ordering::Relaxed) {
-                0 => None,
-                e => Some(e),
-            };
+            let known = live.known_epoch_us();
             // Visitors the local line let in come back to the store first.
             if live.granted_locally.load(Ordering::Relaxed)
                 && gate.store().hold(&name, &route.limits).await.is_ok()

@@ -457,10 +457,7 @@ impl Gate {
         let admit_now = route.cfg.mode == Mode::Gate;
         // The store's epoch as this instance knows it: a store lost since
         // the last tick is noticed here too, before anyone is let in at once.
-        let known_epoch_us = match route.live.epoch_us.load(Ordering::Relaxed) {
-            0 => None,
-            e => Some(e),
-        };
+        let known_epoch_us = route.live.known_epoch_us();
         // A shared store takes this instance's arrivals in batches.
         let arrived = if self.store.is_shared() {
             let arriving = Arriving {

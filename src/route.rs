@@ -128,6 +128,16 @@ impl RouteLive {
             .is_some_and(|&until| until >= now_s)
     }
 
+    /// The store's epoch as this instance last saw it; `None` before it saw
+    /// any. Passed with ticks and arrivals, so a changed epoch is noticed as a
+    /// lost store.
+    pub fn known_epoch_us(&self) -> Option<u64> {
+        match self.epoch_us.load(Ordering::Relaxed) {
+            0 => None,
+            e => Some(e),
+        }
+    }
+
     /// Keeps the line record the admitter just read; `None`: the store has
     /// none (a new epoch), so every poll goes to the store.
     pub fn set_record(&self, record: Option<LineRecord>) {
