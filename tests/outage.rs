@@ -383,6 +383,53 @@ async fn under_local_a_pause_costs_nobody_a_place_or_a_session() {
     gate.stop().await.unwrap();
 }
 
+/// Under `local`, a ticket the store issued whose first poll meets a pause
+/// keeps its place: the local line takes it in at its score, as the store
+/// would have kept it unconfirmed, instead of sending its holder to the back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_local_a_ticket_never_polled_before_a_pause_keeps_its_place() {
+    let mut redis = RedisServer::start();
+    let (origin, _hits) = counting_origin().await;
+    let mut config = redis_config(&origin.url(), &redis);
+    config.store.expected_instances = 1;
+    let mut full = outage_route("full", 1, OnStoreError::Local);
+    full.abandon_after = Duration::from_secs(30);
+    full.confirm_within = Duration::from_secs(10);
+    config.routes = vec![full];
+    let gate = spawn_gate_opts(config, ring("k1"), queuegate::RunOptions::default()).await;
+
+    let mut holder = admitted(&gate, "/full").await;
+    let a = answered("holder", holder.navigate(&gate.url("/full"))).await;
+    assert!(a.reached_origin(), "{a:?}");
+    eventually_async("the admitter reads the room full", || async {
+        active_of(&gate, "full").await == 1
+    })
+    .await;
+    let mut waiter = Visitor::new();
+    let a = answered("waiter", waiter.navigate(&gate.url("/full"))).await;
+    assert_eq!(a.status, StatusCode::FOUND, "{a:?}");
+    let (kind, ticket_id) = state_and_id(&waiter, "full");
+    assert_eq!(kind, "w");
+
+    redis.pause();
+    for _ in 0..3 {
+        let status = answered("poll in the pause", waiter.status(&gate, "full")).await;
+        assert_eq!(status["state"], "waiting", "{status}");
+        assert_eq!(status["position"], 1, "{status}");
+        assert_eq!(
+            state_and_id(&waiter, "full").1,
+            ticket_id,
+            "the waiter keeps its ticket"
+        );
+    }
+    redis.resume();
+    let status = answered("poll after", waiter.status(&gate, "full")).await;
+    assert_eq!(status["state"], "waiting", "{status}");
+    assert_eq!(status["position"], 1, "{status}");
+    assert_eq!(state_and_id(&waiter, "full").1, ticket_id);
+    gate.stop().await.unwrap();
+}
+
 /// Polls `cond` until it holds (a failure guard of 10 s, not a timing check).
 async fn eventually_async<F, Fut>(what: &str, mut cond: F)
 where

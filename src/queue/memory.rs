@@ -90,7 +90,8 @@ impl MemoryStore {
     /// (`on_store_error: local`). It differs from the store in two rules:
     /// a poll with a live ticket it does not know (one the shared store
     /// issued) takes the ticket in at its score, whatever its age, so a
-    /// waiter keeps its place across the outage; and a renewal restores
+    /// waiter keeps its place across the outage (a ticket never polled, only
+    /// while the store would keep it unconfirmed); and a renewal restores
     /// nothing, since sessions the shared store granted are already counted
     /// against the local capacity (`RouteRt::local_limits_now`).
     pub fn fallback(clock: Clock) -> MemoryStore {
@@ -380,13 +381,16 @@ impl Route {
             return Poll::Gone;
         }
         let confirmed = ticket.confirmed();
+        let age_us = now.us.saturating_sub(ticket.score_us);
         if self.fallback {
-            if !confirmed {
+            // A ticket never polled: the shared store keeps it unconfirmed
+            // this long, so the local line does too. Its first poll can come
+            // just after the store stopped answering the arrival's instance.
+            if !confirmed && age_us >= as_us(limits.unconfirmed_ticket()) {
                 return Poll::Gone;
             }
             return Poll::Waiting(self.line.join(*id, ticket.score_us, now.ms, true));
         }
-        let age_us = now.us.saturating_sub(ticket.score_us);
         let store_lost = confirmed && self.epoch_us > ticket.score_us;
         // A never-polled ticket only while the store would still hold it
         // unconfirmed: one a local line issued during an outage.
@@ -1180,7 +1184,8 @@ mod tests {
         };
         assert_eq!((place.score_us, place.position), (issued_us, 1));
         assert_eq!(fallback.stats("r", &l).await.unwrap().hold_until_us, 0);
-        // Silent for abandon_after, or never confirmed: not taken in.
+        // Silent for abandon_after, or never polled past confirm_within:
+        // not taken in.
         let silent = seen(issued_us, clock.now_us() - 31_000_000);
         let never = seen(issued_us, issued_us);
         for ticket in [silent, never] {
@@ -1192,6 +1197,18 @@ mod tests {
                 Poll::Gone
             );
         }
+        // Never polled but younger than the store keeps such a ticket: its
+        // holder's first poll came after the store stopped answering.
+        let just_issued_us = clock.now_us() - 2_000_000;
+        let fresh = seen(just_issued_us, just_issued_us);
+        let Poll::Waiting(place) = fallback
+            .poll("r", &visitor(4), &[], fresh, &l)
+            .await
+            .unwrap()
+        else {
+            panic!("the local line keeps a fresh ticket's place");
+        };
+        assert_eq!((place.score_us, place.position), (just_issued_us, 2));
         // A pass the shared store granted is not counted by the local line.
         let pass = PassTimes {
             issued_ms: clock.now_us() / 1_000,
