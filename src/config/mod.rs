@@ -83,6 +83,16 @@ pub fn is_key_id(id: &str) -> bool {
     is_token(id, MAX_KEY_ID_LEN)
 }
 
+/// Whether `name` can be a lane's name: 1 to [`MAX_LANE_NAME_LEN`] of
+/// `a-z 0-9 _ -` (lower case: it is part of store keys, invite tokens and
+/// cookie values, and the status JSON shows it).
+pub fn is_lane_name(name: &str) -> bool {
+    is_token(name, MAX_LANE_NAME_LEN) && !name.bytes().any(|b| b.is_ascii_uppercase())
+}
+
+/// The longest lane name.
+pub const MAX_LANE_NAME_LEN: usize = 16;
+
 fn is_token(text: &str, max_len: usize) -> bool {
     (1..=max_len).contains(&text.len())
         && text
@@ -325,8 +335,41 @@ pub struct Route {
     /// Forwarded requests one session may make before it ends, counted in
     /// the store; `None` (the default) for no limit.
     pub max_requests_per_session: Option<u64>,
+    /// The route's lanes (DESIGN §8.5), at least one; the first is where
+    /// newcomers go. Default one lane, `main`, weight 1.
+    pub lanes: Vec<Lane>,
     pub page: PageConfig,
 }
+
+/// A lane of a route: its own line, sharing the route's capacity with the
+/// other lanes by weight.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lane {
+    /// See [`is_lane_name`]: it is part of store keys, tokens and cookies.
+    pub name: String,
+    /// 1 to [`MAX_LANE_WEIGHT`].
+    pub weight: u32,
+}
+
+impl Lane {
+    /// The one lane of a route that names none.
+    pub fn main() -> Lane {
+        Lane {
+            name: DEFAULT_LANE.to_owned(),
+            weight: 1,
+        }
+    }
+}
+
+/// The lane of a route that names none.
+pub const DEFAULT_LANE: &str = "main";
+
+/// The largest lane weight.
+pub const MAX_LANE_WEIGHT: u32 = 1000;
+
+/// The most lanes a route may have: every lane is a key each admission
+/// tick reads.
+pub const MAX_LANES: usize = 8;
 
 /// Per-client limits of a route, counted in the store across instances; 0
 /// turns a limit off.

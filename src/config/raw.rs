@@ -170,7 +170,15 @@ pub(crate) struct RawRoute {
     pub on_store_error: Option<OnStoreError>,
     pub exit_paths: Option<Vec<String>>,
     pub max_requests_per_session: Option<u64>,
+    pub lanes: Option<Vec<RawLane>>,
     pub page: Option<RawPage>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLane {
+    pub name: Option<String>,
+    pub weight: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -10,14 +10,15 @@ use super::document::Document;
 use super::error::{ConfigError, ConfigErrors, FieldPath};
 use super::locate;
 use super::raw::{
-    DurationText, RawBypass, RawClientIp, RawConfig, RawKey, RawLimits, RawListen, RawMatch,
-    RawRedis, RawRoute, RawStore, RawUpstream, RawWorkers,
+    DurationText, RawBypass, RawClientIp, RawConfig, RawKey, RawLane, RawLimits, RawListen,
+    RawMatch, RawRedis, RawRoute, RawStore, RawUpstream, RawWorkers,
 };
 use super::{
-    is_key_id, is_route_name, Admin, Backend, BypassRule, ClientIp, ClientLimits, Config,
-    CookieConfig, HostPattern, KeyFrom, KeySource, Listen, Mode, OnStoreError, PageConfig,
-    PageTemplate, Pool, RedisConfig, RedisMode, Route, RouteMatch, ServerLimits, StoreConfig,
-    TlsFiles, Upstream, MAX_KEY_ID_LEN, MAX_ROUTE_NAME_LEN,
+    is_key_id, is_lane_name, is_route_name, Admin, Backend, BypassRule, ClientIp, ClientLimits,
+    Config, CookieConfig, HostPattern, KeyFrom, KeySource, Lane, Listen, Mode, OnStoreError,
+    PageConfig, PageTemplate, Pool, RedisConfig, RedisMode, Route, RouteMatch, ServerLimits,
+    StoreConfig, TlsFiles, Upstream, MAX_KEY_ID_LEN, MAX_LANES, MAX_LANE_NAME_LEN, MAX_LANE_WEIGHT,
+    MAX_ROUTE_NAME_LEN,
 };
 
 pub(crate) const DEFAULT_ADMIN_ADDR: SocketAddr =
@@ -921,6 +922,7 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
             "must be at least 1 (1 lets each session make one request); leave it out for no limit",
         );
     }
+    let lanes = lanes(raw.lanes, at, problems);
     let page = raw.page.unwrap_or_default();
     let template = match &page.template {
         None => Some(None),
@@ -954,6 +956,7 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
         on_store_error,
         exit_paths: exit_paths?,
         max_requests_per_session: max_requests_per_session.filter(|&n| n > 0),
+        lanes: lanes?,
         page: PageConfig {
             title: page.title,
             message: page.message,
@@ -994,6 +997,65 @@ fn confirm_within(
         );
     }
     value
+}
+
+/// `lanes`: one to [`MAX_LANES`], each named once ([`is_lane_name`]) with a
+/// weight of 1 to [`MAX_LANE_WEIGHT`] (default 1). Without the setting, one
+/// lane, `main`.
+fn lanes(raw: Option<Vec<RawLane>>, at: &FieldPath, problems: &mut Problems) -> Option<Vec<Lane>> {
+    let Some(raw) = raw else {
+        return Some(vec![Lane::main()]);
+    };
+    let at = at.key("lanes");
+    if raw.is_empty() {
+        problems.report(
+            at,
+            "give at least one lane, or leave `lanes` out for one lane, main",
+        );
+        return None;
+    }
+    if raw.len() > MAX_LANES {
+        problems.report(at, format!("{} lanes: at most {MAX_LANES}", raw.len()));
+        return None;
+    }
+    let mut lanes = Vec::with_capacity(raw.len());
+    let mut ok = true;
+    for (i, lane) in raw.into_iter().enumerate() {
+        let at = at.index(i);
+        let name = match lane.name {
+            None => {
+                problems.report(at.key("name"), "missing: every lane has a name");
+                None
+            }
+            Some(name) if !is_lane_name(&name) => {
+                problems.report(
+                    at.key("name"),
+                    format!(
+                        "invalid lane name {name:?}: use 1 to {MAX_LANE_NAME_LEN} of a-z 0-9 _ -"
+                    ),
+                );
+                None
+            }
+            Some(name) if lanes.iter().any(|l: &Lane| l.name == name) => {
+                problems.report(at.key("name"), format!("lane {name:?} is named twice"));
+                None
+            }
+            Some(name) => Some(name),
+        };
+        let weight = lane.weight.unwrap_or(1);
+        if !(1..=MAX_LANE_WEIGHT).contains(&weight) {
+            problems.report(
+                at.key("weight"),
+                format!("{weight} is out of range: use 1 to {MAX_LANE_WEIGHT}"),
+            );
+            ok = false;
+        }
+        match name {
+            Some(name) => lanes.push(Lane { name, weight }),
+            None => ok = false,
+        }
+    }
+    ok.then_some(lanes)
 }
 
 /// `exit_paths`: absolute paths, normalised as `match.path_prefix` is so a
@@ -1461,6 +1523,50 @@ keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]
         }
         let errors = parse(&route(", client_limits: { place: 3 }")).unwrap_err();
         assert!(errors.to_string().contains("place"), "{errors}");
+    }
+
+    #[test]
+    fn lanes_default_to_main_and_are_checked() {
+        let route = |extra: &str| {
+            format!("routes: [{{ name: a, match: {{ path_prefix: /a }}, capacity: 1{extra} }}]\n")
+        };
+        let config = parse(&route("")).unwrap();
+        assert_eq!(config.routes[0].lanes, [Lane::main()]);
+        let config = parse(&route(
+            ", lanes: [{ name: main }, { name: vip, weight: 3 }]",
+        ))
+        .unwrap();
+        assert_eq!(
+            config.routes[0].lanes,
+            [
+                Lane::main(),
+                Lane {
+                    name: "vip".to_owned(),
+                    weight: 3
+                }
+            ]
+        );
+        assert_eq!(problem_paths(&route(", lanes: []")), ["routes[0].lanes"]);
+        assert_eq!(
+            problem_paths(&route(
+                ", lanes: [{ name: main }, { name: VIP }, { name: main }, { weight: 2 }, { name: b, weight: 0 }, { name: c, weight: 1001 }]"
+            )),
+            [
+                "routes[0].lanes[1].name",
+                "routes[0].lanes[2].name",
+                "routes[0].lanes[3].name",
+                "routes[0].lanes[4].weight",
+                "routes[0].lanes[5].weight"
+            ]
+        );
+        let nine = (0..9)
+            .map(|i| format!("{{ name: l{i} }}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        assert_eq!(
+            problem_paths(&route(&format!(", lanes: [{nine}]"))),
+            ["routes[0].lanes"]
+        );
     }
 
     #[test]

@@ -291,6 +291,7 @@ pub fn route(name: &str, prefix: &str, capacity: u64) -> Route {
         on_store_error: OnStoreError::Local,
         exit_paths: Vec::new(),
         max_requests_per_session: None,
+        lanes: vec![queuegate::config::Lane::main()],
         page: PageConfig::default(),
     }
 }
