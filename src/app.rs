@@ -423,7 +423,7 @@ impl App {
     }
 
     /// Forwards an admitted or ungated request, taking any origin command
-    /// out of the answer. The request is handed to the upstream before
+    /// and lane out of the answer. The request is handed to the upstream before
     /// this returns (see [`Upstream::forward`]).
     fn forward(
         &self,
