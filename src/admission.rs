@@ -22,6 +22,11 @@
 //! - `mac`: base64url without padding (43 chars) of HMAC-SHA256 under that key
 //!   over everything before the last `.`.
 //!
+//! The same ring signs lane grants (`lane_grant`, DESIGN §8.5) through
+//! `KeyRing::seal` and `KeyRing::open`; their values start `v1.i.` and
+//! `v1.g.`, state letters this module never accepts, so no value of one kind
+//! verifies as another.
+//!
 //! Everything here is a pure function of its arguments except loading keys
 //! (environment variables and files) and drawing random ids and keys. This
 //! module does not know about cookies' names or attributes, nor about the
@@ -66,7 +71,7 @@ const MAC_LEN: usize = 32;
 const MAX_T_DIGITS: usize = 20;
 
 /// The only version this code signs and accepts.
-const VERSION: &str = "v1";
+pub(crate) const VERSION: &str = "v1";
 
 /// Decoder for key material: standard or url-safe alphabet, padding optional.
 const KEY_STANDARD: GeneralPurpose = GeneralPurpose::new(
@@ -345,7 +350,6 @@ impl KeyRing {
         t: u64,
         at: Option<u64>,
     ) -> String {
-        let key = &self.signer;
         let mut out = String::with_capacity(
             VERSION.len()
                 + 3
@@ -353,7 +357,7 @@ impl KeyRing {
                 + ID_CHARS
                 + 2 * MAX_T_DIGITS
                 + 1
-                + key.id.len()
+                + self.signer.id.len()
                 + MAC_CHARS
                 + 6,
         );
@@ -370,14 +374,39 @@ impl KeyRing {
             out.push('-');
             push_decimal(&mut out, at);
         }
+        self.seal(&mut out);
+        out
+    }
+
+    /// Signs `out` in place with the first key: appends `.<kid>.<mac>`,
+    /// the MAC covering everything before its own `.` (the key id too).
+    /// Every value queuegate signs ends this way; each kind of value starts
+    /// with `v1.<state>.` and a state letter of its own, so one kind can
+    /// never be read as another.
+    pub(crate) fn seal(&self, out: &mut String) {
+        let key = &self.signer;
         out.push('.');
         out.push_str(&key.id);
         let mut mac = key.mac.clone();
         mac.update(out.as_bytes());
         let tag = mac.finalize().into_bytes();
         out.push('.');
-        URL_SAFE_NO_PAD.encode_string(tag, &mut out);
-        out
+        URL_SAFE_NO_PAD.encode_string(tag, out);
+    }
+
+    /// Checks a value's [`Seal`]: its key is in the ring and its MAC is that
+    /// key's over `signed` (everything before the MAC's `.`), compared in
+    /// constant time. Answers the key's position in the ring.
+    pub(crate) fn open(&self, signed: &str, seal: &Seal<'_>) -> Result<usize, Reject> {
+        let (key_index, key) = self
+            .keys()
+            .enumerate()
+            .find(|(_, key)| key.id == seal.kid)
+            .ok_or(Reject::UnknownKid)?;
+        let mut check = key.mac.clone();
+        check.update(signed.as_bytes());
+        check.verify_slice(&seal.tag).map_err(|_| Reject::BadMac)?;
+        Ok(key_index)
     }
 
     /// Checks a value presented for `route`. Any key of the ring verifies;
@@ -431,27 +460,12 @@ impl KeyRing {
             None => (t, None),
         };
         let t = parse_decimal(t).ok_or(Reject::Malformed)?;
-        if !is_key_id(kid) {
-            return Err(Reject::Malformed);
-        }
-        let tag = decode_fixed::<MAC_LEN>(mac, MAC_CHARS).ok_or(Reject::Malformed)?;
+        let seal = Seal::parse(kid, mac).ok_or(Reject::Malformed)?;
 
         if value_route != route {
             return Err(Reject::WrongRoute);
         }
-        let (key_index, key) = self
-            .keys()
-            .enumerate()
-            .find(|(_, key)| key.id == kid)
-            .ok_or(Reject::UnknownKid)?;
-        // Everything before the last `.`; the MAC field is ASCII, so this is
-        // a character boundary.
-        let signed = value
-            .get(..value.len() - mac.len() - 1)
-            .ok_or(Reject::Malformed)?;
-        let mut check = key.mac.clone();
-        check.update(signed.as_bytes());
-        check.verify_slice(&tag).map_err(|_| Reject::BadMac)?;
+        let key_index = self.open(Seal::signed_part(value, mac)?, &seal)?;
 
         Ok(Claims {
             kind,
@@ -460,6 +474,36 @@ impl KeyRing {
             at,
             key_index,
         })
+    }
+}
+
+/// The last two fields of a signed value, `<kid>.<mac>`, read but not yet
+/// checked (see [`KeyRing::open`]).
+pub(crate) struct Seal<'v> {
+    kid: &'v str,
+    tag: [u8; MAC_LEN],
+}
+
+impl<'v> Seal<'v> {
+    /// Reads the key id and MAC fields: a valid key id ([`is_key_id`]) and
+    /// exactly 43 characters of canonical base64url. `None`: malformed.
+    pub(crate) fn parse(kid: &'v str, mac: &str) -> Option<Seal<'v>> {
+        if !is_key_id(kid) {
+            return None;
+        }
+        let tag = decode_fixed::<MAC_LEN>(mac, MAC_CHARS)?;
+        Some(Seal { kid, tag })
+    }
+
+    /// What the MAC of `value`, whose last field is `mac`, covers:
+    /// everything before the last `.`.
+    pub(crate) fn signed_part<'a>(value: &'a str, mac: &str) -> Result<&'a str, Reject> {
+        // The MAC field is ASCII, so this is a character boundary.
+        value
+            .len()
+            .checked_sub(mac.len() + 1)
+            .and_then(|end| value.get(..end))
+            .ok_or(Reject::Malformed)
     }
 }
 
@@ -479,7 +523,7 @@ pub fn keygen() -> String {
 }
 
 /// `v` followed by one or more digits: a version field, known or not.
-fn is_version(field: &str) -> bool {
+pub(crate) fn is_version(field: &str) -> bool {
     field
         .strip_prefix('v')
         .is_some_and(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
@@ -488,7 +532,7 @@ fn is_version(field: &str) -> bool {
 /// Decodes exactly `chars` characters of canonical base64url without padding
 /// into `N` bytes. Non-canonical trailing bits are refused, so each byte
 /// string has exactly one encoding.
-fn decode_fixed<const N: usize>(field: &str, chars: usize) -> Option<[u8; N]> {
+pub(crate) fn decode_fixed<const N: usize>(field: &str, chars: usize) -> Option<[u8; N]> {
     if field.len() != chars {
         return None;
     }
@@ -500,7 +544,7 @@ fn decode_fixed<const N: usize>(field: &str, chars: usize) -> Option<[u8; N]> {
 }
 
 /// Parses a decimal `u64` written without sign or leading zeros.
-fn parse_decimal(field: &str) -> Option<u64> {
+pub(crate) fn parse_decimal(field: &str) -> Option<u64> {
     let bytes = field.as_bytes();
     let first = *bytes.first()?;
     if bytes.len() > MAX_T_DIGITS || (first == b'0' && bytes.len() > 1) {
@@ -515,7 +559,7 @@ fn parse_decimal(field: &str) -> Option<u64> {
 }
 
 /// Appends `n` in decimal.
-fn push_decimal(out: &mut String, mut n: u64) {
+pub(crate) fn push_decimal(out: &mut String, mut n: u64) {
     let mut digits = [0u8; MAX_T_DIGITS];
     let mut start = digits.len();
     loop {

@@ -1,7 +1,8 @@
 //! A running queuegate's shared state and the per-request entry point: check
-//! the framing, serve queuegate's own paths, let the gate decide, then answer
-//! or forward, and end the session when the route or the origin says so
-//! (DESIGN §8.6).
+//! the framing, take any invite out of the target, serve queuegate's own
+//! paths, let the gate decide, then answer or forward, end the session when
+//! the route or the origin says so (DESIGN §8.6), and set a lane cookie when
+//! the origin names a lane (DESIGN §8.5).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -23,6 +24,7 @@ use crate::config::{AmbiguousPaths, ClientIp, Config, HostPattern};
 use crate::cookie::{self, CookieMemo};
 use crate::framing::AmbiguousHead;
 use crate::gate::{Admitted, Decision, Gate, Requester};
+use crate::lane_grant::{self, Lane};
 use crate::metrics::{Metrics, Outcome, SessionEnd, UpstreamFailure};
 use crate::proxy::{self, OriginCommand, Peer, Upstream};
 use crate::queue::{BreakerConfig, Counted, Guarded, Store};
@@ -124,7 +126,7 @@ impl App {
     async fn answer<'s>(
         &self,
         s: &'s Settings,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         conn: &Conn,
     ) -> (Option<&'s str>, Outcome, Response<Body>) {
         let peer = &conn.peer;
@@ -136,6 +138,12 @@ impl App {
             tracing::debug!(remote = %peer.addr, error = %err, "request rejected");
             return (None, Outcome::BadRequest, response::from_error(&err));
         }
+        // An invite is the gate's alone (DESIGN §8.5): taken out of the
+        // target before anything reads it, so that no request reaches the
+        // origin with it, whatever path it takes, and no `return` path
+        // carries it.
+        let (invite, target) = lane_grant::take_invite(std::mem::take(req.uri_mut()));
+        *req.uri_mut() = target;
         let host = match host::request_host(req.version(), req.headers(), req.uri()) {
             Ok(host) => host,
             Err(err) => return refuse(peer, RequestError::BadHost(err)),
@@ -159,6 +167,7 @@ impl App {
                     let who = Requester {
                         tls: peer.tls,
                         client: key.as_bytes(),
+                        invite: invite.as_deref(),
                     };
                     waiting::serve(&self.gate, s, req, who, &conn.cookies).await
                 })
@@ -176,17 +185,25 @@ impl App {
         }
         if !ambiguous && readings.iter().all(|p| s.bypassed(req.method(), p)) {
             drop(readings);
-            return (None, Outcome::Bypass, self.forward_ungated(req, peer).await);
+            let lane_host = lane_host(s, host.as_deref());
+            return (
+                None,
+                Outcome::Bypass,
+                self.forward_ungated(s, req, peer, lane_host.as_deref())
+                    .await,
+            );
         }
         let index = readings
             .iter()
             .find_map(|p| s.route_for(host.as_deref(), p));
         let Some(index) = index else {
             drop(readings);
+            let lane_host = lane_host(s, host.as_deref());
             return (
                 None,
                 Outcome::Forwarded,
-                self.forward_ungated(req, peer).await,
+                self.forward_ungated(s, req, peer, lane_host.as_deref())
+                    .await,
             );
         };
         let route = &s.routes[index];
@@ -196,6 +213,7 @@ impl App {
         let who = Requester {
             tls: peer.tls,
             client: key.as_bytes(),
+            invite: invite.as_deref(),
         };
         // On a route that counts requests, a pass is counted before the
         // decision (DESIGN §8.6): its session may have made its requests, or
@@ -270,7 +288,8 @@ impl App {
                 session,
                 ..
             } => {
-                let forwarded = self.forward(req, peer).await;
+                let mut forwarded = self.forward(req, peer).await;
+                self.record_lane(s, &mut forwarded, std::iter::once(route), peer.tls);
                 match (forwarded.command, session) {
                     (Some(OriginCommand::EndSession), Some(id)) => {
                         Box::pin(self.end_session(
@@ -324,7 +343,8 @@ impl App {
         exit: bool,
         counted: Counted,
     ) -> Response<Body> {
-        let forwarded = self.forward(req, peer).await;
+        let mut forwarded = self.forward(req, peer).await;
+        self.record_lane(s, &mut forwarded, std::iter::once(route), peer.tls);
         let reason = if forwarded.command == Some(OriginCommand::EndSession) {
             Some(SessionEnd::Origin)
         } else if exit && forwarded.from_origin {
@@ -361,19 +381,49 @@ impl App {
         with_cookie(resp, Some(s.clear_cookie(route, tls)))
     }
 
-    /// Forwards a request no route gates. An origin command in the answer
-    /// does nothing, as there is no session to act on; it is removed all the
-    /// same.
-    async fn forward_ungated(&self, req: Request<Incoming>, peer: &Peer) -> Response<Body> {
-        let forwarded = self.forward(req, peer).await;
+    /// Forwards a request no route gates, for `host` (see [`lane_host`]).
+    /// An origin command in the answer does nothing, as there is no session
+    /// to act on; it is removed all the same. A lane the origin names is
+    /// recorded for every route the host fits (DESIGN §8.5).
+    async fn forward_ungated(
+        &self,
+        s: &Settings,
+        req: Request<Incoming>,
+        peer: &Peer,
+        host: Option<&str>,
+    ) -> Response<Body> {
+        let mut forwarded = self.forward(req, peer).await;
         if forwarded.command.is_some() {
             tracing::debug!("origin command on an ungated path ignored: no session");
         }
+        let routes = s.routes.iter().filter(|r| r.cfg.matcher.host_fits(host));
+        self.record_lane(s, &mut forwarded, routes, peer.tls);
         forwarded.resp
     }
 
+    /// Adds a lane cookie for each of `routes` to the answer when the
+    /// origin named a lane in it (DESIGN §8.5). Whether the route has that
+    /// lane is checked when the cookie is read, against the config then.
+    fn record_lane<'r>(
+        &self,
+        s: &Settings,
+        forwarded: &mut Forwarded,
+        routes: impl Iterator<Item = &'r RouteRt>,
+        tls: bool,
+    ) {
+        let Some(lane) = forwarded.lane.take() else {
+            return;
+        };
+        let now = self.gate.clock().now_s();
+        let domain = s.cookie_domain.as_deref();
+        for route in routes {
+            let set = cookie::set_lane(&s.ring, route.name(), &lane, now, tls, domain);
+            forwarded.resp.headers_mut().append(SET_COOKIE, set);
+        }
+    }
+
     /// Forwards an admitted or ungated request, taking any origin command
-    /// out of the answer. The request is handed to the upstream before
+    /// and lane out of the answer. The request is handed to the upstream before
     /// this returns (see [`Upstream::forward`]).
     fn forward(
         &self,
@@ -381,8 +431,10 @@ impl App {
         peer: &Peer,
     ) -> impl Future<Output = Forwarded> + Send + '_ {
         cookie::strip_own_cookies(req.headers_mut());
-        // A command is the origin's to give: one in a request is nobody's.
+        // A command or a lane is the origin's to give: one in a request is
+        // nobody's.
         req.headers_mut().remove(proxy::QUEUEGATE_COMMAND);
+        req.headers_mut().remove(lane_grant::QUEUEGATE_LANE);
         let started = Instant::now();
         let remote = peer.addr;
         // A combinator, not an async block: the block would hold the
@@ -407,10 +459,12 @@ impl App {
                 }
             };
             let command = proxy::take_command(resp.headers_mut());
+            let lane = lane_grant::take_lane(resp.headers_mut());
             Forwarded {
                 resp,
                 from_origin,
                 command,
+                lane,
             }
         })
     }
@@ -418,12 +472,25 @@ impl App {
 
 /// A forwarded request's answer.
 struct Forwarded {
-    /// Without any `Queuegate-Command` header.
+    /// Without any `Queuegate-Command` or `Queuegate-Lane` header.
     resp: Response<Body>,
     /// Whether the origin answered (not a 502 or 504 of queuegate's own).
     from_origin: bool,
     /// What the origin's `Queuegate-Command` said, if anything known.
     command: Option<OriginCommand>,
+    /// The lane the origin's `Queuegate-Lane` named, if a valid one.
+    lane: Option<Lane>,
+}
+
+/// The host a lane named on an ungated answer is recorded under: `None`
+/// when no route has a host rule (every route then fits, and nothing is
+/// copied), else the request's.
+fn lane_host(s: &Settings, host: Option<&str>) -> Option<String> {
+    s.routes
+        .iter()
+        .any(|r| r.cfg.matcher.host.is_some())
+        .then(|| host.map(str::to_owned))
+        .flatten()
 }
 
 /// `resp` with `set_cookie` added when there is one.

@@ -1,4 +1,4 @@
-//! The command line: `run`, `check`, `demo`, `keygen`.
+//! The command line: `run`, `check`, `demo`, `keygen`, `invite`.
 
 use std::path::PathBuf;
 
@@ -47,7 +47,30 @@ pub enum Command {
     },
     /// Print a fresh random key for the key ring.
     Keygen,
+    /// Print an invite token: a link with `?qg_invite=TOKEN` puts whoever
+    /// follows it in a lane of a route (DESIGN §8.5). Signed with the key
+    /// ring the config names; exits 64 on bad input.
+    Invite {
+        /// The YAML config file.
+        #[arg(short, long)]
+        config: PathBuf,
+        /// The route the invite is for.
+        #[arg(long)]
+        route: String,
+        /// The lane it puts its holder in: 1 to 16 of a-z 0-9 _ -. Routes
+        /// have no `lanes` setting yet, so any valid lane name is accepted.
+        #[arg(long)]
+        lane: String,
+        /// How long the token is valid from now, as the config writes
+        /// durations (30m, 24h); at least 1s.
+        #[arg(long, default_value = "24h")]
+        expires: String,
+        /// How many visitors may use it; 0 for unlimited.
+        #[arg(long, default_value_t = 0)]
+        uses: u64,
+    },
 }
 
-/// Exit code for a config that does not validate (EX_USAGE).
+/// Exit code for a config that does not validate or other bad input on the
+/// command line (EX_USAGE).
 pub const EXIT_BAD_CONFIG: i32 = 64;

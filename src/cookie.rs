@@ -1,14 +1,17 @@
 //! queuegate's cookies on the wire: their names, the `Set-Cookie` values it
 //! sends, reading the credentials a request carries (verified with the key
 //! ring), the per-connection memo of the last verified `Cookie` header, and
-//! stripping queuegate's cookies before a request reaches the origin. What a
-//! cookie's value means is `admission`'s; when to send one is the gate's.
+//! stripping queuegate's cookies before a request reaches the origin. Each
+//! route has two cookies: its pass or ticket, and its lane cookie (DESIGN
+//! §8.5). What a cookie's value means is `admission`'s and `lane_grant`'s;
+//! when to send one is the gate's.
 
 use std::sync::{Mutex, PoisonError};
 
 use http::header::{HeaderMap, HeaderValue, COOKIE};
 
 use crate::admission::{Claims, KeyRing, Kind, Verdict};
+use crate::lane_grant::{self, Grant, GrantVerdict, Lane, LANE_COOKIE_TTL};
 
 /// Cookies queuegate sets are named `qg_<route>` (`__Host-qg_<route>` on TLS).
 const COOKIE_PREFIX: &str = "qg_";
@@ -25,6 +28,68 @@ pub fn names(route: &str, has_domain: bool) -> (String, String) {
         format!("{HOST_PREFIX}{plain}")
     };
     (plain, tls)
+}
+
+/// Lane cookies are named `qg_lane.<route>` (`__Host-qg_lane.<route>` on
+/// TLS): a route name has no `.`, so no route's pass cookie has this name,
+/// and the `qg_` prefix has it stripped before the origin like the others.
+const LANE_PREFIX: &str = "qg_lane.";
+
+/// The names of a route's lane cookie without TLS and with it, made as
+/// [`names`] makes the pass cookie's.
+pub fn lane_names(route: &str, has_domain: bool) -> (String, String) {
+    let plain = format!("{LANE_PREFIX}{route}");
+    let tls = if has_domain {
+        plain.clone()
+    } else {
+        format!("{HOST_PREFIX}{plain}")
+    };
+    (plain, tls)
+}
+
+/// The lane cookie's name for a request over TLS or not.
+pub fn lane_name(route: &str, tls: bool, has_domain: bool) -> String {
+    let (plain, secure) = lane_names(route, has_domain);
+    if tls {
+        secure
+    } else {
+        plain
+    }
+}
+
+/// The `Set-Cookie` value that puts the visitor in `lane` of `route` from
+/// `now_unix` for [`LANE_COOKIE_TTL`], with the pass cookie's attributes.
+pub fn set_lane(
+    ring: &KeyRing,
+    route: &str,
+    lane: &Lane,
+    now_unix: u64,
+    tls: bool,
+    domain: Option<&str>,
+) -> HeaderValue {
+    let ttl_s = LANE_COOKIE_TTL.as_secs();
+    let value = lane_grant::sign_grant(ring, route, lane, now_unix.saturating_add(ttl_s));
+    let name = lane_name(route, tls, domain.is_some());
+    set_cookie(&name, &value, ttl_s, tls, domain)
+}
+
+/// The first valid, unexpired lane cookie named `name` the request carries
+/// for `route`. Invalid copies are ignored.
+pub fn lane(
+    headers: &HeaderMap,
+    name: &str,
+    ring: &KeyRing,
+    route: &str,
+    now_unix: u64,
+) -> Option<Grant> {
+    cookie_pairs(headers)
+        .filter(|(n, _)| *n == name)
+        .find_map(
+            |(_, value)| match lane_grant::verify_grant(ring, value, route, now_unix) {
+                GrantVerdict::Valid(grant) => Some(grant),
+                GrantVerdict::Invalid(_) => None,
+            },
+        )
 }
 
 /// A `Set-Cookie` value: `HttpOnly; SameSite=Lax; Path=/`, `Secure` on TLS.
@@ -226,6 +291,74 @@ mod tests {
         h.append(COOKIE, HeaderValue::from_static("qg_a=1"));
         strip_own_cookies(&mut h);
         assert!(h.get(COOKIE).is_none());
+    }
+
+    #[test]
+    fn lane_cookies_are_named_apart_from_every_pass_cookie() {
+        assert_eq!(
+            lane_names("tickets", false),
+            (
+                "qg_lane.tickets".to_owned(),
+                "__Host-qg_lane.tickets".to_owned()
+            )
+        );
+        assert_eq!(lane_name("tickets", true, true), "qg_lane.tickets");
+        // A route called `lane_tickets` has its own pass cookie.
+        assert_ne!(
+            names("lane_tickets", false).0,
+            lane_names("tickets", false).0
+        );
+        let mut h = HeaderMap::new();
+        h.append(
+            COOKIE,
+            HeaderValue::from_static("a=1; qg_lane.tickets=v1.g; __Host-qg_lane.x=v1.g"),
+        );
+        strip_own_cookies(&mut h);
+        assert_eq!(h[COOKIE], "a=1");
+    }
+
+    #[test]
+    fn a_lane_cookie_set_reads_back_for_its_route_only() {
+        let ring = match KeyRing::new(vec![("k1".into(), vec![1; 32])]) {
+            Ok(ring) => ring,
+            Err(err) => panic!("{err}"),
+        };
+        let vip = Lane::new("vip").unwrap_or_else(|| panic!("vip is a lane name"));
+        let set = set_lane(&ring, "tickets", &vip, 1_000, true, None);
+        let text = set.to_str().unwrap_or_default();
+        assert!(
+            text.starts_with("__Host-qg_lane.tickets=v1.g.tickets.vip."),
+            "{text}"
+        );
+        for attribute in [
+            "; Path=/",
+            "; Max-Age=86400",
+            "; HttpOnly",
+            "; SameSite=Lax",
+            "; Secure",
+        ] {
+            assert!(text.contains(attribute), "{text}");
+        }
+        let value = text.split(';').next().unwrap_or_default();
+        let mut h = HeaderMap::new();
+        h.append(
+            COOKIE,
+            HeaderValue::from_str(&format!("__Host-qg_lane.tickets=junk; {value}"))
+                .unwrap_or_else(|err| panic!("{err}")),
+        );
+        let name = lane_name("tickets", true, false);
+        let grant = lane(&h, &name, &ring, "tickets", 1_001);
+        assert_eq!(grant.map(|g| g.lane), Some(vip));
+        assert!(lane(&h, &name, &ring, "tickets", 1_000 + 86_400).is_none());
+        assert!(lane(&h, &name, &ring, "other", 1_001).is_none());
+        assert!(lane(
+            &h,
+            &lane_name("tickets", false, false),
+            &ring,
+            "tickets",
+            1_001
+        )
+        .is_none());
     }
 
     #[test]

@@ -22,12 +22,16 @@ use crate::queue::{
 };
 
 /// Who is asking, as far as the gate cares: whether the request came over
-/// TLS (which names the cookie and sets `Secure`) and the key the client's
-/// places and joins are counted under (empty: unknown, no limit).
+/// TLS (which names the cookie and sets `Secure`), the key the client's
+/// places and joins are counted under (empty: unknown, no limit), and the
+/// invite token its target carried (DESIGN §8.5), unverified.
 #[derive(Clone, Copy, Debug)]
 pub struct Requester<'a> {
     pub tls: bool,
     pub client: ClientKey<'a>,
+    /// The first `qg_invite` parameter's value, taken out of the target
+    /// before anything else read it (`lane_grant::take_invite`).
+    pub invite: Option<&'a str>,
 }
 use crate::route::{RouteRt, Settings};
 

@@ -20,6 +20,9 @@
 //!   matching, live numbers, the ETA.
 //! - `cookie`: cookie names, `Set-Cookie` values, reading credentials, the
 //!   per-connection memo, stripping our cookies before the origin.
+//! - `lane_grant`: invite tokens and lane cookies' values (signed with the
+//!   key ring), taking `qg_invite` out of request targets, the origin's
+//!   `Queuegate-Lane` header.
 //! - `admission`: signing and verifying tickets and passes.
 //! - `proxy`: forwarding: header rewriting, retries, upgrades and tunnels.
 //! - `client_ip`: who the client is behind trusted proxies; its limit key.
@@ -55,6 +58,7 @@ pub mod framing;
 pub mod gate;
 pub mod host;
 pub mod idle;
+pub mod lane_grant;
 pub mod metrics;
 pub mod path;
 pub mod proxy;

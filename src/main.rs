@@ -2,11 +2,15 @@
 //! config and hands over to the library.
 #![forbid(unsafe_code)]
 
+use std::path::Path;
 use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
+use queuegate::admission::KeyRing;
 use queuegate::cli::{Cli, Command, LogFormat, EXIT_BAD_CONFIG};
-use queuegate::config::Config;
+use queuegate::config::{self, Config};
+use queuegate::lane_grant::{InviteInputError, InviteSpec};
 
 /// Every request allocates header maps, buffers and futures; mimalloc's
 /// per-thread free lists make those cheaper than glibc's malloc.
@@ -52,6 +56,50 @@ fn main() -> ExitCode {
         }
         Command::Demo { listen, capacity } => {
             serve(log_format, queuegate::demo::run(listen, capacity))
+        }
+        Command::Invite {
+            config,
+            route,
+            lane,
+            expires,
+            uses,
+        } => invite(&config, &route, &lane, &expires, uses),
+    }
+}
+
+/// `queuegate invite`: checks the input against the config before reading
+/// any key, then prints the token alone on stdout. Bad input exits 64 with
+/// one line; keys that cannot be read exit 1.
+fn invite(path: &Path, route: &str, lane: &str, expires: &str, uses: u64) -> ExitCode {
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(errors) => {
+            eprintln!("{}: invalid configuration", path.display());
+            eprintln!("{errors}");
+            return ExitCode::from(EXIT_BAD_CONFIG as u8);
+        }
+    };
+    let now_unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs());
+    let spec = config::parse_duration(expires)
+        .map_err(InviteInputError::BadExpiry)
+        .and_then(|valid_for| InviteSpec::new(&config, route, lane, valid_for, uses, now_unix));
+    let spec = match spec {
+        Ok(spec) => spec,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(EXIT_BAD_CONFIG as u8);
+        }
+    };
+    match KeyRing::load(&config.keys) {
+        Ok(ring) => {
+            println!("{}", spec.sign(&ring));
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("error: keys: {err}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -83,15 +83,25 @@ pub fn is_key_id(id: &str) -> bool {
     is_token(id, MAX_KEY_ID_LEN)
 }
 
-/// Whether `name` can be a lane's name: 1 to [`MAX_LANE_NAME_LEN`] of
-/// `a-z 0-9 _ -` (lower case: it is part of store keys, invite tokens and
-/// cookie values, and the status JSON shows it).
+/// Longest lane name, in characters.
+pub const MAX_LANE_NAME_LEN: usize = 16;
+
+/// Whether `name` can be a lane name (DESIGN §8.5): 1 to
+/// [`MAX_LANE_NAME_LEN`] of `a-z 0-9 _ -`. It is a field of invite tokens
+/// and lane cookies, and the origin's `Queuegate-Lane` header names one.
 pub fn is_lane_name(name: &str) -> bool {
-    is_token(name, MAX_LANE_NAME_LEN) && !name.bytes().any(|b| b.is_ascii_uppercase())
+    (1..=MAX_LANE_NAME_LEN).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
-/// The longest lane name.
-pub const MAX_LANE_NAME_LEN: usize = 16;
+/// Reads a duration written as the config file writes one: a whole number
+/// and a unit, `250us`, `100ms`, `10s`, `5m`, `1h`. The error says what is
+/// wrong in one line.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    raw::DurationText::parse(text)
+}
 
 fn is_token(text: &str, max_len: usize) -> bool {
     (1..=max_len).contains(&text.len())
@@ -399,6 +409,18 @@ pub struct RouteMatch {
     /// collapsed, no trailing slash except for `/` itself.
     pub path_prefix: Option<String>,
     pub case_insensitive: bool,
+}
+
+impl RouteMatch {
+    /// Whether a request for `host` (canonical, without port; `None` when
+    /// it names none) fits the host rule: any host when there is no rule,
+    /// else that host in any case.
+    pub fn host_fits(&self, host: Option<&str>) -> bool {
+        match &self.host {
+            None => true,
+            Some(want) => host.is_some_and(|h| h.eq_ignore_ascii_case(want)),
+        }
+    }
 }
 
 /// `routes[N].mode`.

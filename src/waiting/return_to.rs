@@ -1,9 +1,13 @@
 //! The `return` path of the waiting page: where a visitor goes once admitted.
 //! Owns turning an untrusted value into a relative path on this site, safe to
 //! put in a `Location` header and (escaped as usual) in HTML and JSON; anything
-//! doubtful becomes `/`.
+//! doubtful becomes `/`. An invite token never rides in it.
+
+use std::borrow::Cow;
 
 use percent_encoding::{percent_decode, percent_encode, AsciiSet, NON_ALPHANUMERIC};
+
+use crate::lane_grant;
 
 /// Longest `return` accepted, before and after encoding.
 pub const MAX_LEN: usize = 2048;
@@ -20,7 +24,9 @@ const DECODE_ROUNDS: usize = 3;
 /// Accepted: starts with exactly one `/`; no backslash, control character or
 /// whitespace anywhere, whether written out or percent-encoded (`%5C`,
 /// `%0D%0A`, `%09`); does not start with `//` once decoded (`/%2F/host`); at
-/// most [`MAX_LEN`] bytes. The query string is kept. Characters that may not
+/// most [`MAX_LEN`] bytes. The query string is kept, less any `qg_invite`
+/// parameter (`lane_grant::strip_invite`): the gate reads an invite where a
+/// visitor arrives, and it goes no further. Characters that may not
 /// appear in a URL as they are (non-ASCII, `"`, `<`, `>`, `` ` ``, `'`, `{`,
 /// `}`, `|`, `^`, a `%` not starting an escape) are percent-encoded, so the
 /// result is printable ASCII.
@@ -32,7 +38,10 @@ pub fn sanitize(raw: &str) -> String {
     if encoded.len() > MAX_LEN {
         return FALLBACK.to_owned();
     }
-    encoded
+    match lane_grant::strip_invite(&encoded) {
+        Cow::Borrowed(_) => encoded,
+        Cow::Owned(stripped) => stripped,
+    }
 }
 
 fn is_relative_on_site(raw: &str) -> bool {
@@ -243,6 +252,17 @@ mod tests {
         );
         assert_eq!(sanitize("/50%"), "/50%25");
         assert_eq!(sanitize("/`{|}^"), "/%60%7B%7C%7D%5E");
+    }
+
+    #[test]
+    fn invites_are_taken_out() {
+        assert_eq!(sanitize("/tickets?qg_invite=v1.i.x"), "/tickets");
+        assert_eq!(
+            sanitize("/tickets?a=1&qg%5Finvite=v1.i.x&b=%E2%82%AC"),
+            "/tickets?a=1&b=%E2%82%AC"
+        );
+        assert_eq!(sanitize("/t?q=한&qg_invite=x"), "/t?q=%ED%95%9C");
+        assert_eq!(sanitize("/t?qg_invites=x"), "/t?qg_invites=x");
     }
 
     proptest! {
