@@ -57,8 +57,8 @@ pub enum Command {
         /// The route the invite is for.
         #[arg(long)]
         route: String,
-        /// The lane it puts its holder in: 1 to 16 of a-z 0-9 _ -. Routes
-        /// have no `lanes` setting yet, so any valid lane name is accepted.
+        /// The lane it puts its holder in: one of the route's `lanes`
+        /// (`main` for a route that names none).
         #[arg(long)]
         lane: String,
         /// How long the token is valid from now, as the config writes

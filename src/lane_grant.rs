@@ -488,6 +488,12 @@ pub enum InviteInputError {
     UnknownRoute { route: String, known: String },
     #[error("--lane {lane:?}: a lane name is 1 to 16 characters of a-z 0-9 _ -")]
     BadLane { lane: String },
+    #[error("--lane {lane:?}: route {route:?} has no such lane (lanes: {known})")]
+    UnknownLane {
+        route: String,
+        lane: String,
+        known: String,
+    },
     #[error("--expires: {0}")]
     BadExpiry(String),
 }
@@ -504,7 +510,7 @@ impl InviteSpec {
         uses: u64,
         now_unix: u64,
     ) -> Result<InviteSpec, InviteInputError> {
-        if !config.routes.iter().any(|r| r.name == route) {
+        let Some(found) = config.routes.iter().find(|r| r.name == route) else {
             let known: Vec<&str> = config.routes.iter().map(|r| r.name.as_str()).collect();
             return Err(InviteInputError::UnknownRoute {
                 route: route.to_owned(),
@@ -514,10 +520,18 @@ impl InviteSpec {
                     known.join(", ")
                 },
             });
-        }
+        };
         let lane = Lane::new(lane).ok_or_else(|| InviteInputError::BadLane {
             lane: lane.to_owned(),
         })?;
+        if !found.lanes.iter().any(|l| l.name == lane.as_str()) {
+            let known: Vec<&str> = found.lanes.iter().map(|l| l.name.as_str()).collect();
+            return Err(InviteInputError::UnknownLane {
+                route: route.to_owned(),
+                lane: lane.as_str().to_owned(),
+                known: known.join(", "),
+            });
+        }
         if valid_for < Duration::from_secs(1) {
             return Err(InviteInputError::BadExpiry(
                 "an invite must be valid for at least 1s".to_owned(),
@@ -849,7 +863,8 @@ mod tests {
         );
         for (n, name) in routes.iter().enumerate() {
             yaml.push_str(&format!(
-                "  - {{ name: {name}, match: {{ path_prefix: /p{n} }}, capacity: 1 }}\n"
+                "  - {{ name: {name}, match: {{ path_prefix: /p{n} }}, capacity: 1, \
+                 lanes: [{{ name: main }}, {{ name: vip, weight: 3 }}] }}\n"
             ));
         }
         Config::from_yaml(&yaml).unwrap_or_else(|err| panic!("{err}"))
@@ -878,6 +893,12 @@ mod tests {
             InviteSpec::new(&config, ROUTE, "VIP", day, 0, NOW),
             Err(InviteInputError::BadLane { .. })
         ));
+        assert_eq!(
+            InviteSpec::new(&config, ROUTE, "press", day, 0, NOW)
+                .unwrap_err()
+                .to_string(),
+            "--lane \"press\": route \"tickets\" has no such lane (lanes: main, vip)"
+        );
         for short in [Duration::ZERO, Duration::from_millis(999)] {
             assert!(matches!(
                 InviteSpec::new(&config, ROUTE, "vip", short, 0, NOW),

@@ -42,7 +42,8 @@ fn config_file() -> (tempfile::TempDir, std::path::PathBuf) {
              upstream: {{ url: \"http://127.0.0.1:9\" }}\n\
              keys: [{{ id: k1, file: \"{}\" }}]\n\
              routes:\n\
-             \x20 - {{ name: tickets, match: {{ path_prefix: /tickets }}, capacity: 10 }}\n\
+             \x20 - {{ name: tickets, match: {{ path_prefix: /tickets }}, capacity: 10, \
+             lanes: [{{ name: main }}, {{ name: vip, weight: 3 }}] }}\n\
              \x20 - {{ name: merch, match: {{ path_prefix: /merch }}, capacity: 10 }}\n",
             key.display()
         ),
@@ -140,6 +141,10 @@ fn invite_refuses_bad_input_with_one_line_and_exit_64() {
         (
             &["--route", "tickets", "--lane", "a.b"][..],
             "a lane name is 1 to 16 characters",
+        ),
+        (
+            &["--route", "merch", "--lane", "vip"][..],
+            "route \"merch\" has no such lane (lanes: main)",
         ),
         (
             &["--route", "tickets", "--lane", "vip", "--expires", "10"][..],
