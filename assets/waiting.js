@@ -104,6 +104,8 @@
         bar.textContent = pct + "%";
       }
     }
+    var lane = el("lane");
+    if (lane) { lane.hidden = !(state === "waiting" && view.priority); }
     var cont = el("continue");
     if (cont) { cont.setAttribute("href", returnPath); }
     notice(noticeKey);
@@ -222,6 +224,7 @@
     ["position", "ahead", "waiting_total", "eta_seconds", "poll_after_ms"].forEach(function (k) {
       view[k] = typeof s[k] === "number" ? s[k] : null;
     });
+    view.priority = s.priority === true;
     render();
     showUpdated(new Date());
     announce(false);

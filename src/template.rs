@@ -87,6 +87,7 @@ pub(crate) enum Slot {
     StatusJson,
     Script,
     Style,
+    LaneHidden,
 }
 
 const SLOTS: &[(&str, Slot)] = &[
@@ -116,6 +117,7 @@ const SLOTS: &[(&str, Slot)] = &[
     ("status_json", Slot::StatusJson),
     ("script", Slot::Script),
     ("style", Slot::Style),
+    ("lane_hidden", Slot::LaneHidden),
 ];
 
 /// Placeholders every template must contain exactly once (name, as written,

@@ -284,6 +284,8 @@ async fn waiting_page(
         title: route.cfg.page.title.as_deref(),
         message: route.cfg.page.message.as_deref(),
         updated_unix_s: gate.clock().now_s(),
+        lane: None,
+        priority: false,
     };
     let html = page::render(&view, route.template.as_deref());
     let status = match state {

@@ -146,6 +146,11 @@ pub struct PageView<'a> {
     pub message: Option<&'a str>,
     /// When the figures were read, seconds since the Unix epoch.
     pub updated_unix_s: u64,
+    /// The lane the visitor waits in, when the route has several.
+    pub lane: Option<&'a str>,
+    /// Whether that lane is not the route's first: the page says
+    /// "priority line".
+    pub priority: bool,
 }
 
 /// The query of the waiting page URL: `route`, `return`, and the page's own
@@ -363,6 +368,11 @@ impl Facts {
                 out.push_str(SCRIPT);
                 out.push_str("</script>");
             }
+            Slot::LaneHidden => {
+                if !view.priority {
+                    out.push_str(" hidden");
+                }
+            }
             Slot::Style => {
                 out.push_str("<style>");
                 out.push_str(STYLE);
@@ -390,6 +400,8 @@ impl Facts {
             "updated_unix_s": view.updated_unix_s,
             "retry_after_s": view.state.retry_after_s(),
             "has_title": view.title.is_some(),
+            "lane": view.lane,
+            "priority": view.priority,
         });
         script_safe_json(&value.to_string())
     }
@@ -553,7 +565,38 @@ mod tests {
             title: Some("Concert tickets"),
             message: None,
             updated_unix_s: 1_764_511_392,
+            lane: None,
+            priority: false,
         }
+    }
+
+    #[test]
+    fn a_priority_lane_is_named_on_the_page_in_either_language() {
+        let plain = render(&view(), None);
+        assert!(plain.contains(r#"data-qg="lane" hidden"#), "{plain}");
+        let vip = PageView {
+            lane: Some("vip"),
+            priority: true,
+            ..view()
+        };
+        let en = render(&vip, None);
+        assert!(
+            en.contains(r#"data-qg="lane" data-i18n="priority_line">Priority line<"#),
+            "{en}"
+        );
+        let state = embedded_json(&en, "qg-state");
+        assert_eq!(
+            (state["lane"].as_str(), state["priority"].as_bool()),
+            (Some("vip"), Some(true))
+        );
+        let ko = render(
+            &PageView {
+                lang: Lang::Ko,
+                ..vip
+            },
+            None,
+        );
+        assert!(ko.contains(">우선 대기열<"), "{ko}");
     }
 
     /// The JSON inside `<script type="application/json" id="…">`.
