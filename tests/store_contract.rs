@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use queuegate::clock::Clock;
 use queuegate::queue::{
-    store_id, Arrival, Arriving, Counted, Ended, Heartbeat, Limits, LineRecord, MemoryStore,
+    store_id, Arrival, Arriving, Counted, Ended, Heartbeat, Lanes, Limits, LineRecord, MemoryStore,
     PassTimes, Place, Poll, QueueStore, RedisStore, RouteStats, Tick, TicketTimes, VisitorId,
 };
 use rand::rngs::StdRng;
@@ -147,6 +147,7 @@ fn limits() -> Limits {
         confirm_within: Duration::from_secs(3),
         client_places: 0,
         client_joins_per_minute: 0,
+        lanes: Lanes::default(),
     }
 }
 
@@ -173,7 +174,7 @@ async fn arrive_from<H: Harness>(
     now: bool,
 ) -> Arrival {
     h.store()
-        .arrive(route, &visitor(n), client, limits, now, None)
+        .arrive(route, &visitor(n), client, limits, now, None, 0)
         .await
         .expect("arrive")
 }
@@ -191,6 +192,7 @@ async fn poll<H: Harness>(h: &H, route: &str, n: u32, score_us: u64, limits: &Li
     let ticket = TicketTimes {
         score_us,
         seen_us: score_us + 1,
+        lane: 0,
     };
     poll_with(h, route, n, ticket, limits).await
 }
@@ -220,11 +222,15 @@ async fn seen_now<H: Harness>(h: &H, route: &str, score_us: u64, limits: &Limits
     TicketTimes {
         score_us,
         seen_us: stats(h, route, limits).await.now_us,
+        lane: 0,
     }
 }
 
 async fn leave<H: Harness>(h: &H, route: &str, n: u32) {
-    h.store().leave(route, &visitor(n)).await.expect("leave");
+    h.store()
+        .leave(route, &visitor(n), &limits())
+        .await
+        .expect("leave");
 }
 
 async fn stats<H: Harness>(h: &H, route: &str, limits: &Limits) -> RouteStats {
@@ -797,7 +803,11 @@ async fn restore_after_store_loss<H: Harness>(h: &mut H) {
     .await;
     // Each ticket, re-issued on its last poll, says when it was last seen.
     let seen_us = stats(h, &route, &limits).await.now_us;
-    let back = |score_us| TicketTimes { score_us, seen_us };
+    let back = |score_us| TicketTimes {
+        score_us,
+        seen_us,
+        lane: 0,
+    };
 
     h.restart().await;
 
@@ -866,6 +876,7 @@ async fn lost_write_restored_when_young<H: Harness>(h: &mut H) {
     let lost = TicketTimes {
         score_us: b.score_us,
         seen_us: b.score_us + 1,
+        lane: 0,
     };
     assert_eq!(
         poll_with(h, &route, 5, lost, &limits).await,
@@ -873,6 +884,7 @@ async fn lost_write_restored_when_young<H: Harness>(h: &mut H) {
             score_us: lost.score_us,
             position: 2,
             waiting_total: 3,
+            lane: 0,
         }),
         "a young ticket is restored at its own score"
     );
@@ -960,7 +972,7 @@ async fn epoch_change_seen_by_an_arrival_starts_hold<H: Harness>(h: &mut H) {
     // The same epoch: an arrival with room is let in at once, no hold.
     let same = h
         .store()
-        .arrive(&route, &visitor(1), &[], &limits, true, Some(epoch))
+        .arrive(&route, &visitor(1), &[], &limits, true, Some(epoch), 0)
         .await
         .expect("arrive");
     assert_eq!(same, Arrival::Admitted);
@@ -971,7 +983,7 @@ async fn epoch_change_seen_by_an_arrival_starts_hold<H: Harness>(h: &mut H) {
     h.advance(limits.tick).await;
     let other = h
         .store()
-        .arrive(&route, &visitor(2), &[], &limits, true, Some(epoch + 1))
+        .arrive(&route, &visitor(2), &[], &limits, true, Some(epoch + 1), 0)
         .await
         .expect("arrive");
     let Arrival::Waiting(place) = other else {
@@ -984,7 +996,7 @@ async fn epoch_change_seen_by_an_arrival_starts_hold<H: Harness>(h: &mut H) {
     h.advance(limits.tick).await;
     let again = h
         .store()
-        .arrive(&route, &visitor(3), &[], &limits, true, Some(epoch + 1))
+        .arrive(&route, &visitor(3), &[], &limits, true, Some(epoch + 1), 0)
         .await
         .expect("arrive");
     assert!(matches!(again, Arrival::Waiting(_)), "{again:?}");
@@ -1022,10 +1034,10 @@ async fn line_record_samples_the_line_the_tick_left<H: Harness>(h: &mut H) {
         .await
         .expect("a record after a tick");
     assert_eq!(record.epoch_us, tick.epoch_us);
-    assert_eq!(record.waiting, line.len() as u64);
-    let ranks: Vec<u64> = queuegate::queue::record::sample_ranks(record.waiting).collect();
+    assert_eq!(record.waiting(), line.len() as u64);
+    let ranks: Vec<u64> = queuegate::queue::record::sample_ranks(record.waiting()).collect();
     assert_eq!(
-        record.samples,
+        record.lanes[0].samples,
         ranks
             .iter()
             .map(|&r| (r, line[r as usize - 1]))
@@ -1033,7 +1045,7 @@ async fn line_record_samples_the_line_the_tick_left<H: Harness>(h: &mut H) {
     );
     for (i, &score) in line.iter().enumerate() {
         let rank = i as u64 + 1;
-        match record.position(score) {
+        match record.position("main", score) {
             None => assert!(rank <= queuegate::queue::record::HEAD),
             Some(shown) => assert!(
                 shown.abs_diff(rank) * 50 <= rank,
@@ -1043,7 +1055,7 @@ async fn line_record_samples_the_line_the_tick_left<H: Harness>(h: &mut H) {
     }
     // The record is the tick's: joins after it are not in it.
     let late = join(h, &route, 999, &limits).await;
-    assert_eq!(record.position(late.score_us), None);
+    assert_eq!(record.position("main", late.score_us), None);
 }
 
 async fn heartbeats_count_as_polls_for_those_in_line<H: Harness>(h: &mut H) {
@@ -1150,6 +1162,7 @@ async fn a_batch_arrives_as_its_arrivals_would_one_after_another<H: Harness>(h: 
         id: visitor(n),
         client: client.to_vec(),
         admit_now,
+        lane: 0,
     })
     .to_vec();
     let one_by_one = h.fresh_route();
@@ -1157,7 +1170,7 @@ async fn a_batch_arrives_as_its_arrivals_would_one_after_another<H: Harness>(h: 
     for a in &arrivals {
         expected.push(
             h.store()
-                .arrive(&one_by_one, &a.id, &a.client, &limits, a.admit_now, None)
+                .arrive(&one_by_one, &a.id, &a.client, &limits, a.admit_now, None, 0)
                 .await
                 .expect("arrive"),
         );
@@ -1806,6 +1819,7 @@ async fn assert_line<H: Harness>(h: &H, route: &str, line: &[(u32, u64)], limits
             score_us: score,
             position: i as u64 + 1,
             waiting_total: total,
+            lane: 0,
         };
         assert_eq!(
             poll(h, route, n, score, limits).await,
