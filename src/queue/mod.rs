@@ -733,7 +733,7 @@ pub trait QueueStore: Send + Sync {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Counts one use of an invite token (`token_key`: bytes naming the
-    /// token, at most 64) that expires at `expires_unix` (seconds): true
+    /// token) that expires at `expires_unix` (seconds): true
     /// while its uses, this one included, are at most `max_uses`. Atomic,
     /// so `max_uses` concurrent calls and no more answer true. An expired
     /// token answers false and counts nothing. The count is forgotten when
@@ -926,5 +926,53 @@ impl QueueStore for Store {
 
     async fn ready(&self) -> Result<(), StoreError> {
         dispatch!(self, s => s.ready().await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lane(name: &str, weight: u32) -> Lane {
+        Lane {
+            name: name.to_owned(),
+            weight,
+        }
+    }
+
+    #[test]
+    fn lanes_are_checked_when_built() {
+        assert_eq!(Lanes::new(vec![]), Err(LaneError::None));
+        assert!(Lanes::new(vec![lane("main", 1), lane("vip-2_x", 1000)]).is_ok());
+        for bad in ["", "Main", "a b", "ab:c", "{x}", "seventeen-chars-x"] {
+            assert_eq!(
+                Lanes::new(vec![lane(bad, 1)]),
+                Err(LaneError::Name(bad.to_owned()))
+            );
+        }
+        for weight in [0, 1001] {
+            assert!(matches!(
+                Lanes::new(vec![lane("a", weight)]),
+                Err(LaneError::Weight { .. })
+            ));
+        }
+        assert_eq!(
+            Lanes::new(vec![lane("a", 1), lane("a", 2)]),
+            Err(LaneError::Duplicate("a".into()))
+        );
+        let many = (0..17).map(|i| lane(&format!("l{i}"), 1)).collect();
+        assert_eq!(Lanes::new(many), Err(LaneError::TooMany));
+    }
+
+    #[test]
+    fn a_lane_shares_admissions_with_the_lanes_that_have_waiters() {
+        let lanes = Lanes::new(vec![lane("main", 1), lane("vip", 3)]).unwrap();
+        assert_eq!(lanes.share(1, &[5, 5]), 0.75);
+        assert_eq!(lanes.share(0, &[5, 5]), 0.25);
+        assert_eq!(lanes.share(0, &[5, 0]), 1.0, "vip empty: main gets all");
+        assert_eq!(lanes.share(1, &[5, 0]), 0.75, "the lane asked about waits");
+        assert_eq!(lanes.share(9, &[5, 5]), 0.25, "out of range: the first");
+        assert_eq!(lanes.clamp(9), 0);
+        assert_eq!(Lanes::default().get(0).name, MAIN_LANE);
     }
 }

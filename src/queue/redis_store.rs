@@ -1024,6 +1024,21 @@ mod tests {
     }
 
     #[test]
+    fn lane_keys_share_the_route_hash_tag_and_main_keeps_the_waiting_key() {
+        assert_eq!(lane_key("tickets", "main"), "qg:{tickets}:waiting");
+        assert_eq!(lane_key("tickets", "vip"), "qg:{tickets}:waiting:lane:vip");
+        assert_eq!(
+            invite_key("tickets", b"\x01\xff"),
+            "qg:{tickets}:invite:01ff"
+        );
+        assert_eq!(listed_lanes(""), vec!["main"]);
+        assert_eq!(
+            listed_lanes(",vip,Bad Name,gold,"),
+            vec!["vip", "gold", "main"]
+        );
+    }
+
+    #[test]
     fn uses_keys_share_the_route_hash_tag() {
         assert_eq!(
             uses_key("tickets", &[0xab; 16]),
@@ -1052,6 +1067,9 @@ mod tests {
             include_str!("../../lua/hold.lua"),
             include_str!("../../lua/stats.lua"),
             include_str!("../../lua/ready.lua"),
+            include_str!("../../lua/move_lane.lua"),
+            include_str!("../../lua/take_use.lua"),
+            include_str!("../../lua/lanes.lua"),
         ] {
             let head: String = file
                 .lines()
