@@ -19,7 +19,7 @@ mod redis_harness;
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{self, StreamExt};
-use queuegate::queue::{Arrival, Limits, QueueStore, RedisStore};
+use queuegate::queue::{Arrival, Lanes, Limits, QueueStore, RedisStore};
 use redis_harness::RedisServer;
 
 const ROUTE: &str = "bench";
@@ -93,6 +93,7 @@ fn main() {
         confirm_within: Duration::from_secs(3600),
         client_places: if client_limits { 20 } else { 0 },
         client_joins_per_minute: if client_limits { 120 } else { 0 },
+        lanes: Lanes::default(),
     };
 
     runtime.block_on(async {
@@ -113,7 +114,7 @@ fn main() {
                     id[..8].copy_from_slice(&mixed.to_le_bytes());
                     id[8..].copy_from_slice(&n.to_le_bytes());
                     store
-                        .arrive(ROUTE, &id, &client_of(n), limits, false, None)
+                        .arrive(ROUTE, &id, &client_of(n), limits, false, None, 0)
                         .await
                 }
             })

@@ -2,9 +2,9 @@
 -- a batch of them (an instance gathers the arrivals made while its previous
 -- call was in flight), handled in order as if each were its own call.
 --
--- KEYS: the route's six keys (see route.lua), then the keys of the clients
---       the arrivals came from that the limits count, each once (any
---       number, all under the route's hash tag).
+-- KEYS: the route's six keys and its lanes' (see route.lua), then the keys
+--       of the clients the arrivals came from that the limits count, each
+--       once (any number, all under the route's hash tag).
 -- ARGV: [1] capacity  [2] max_admit_per_tick  [3] tick (ms)
 --       [4] session_ttl (ms)  [5] abandon_after (ms)  [6] max_waiting
 --       [7] unconfirmed session life (ms)  [8] unconfirmed ticket life (ms)
@@ -15,19 +15,25 @@
 --       [14] the epoch this instance saw last (µs), or '' if none
 --       [15] pass_ttl (ms): the hold when [14] shows a lost store
 --       then for each arrival: id (16 raw bytes), admit_now (1|0), the
---       index of its client's key in KEYS after the route's six (0: none)
--- Returns: four numbers per arrival, in order:
---          {1, 0, 0, 0}                          admitted (or already active)
---          {2, join score µs, position, waiting} in line (new or same place)
---          {3, waiting, 0, 0}                    line full, nobody queued
---          {4, retry after ms, 0, 0}             the client is over a limit:
+--       index of its client's key in KEYS after the lanes' (0: none), the
+--       lane it joins (1-based among the lanes' keys)
+-- Returns: five numbers per arrival, in order:
+--          {1, 0, 0, 0, 0}                       admitted (or already active)
+--          {2, join score µs, position, waiting, lane}
+--                                                in line (new or same place):
+--                                                position and count within
+--                                                the lane, lane 0-based
+--          {3, waiting, 0, 0, 0}                 line full (every lane
+--                                                together), nobody queued
+--          {4, retry after ms, 0, 0, 0}          the client is over a limit:
 --                                                nothing was stored for it
---          {5, 0, 0, 0}                          run too late: nothing stored
+--          {5, 0, 0, 0, 0}                       run too late: nothing stored
 -- Invariant: admit-now only when nobody waits, no hold is on, the active
 -- count (expiry > now) is below capacity and the tick window has room; it
--- spends one from the same window budget the admitter uses. Join scores are
--- unique and increasing, so the line is FIFO, in the batch's order within a
--- batch. New sessions and tickets are unconfirmed (.25 in active, `u` in
+-- spends one from the same window budget the admitter uses; nobody waits
+-- means in no lane. Join scores are unique and increasing across lanes, so
+-- each lane is FIFO, in the batch's order within a batch; an id already in
+-- any lane keeps its place there. New sessions and tickets are unconfirmed (.25 in active, `u` in
 -- beat). An id already in line or active is not a new place and is never
 -- refused.
 
@@ -53,11 +59,11 @@ local reply = {}
 -- The caller timed out and went on without this call (a local line may have
 -- given the visitors tickets): storing them now would place the ids twice.
 if now_ms > too_late_ms then
-  for _ = FIRST_ARRIVAL, #ARGV, 3 do
+  for _ = FIRST_ARRIVAL, #ARGV, 4 do
     reply[#reply + 1] = 5
-    reply[#reply + 1] = 0
-    reply[#reply + 1] = 0
-    reply[#reply + 1] = 0
+    for _ = 1, 4 do
+      reply[#reply + 1] = 0
+    end
   end
   return reply
 end
@@ -73,7 +79,7 @@ end
 -- small slice of the scan here (all of a short line), the tick does the rest.
 local ghosts, unconfirmed = drop_ghosts(abandon_after_ms, 10)
 
-local function arrive_one(id, admit_now)
+local function arrive_one(id, admit_now, lane)
   -- This visitor's own entry, if it is a ghost.
   if is_ghost(id, abandon_after_ms) then
     if unconfirmed_ticket(id) then
@@ -81,7 +87,7 @@ local function arrive_one(id, admit_now)
     else
       ghosts = ghosts + 1
     end
-    redis.call('ZREM', waiting_key, id)
+    remove_from_line(id)
     redis.call('HDEL', beat_key, id)
   end
 
@@ -92,24 +98,24 @@ local function arrive_one(id, admit_now)
     if not marked(expiry, 0.25) then
       redis.call('ZADD', active_key, int(now_ms + session_ttl_ms), id)
     end
-    return {1, 0, 0, 0}
+    return {1, 0, 0, 0, 0}
   end
 
-  local score = tonumber(redis.call('ZSCORE', waiting_key, id))
-  if score then
+  local held, score = find_lane(id)
+  if held then
     if not unconfirmed_ticket(id) then
       beat_now(id)
     end
-    return place(id, score)
+    return place(id, score, held)
   end
 
   local wait_ms = client_refusal(client_places, client_joins, join_window_ms,
     unconfirmed_ticket_ms, abandon_after_ms)
   if wait_ms > 0 then
-    return {4, math.floor(wait_ms), 0, 0}
+    return {4, math.floor(wait_ms), 0, 0, 0}
   end
 
-  local waiting = redis.call('ZCARD', waiting_key)
+  local waiting = waiting_total()
   if admit_now and waiting == 0 and now_us >= hold_until()
       and active_count() < capacity then
     local window, used, room = tick_window(tick_ms, max_admit_per_tick)
@@ -117,12 +123,12 @@ local function arrive_one(id, admit_now)
       redis.call('ZADD', active_key, int(now_ms + unconfirmed_session_ms) .. '.25', id)
       record_admissions(window, used, 1)
       client_record(id, client_memory_ms)
-      return {1, 0, 0, 0}
+      return {1, 0, 0, 0, 0}
     end
   end
 
   if waiting >= max_waiting then
-    return {3, waiting, 0, 0}
+    return {3, waiting, 0, 0, 0}
   end
 
   score = now_us
@@ -131,25 +137,29 @@ local function arrive_one(id, admit_now)
     score = last + 1
   end
   redis.call('HSET', stats_key, 'last_score', int(score))
-  redis.call('ZADD', waiting_key, int(score), id)
+  put_in_lane(lane, score, id)
   redis.call('HSET', beat_key, id,
     beat_value(now_ms - (abandon_after_ms - unconfirmed_ticket_ms), true))
   -- A tombstone of an earlier place goes with the new one.
   redis.call('ZREM', seen_key, id)
   client_record(id, client_memory_ms)
-  return place(id, score)
+  return place(id, score, lane)
 end
 
-for i = FIRST_ARRIVAL, #ARGV, 3 do
+for i = FIRST_ARRIVAL, #ARGV, 4 do
   local client = tonumber(ARGV[i + 2])
   -- The prelude's client functions read client_key.
   if client > 0 then
-    client_key = KEYS[6 + client]
+    client_key = KEYS[extra + client]
   else
     client_key = nil
   end
-  local answer = arrive_one(ARGV[i], ARGV[i + 1] == '1')
-  for j = 1, 4 do
+  local lane = tonumber(ARGV[i + 3])
+  if not lane_keys[lane] then
+    lane = 1
+  end
+  local answer = arrive_one(ARGV[i], ARGV[i + 1] == '1', lane)
+  for j = 1, 5 do
     reply[#reply + 1] = answer[j]
   end
 end

@@ -1,8 +1,8 @@
 -- count_request.lua: counts one forwarded request of a session on a route
 -- with max_requests_per_session, ending the session at the limit.
 --
--- KEYS: the route's six keys, then KEYS[7] qg:{route}:uses:<hex id> (see
---       route.lua).
+-- KEYS: the route's six keys and its lanes', then qg:{route}:uses:<hex id>
+--       (see route.lua).
 -- ARGV: [1] id (16 raw bytes), [2] limit (at least 1), [3] how long the
 --       count is kept after this request (ms): session_ttl + pass_ttl.
 -- Returns: 1 allowed (forward; the session goes on), 2 last (forward; the
@@ -18,7 +18,7 @@
 local id = ARGV[1]
 local limit = tonumber(ARGV[2])
 local keep_ms = tonumber(ARGV[3])
-local uses_key = KEYS[7]
+local uses_key = KEYS[extra + 1]
 if tombstoned(id) then
   return 3
 end

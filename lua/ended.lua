@@ -3,7 +3,7 @@
 -- after a time, so that every instance refuses their passes within a tick,
 -- not only at their next renewal.
 --
--- KEYS: the route's six keys (see route.lua).
+-- KEYS: the route's six keys and its lanes' (see route.lua).
 -- ARGV: [1] since (ms, store time; 0: every tombstone still kept)
 -- Returns: {now ms (as a string), id, id, ...}: at most 10,000 ids, the
 --          most recent first. Tombstones are kept abandon_after.

@@ -2,7 +2,7 @@
 -- reach the store; nobody new is admitted for one pass_ttl, so their passes
 -- come back (renew.lua) and are counted first.
 --
--- KEYS: the route's six keys (see route.lua).
+-- KEYS: the route's six keys and its lanes' (see route.lua).
 -- ARGV: [1] pass_ttl (ms)
 -- Returns: the end of the hold (µs).
 -- Invariant: a hold already running longer is kept.

@@ -1,6 +1,6 @@
 -- leave.lua: a visitor leaves the line or frees its slot.
 --
--- KEYS: the route's six keys (see route.lua).
+-- KEYS: the route's six keys and its lanes' (see route.lua).
 -- ARGV: [1] id (16 raw bytes)
 -- Returns: 1 if the id was in line or active, 0 if unknown (both fine).
 -- Invariant: afterwards the id is in neither waiting nor active, and seen

@@ -1,7 +1,7 @@
 -- renew.lua: a pass holder renews its session, confirming a new one.
 --
--- KEYS: the route's six keys, then the client's key when the client is
---       known and the places limit is on (see route.lua).
+-- KEYS: the route's six keys and its lanes', then the client's key when
+--       the client is known and the places limit is on (see route.lua).
 -- ARGV: [1] id (16 raw bytes)  [2] pass issued at (unix ms)
 --       [3] pass confirmed (1|0)  [4] session_ttl (ms)  [5] pass_ttl (ms)
 --       [6] client memory (ms)  [7] pass granted locally (1|0)
@@ -49,7 +49,7 @@ if now_us >= hold_until() and active_count() >= capacity then
   return 0
 end
 redis.call('ZADD', active_key, int(now_ms + session_ttl_ms), id)
-redis.call('ZREM', waiting_key, id)
+remove_from_line(id)
 redis.call('HDEL', beat_key, id)
 redis.call('ZREM', seen_key, id)
 return 1

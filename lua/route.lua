@@ -3,7 +3,9 @@
 --
 -- KEYS (the same six, in this order, for every script; one `{route}` hash
 -- tag, so they share a Cluster slot):
---   KEYS[1] qg:{route}:waiting  ZSET  id -> join score (store time, µs)
+--   KEYS[1] qg:{route}:waiting  ZSET  id -> join score (store time, µs): the
+--                                      line of the lane `main` (a route
+--                                      without lanes has only that one)
 --   KEYS[2] qg:{route}:seen     ZSET  id -> -time (ms) of a tombstone: a
 --                                      purged no-show (its expiry) or a leave
 --                                      (its time), kept abandon_after (only
@@ -30,7 +32,13 @@
 --                                      last_tick (ms of the last tick run,
 --                                      for noticing a gap), beat_cursor (where
 --                                      the ghost scan of beat goes on), record
---                                      (the line record, admit_tick.lua)
+--                                      (the line record, admit_tick.lua),
+--                                      lanes (`,name,name,`: the lanes other
+--                                      than main a waiter was put in, for
+--                                      merging those no longer configured),
+--                                      wrr:NAME / admitted:NAME (a lane's
+--                                      weighted round-robin `current` and its
+--                                      admissions from the line)
 --   KEYS[6] qg:{route}:beat     HASH  id -> last poll of an id in line, ms
 --                                      after the epoch in decimal (a hash
 --                                      entry costs about half a sorted-set
@@ -39,15 +47,21 @@
 --                                      abandon_after - confirm_within so the
 --                                      ghost rule drops it confirm_within
 --                                      after joining
+-- then the waiting keys of the route's lanes, in its configured order (the
+-- first is where newcomers go): `qg:{route}:waiting` for the lane `main`,
+-- `qg:{route}:waiting:lane:NAME` (ZSET, as waiting) for any other; the
+-- prelude takes KEYS[7] on as lanes for as long as they are such keys (none
+-- given: the one lane `main`), and admit_tick.lua then lanes no longer
+-- configured; `extra` is the index of the last of them. After them,
 -- and, for arrive, poll and renew from a client the limits count:
---   KEYS[7] qg:{route}:client:<hex client key>  ZSET  id -> join time (ms)
+--   KEYS[extra + 1] qg:{route}:client:<hex client key>  ZSET  id -> join time (ms)
 --                                      of each visitor the client brought in
 --                                      (joined or admitted at once), kept
 --                                      while it may hold a place or falls in
 --                                      the join window; the key expires
 --                                      client memory after its last contact
 -- and, for count_request:
---   KEYS[7] qg:{route}:uses:<hex id>  string: forwarded requests of one
+--   KEYS[extra + 1] qg:{route}:uses:<hex id>  string: forwarded requests of one
 --                                      session, on routes with
 --                                      max_requests_per_session; expires
 --                                      session_ttl + pass_ttl after the last
@@ -61,7 +75,25 @@
 
 local waiting_key, seen_key, active_key, tick_key, stats_key, beat_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local client_key = KEYS[7]
+
+-- The lanes' keys and names (see above).
+local lane_prefix = waiting_key .. ':lane:'
+local lane_keys, lane_names = {}, {}
+local extra = 6
+while KEYS[extra + 1] and (KEYS[extra + 1] == waiting_key
+    or string.sub(KEYS[extra + 1], 1, #lane_prefix) == lane_prefix) do
+  extra = extra + 1
+  lane_keys[#lane_keys + 1] = KEYS[extra]
+  if KEYS[extra] == waiting_key then
+    lane_names[#lane_names + 1] = 'main'
+  else
+    lane_names[#lane_names + 1] = string.sub(KEYS[extra], #lane_prefix + 1)
+  end
+end
+if #lane_keys == 0 then
+  lane_keys, lane_names = {waiting_key}, {'main'}
+end
+local client_key = KEYS[extra + 1]
 
 local clock = redis.call('TIME')
 local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
@@ -177,6 +209,49 @@ local function beat_now(id)
   redis.call('HSET', beat_key, id, beat_value(now_ms, false))
 end
 
+-- The lane holding `id` (its index in lane_keys) and its join score, or nil.
+local function find_lane(id)
+  for l = 1, #lane_keys do
+    local score = tonumber(redis.call('ZSCORE', lane_keys[l], id))
+    if score then
+      return l, score
+    end
+  end
+  return nil
+end
+
+-- Takes `id` out of every lane; returns 1 if it was in line, else 0.
+local function remove_from_line(id)
+  local removed = 0
+  for l = 1, #lane_keys do
+    removed = removed + redis.call('ZREM', lane_keys[l], id)
+  end
+  return math.min(removed, 1)
+end
+
+-- Waiters in every lane given.
+local function waiting_total()
+  local total = 0
+  for l = 1, #lane_keys do
+    total = total + redis.call('ZCARD', lane_keys[l])
+  end
+  return total
+end
+
+-- Puts `id` in lane `lane` at `score`, remembering in the stats hash's
+-- `lanes` that the lane (other than main) holds waiters, so that it is
+-- merged once no longer configured (see admit_tick.lua).
+local function put_in_lane(lane, score, id)
+  redis.call('ZADD', lane_keys[lane], int(score), id)
+  local name = lane_names[lane]
+  if name ~= 'main' then
+    local used = redis.call('HGET', stats_key, 'lanes') or ','
+    if not string.find(used, ',' .. name .. ',', 1, true) then
+      redis.call('HSET', stats_key, 'lanes', used .. name .. ',')
+    end
+  end
+end
+
 -- Drops the ghosts (last poll before now - abandon_after, unconfirmed
 -- tickets included: their time is set back) among the next `budget` or so
 -- waiters of a scan of beat that goes on where the last call left it (one
@@ -202,7 +277,9 @@ local function drop_ghosts(abandon_after_ms, budget)
   end
   for i = 1, #ids, 1000 do
     local last = math.min(i + 999, #ids)
-    redis.call('ZREM', waiting_key, unpack(ids, i, last))
+    for l = 1, #lane_keys do
+      redis.call('ZREM', lane_keys[l], unpack(ids, i, last))
+    end
     redis.call('HDEL', beat_key, unpack(ids, i, last))
   end
   return #ids - unconfirmed, unconfirmed
@@ -250,7 +327,7 @@ end
 -- (-now ms) in seen so neither its ticket nor its pass is restored as a lost
 -- write. Returns how many of the two held it.
 local function end_place(id)
-  local removed = redis.call('ZREM', waiting_key, id)
+  local removed = remove_from_line(id)
   removed = removed + redis.call('ZREM', active_key, id)
   redis.call('HDEL', beat_key, id)
   redis.call('ZADD', seen_key, int(-now_ms), id)
@@ -266,10 +343,11 @@ local function forget_tombstones(abandon_after_ms)
   redis.call('ZREMRANGEBYSCORE', seen_key, 0, '+inf')
 end
 
--- The reply for a visitor in line: {2, join score, position, waiting total}.
-local function place(id, score)
-  local rank = redis.call('ZRANK', waiting_key, id)
-  return {2, score, rank + 1, redis.call('ZCARD', waiting_key)}
+-- The reply for a visitor in lane `lane`: {2, join score, position in the
+-- lane, waiting in the lane, lane index (0-based)}.
+local function place(id, score, lane)
+  local rank = redis.call('ZRANK', lane_keys[lane], id)
+  return {2, score, rank + 1, redis.call('ZCARD', lane_keys[lane]), lane - 1}
 end
 
 -- Whether `id` holds a live slot (expiry in the future).
@@ -288,7 +366,7 @@ end
 -- cannot drift when a place is given up in any way.
 -- Whether `id` still holds a place.
 local function holds_place(id, abandon_after_ms)
-  if redis.call('ZSCORE', waiting_key, id) then
+  if find_lane(id) then
     return not is_ghost(id, abandon_after_ms)
   end
   return is_active(id)

@@ -74,6 +74,9 @@ pub async fn run(
                     }
                     live.epoch_us.store(t.epoch_us, Ordering::Relaxed);
                     route.metrics.tick(&t);
+                    if t.ran {
+                        route.metrics.lanes(&route.limits.lanes, &t);
+                    }
                     if !t.admitted_scores.is_empty() {
                         tracing::debug!(route = %name, admitted = t.admitted_scores.len(), "admitted from the line");
                     }

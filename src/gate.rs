@@ -131,10 +131,17 @@ impl Gate {
                 .out_of_line([ticket.id], route.limits.abandon_after);
         }
         for claims in [creds.pass, creds.ticket].into_iter().flatten() {
-            if let Err(err) = self.store.leave(route.name(), &claims.id).await {
+            if let Err(err) = self
+                .store
+                .leave(route.name(), &claims.id, &route.limits)
+                .await
+            {
                 tracing::warn!(route = route.name(), error = %err, "leave could not reach the store");
             }
-            let _ = self.local.leave(route.name(), &claims.id).await;
+            let _ = self
+                .local
+                .leave(route.name(), &claims.id, &route.limits)
+                .await;
             left = true;
         }
         left
@@ -179,10 +186,10 @@ impl Gate {
     /// this instance refuses its passes from now on. The caller clears the
     /// pass cookie.
     pub async fn end_session(&self, route: &RouteRt, id: &VisitorId, reason: SessionEnd) {
-        if let Err(err) = self.store.leave(route.name(), id).await {
+        if let Err(err) = self.store.leave(route.name(), id, &route.limits).await {
             tracing::warn!(route = route.name(), error = %err, "ending a session could not reach the store");
         }
-        let _ = self.local.leave(route.name(), id).await;
+        let _ = self.local.leave(route.name(), id, &route.limits).await;
         self.ended(route, id, reason);
     }
 
@@ -333,6 +340,7 @@ impl Gate {
         let times = TicketTimes {
             score_us: ticket.t,
             seen_us: ticket.at.unwrap_or(ticket.t),
+            lane: 0,
         };
         if let Some(decision) = self.answer_from_record(s, route, ticket, times, who) {
             route.metrics.poll(true);
@@ -437,9 +445,14 @@ impl Gate {
         // Three ticks without a record: the admitter is not reaching the
         // store, and the store (or the local line) answers.
         let fresh_for = route.limits.tick * 3 + Duration::from_millis(500);
-        let placed = route
-            .live
-            .place_from_record(&ticket.id, ticket.t, fresh_for)?;
+        let lane = route.limits.lanes.clamp(times.lane);
+        let placed = route.live.place_from_record(
+            &ticket.id,
+            &route.limits.lanes.get(lane).name,
+            ticket.t,
+            fresh_for,
+            &route.limits.lanes,
+        )?;
         let set_cookie = self.seen_again(route, ticket, times).map(|now_us| {
             route.live.heartbeat(Heartbeat {
                 id: ticket.id,
@@ -451,6 +464,7 @@ impl Gate {
             score_us: ticket.t,
             position: placed.position,
             waiting_total: placed.waiting_total,
+            lane,
         };
         Some(Decision::Wait { place, set_cookie })
     }
@@ -468,6 +482,7 @@ impl Gate {
                 id,
                 client: who.client.to_vec(),
                 admit_now,
+                lane: 0,
             };
             route
                 .live
@@ -489,6 +504,7 @@ impl Gate {
                     &route.limits,
                     admit_now,
                     known_epoch_us,
+                    0,
                 )
                 .await
         };
@@ -507,6 +523,7 @@ impl Gate {
                             &route.local_limits_now(),
                             admit_now,
                             None,
+                            0,
                         )
                         .await;
                     match local {

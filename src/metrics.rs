@@ -16,7 +16,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
-use crate::queue::Tick;
+use crate::queue::{Lanes, Tick};
 
 /// The `Content-Type` of [`Metrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -35,6 +35,49 @@ const UPSTREAM_BUCKETS: [f64; 14] = [
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabel {
     route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LaneLabels {
+    route: String,
+    lane: String,
+}
+
+/// The per-lane series, and which exist (so a route's can be dropped).
+#[derive(Debug, Default)]
+struct LaneFamilies {
+    waiting: Family<LaneLabels, Gauge>,
+    admitted: Family<LaneLabels, Counter>,
+    made: std::sync::Mutex<std::collections::HashSet<LaneLabels>>,
+}
+
+impl LaneFamilies {
+    fn labels(&self, route: &str, lane: &str) -> LaneLabels {
+        let labels = LaneLabels {
+            route: route.to_owned(),
+            lane: lane.to_owned(),
+        };
+        self.made
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(labels.clone());
+        labels
+    }
+
+    fn forget_route(&self, route: &str) {
+        let mut made = self
+            .made
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        made.retain(|labels| {
+            if labels.route != route {
+                return true;
+            }
+            self.waiting.remove(labels);
+            self.admitted.remove(labels);
+            false
+        });
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -228,6 +271,7 @@ pub struct Metrics {
     active: Family<RouteLabel, Gauge>,
     capacity: Family<RouteLabel, Gauge>,
     admitted: Family<AdmittedLabels, Counter>,
+    lanes: std::sync::Arc<LaneFamilies>,
     rejected: Family<RejectedLabels, Counter>,
     held: Family<RouteLabel, Counter>,
     eta: Family<RouteLabel, Gauge<f64, AtomicU64>>,
@@ -265,6 +309,7 @@ impl Metrics {
         let active = Family::<RouteLabel, Gauge>::default();
         let capacity = Family::<RouteLabel, Gauge>::default();
         let admitted = Family::<AdmittedLabels, Counter>::default();
+        let lanes = std::sync::Arc::new(LaneFamilies::default());
         let rejected = Family::<RejectedLabels, Counter>::default();
         let held = Family::<RouteLabel, Counter>::default();
         let eta = Family::<RouteLabel, Gauge<f64, AtomicU64>>::default();
@@ -307,6 +352,16 @@ impl Metrics {
             "queuegate_admitted",
             "Visitors admitted, at once on arrival or from the line",
             admitted.clone(),
+        );
+        registry.register(
+            "queuegate_lane_waiting",
+            "People in line, per route and lane",
+            lanes.waiting.clone(),
+        );
+        registry.register(
+            "queuegate_lane_admitted",
+            "Visitors admitted from the line, per route and lane",
+            lanes.admitted.clone(),
         );
         registry.register(
             "queuegate_rejected",
@@ -441,6 +496,7 @@ impl Metrics {
             active,
             capacity,
             admitted,
+            lanes,
             rejected,
             held,
             eta,
@@ -488,6 +544,8 @@ impl Metrics {
         let eta = self.eta.get_or_create_owned(&route);
         eta.set(f64::NAN);
         RouteMetrics {
+            route: name.to_owned(),
+            lanes: self.lanes.clone(),
             waiting: self.waiting.get_or_create_owned(&route),
             active: self.active.get_or_create_owned(&route),
             capacity: self.capacity.get_or_create_owned(&route),
@@ -535,6 +593,7 @@ impl Metrics {
         }
         self.eta.remove(&route);
         self.wait.remove(&route);
+        self.lanes.forget_route(name);
         for how in ["at_once", "from_line"] {
             self.admitted.remove(&AdmittedLabels {
                 route: name.to_owned(),
@@ -690,6 +749,8 @@ impl Drop for Counted {
 /// One route's metric handles, resolved when the settings are built.
 #[derive(Clone, Debug)]
 pub struct RouteMetrics {
+    route: String,
+    lanes: std::sync::Arc<LaneFamilies>,
     waiting: Gauge,
     active: Gauge,
     capacity: Gauge,
@@ -766,6 +827,22 @@ impl RouteMetrics {
         self.no_show.inc_by(tick.no_shows);
         self.unconfirmed_sessions.inc_by(tick.unconfirmed_sessions);
         self.unconfirmed_tickets.inc_by(tick.unconfirmed_tickets);
+    }
+
+    /// Per lane of `lanes` (in order, as the tick reports them): waiters
+    /// left and admissions from the line.
+    pub fn lanes(&self, lanes: &Lanes, tick: &Tick) {
+        for (i, lane) in lanes.iter().enumerate() {
+            let labels = self.lanes.labels(&self.route, &lane.name);
+            if let Some(&waiting) = tick.lane_waiting.get(i) {
+                self.lanes
+                    .waiting
+                    .get_or_create(&labels)
+                    .set(i64::try_from(waiting).unwrap_or(i64::MAX));
+            }
+            let admitted = self.lanes.admitted.get_or_create(&labels);
+            admitted.inc_by(tick.lane_admitted.get(i).copied().unwrap_or(0));
+        }
     }
 
     /// The route's live numbers; `eta_s` is `None` while there is no rate.
@@ -866,6 +943,8 @@ mod tests {
             unconfirmed_tickets: 0,
             now_us: 31_000_000,
             epoch_us: 1,
+            lane_admitted: Vec::new(),
+            lane_waiting: Vec::new(),
         });
         let text = m.encode();
         assert_eq!(

@@ -20,7 +20,7 @@ use crate::cookie::{self, CookieMemo, Credentials};
 use crate::metrics::{Metrics, RouteMetrics};
 use crate::path;
 use crate::queue::joins::JoinQueue;
-use crate::queue::{store_id, Heartbeat, Limits, LineRecord, StoreId};
+use crate::queue::{store_id, Heartbeat, Lanes, Limits, LineRecord, StoreId};
 use crate::template::Template;
 
 /// Numbers one route's admitter keeps fresh for the gate and the waiting room.
@@ -80,10 +80,16 @@ struct ReadRecord {
 }
 
 /// A place answered from the line record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RecordedPlace {
+    /// Within the lane.
     pub position: u64,
+    /// The lane's waiters.
     pub waiting_total: u64,
+    /// The lane's share of the route's admission rate when the record was
+    /// taken (see [`crate::queue::Lanes::share`]): its ETA is
+    /// `eta_seconds(position, admit_rate * lane_share)`.
+    pub lane_share: f64,
 }
 
 /// Ended sessions by id, with the unix second after which no pass of theirs
@@ -149,22 +155,26 @@ impl RouteLive {
         }));
     }
 
-    /// The place of waiter `id` who joined at `score_us`, from a line record
-    /// read less than `fresh_for` ago; `None` when the store must answer (no
-    /// fresh record, a place at the head, a ticket the record cannot place,
-    /// or a waiter a flush found out of line).
+    /// The place of waiter `id` who joined lane `lane` at `score_us`, from
+    /// a line record read less than `fresh_for` ago; `None` when the store
+    /// must answer (no fresh record, a lane the record lacks, a place at the
+    /// head of the lane, a ticket the record cannot place, or a waiter a
+    /// flush found out of line). The lane's share of admissions is reckoned
+    /// with the weights of `lanes`.
     pub fn place_from_record(
         &self,
         id: &VisitorId,
+        lane: &str,
         score_us: u64,
         fresh_for: Duration,
+        lanes: &Lanes,
     ) -> Option<RecordedPlace> {
         let read = self.record.load();
         let read = read.as_ref()?;
         if read.at.elapsed() > fresh_for {
             return None;
         }
-        let position = read.record.position(score_us)?;
+        let position = read.record.position(lane, score_us)?;
         if self.any_out_of_line.load(Ordering::Acquire)
             && self
                 .out_of_line
@@ -175,9 +185,15 @@ impl RouteLive {
         {
             return None;
         }
+        let waiting: Vec<u64> = lanes
+            .iter()
+            .map(|l| read.record.lane(&l.name).map_or(0, |r| r.waiting))
+            .collect();
+        let share = lanes.share(lanes.index_of(lane).unwrap_or(0), &waiting);
         Some(RecordedPlace {
             position,
-            waiting_total: read.record.waiting,
+            waiting_total: read.record.lane(lane).map_or(0, |r| r.waiting),
+            lane_share: share,
         })
     }
 
@@ -308,6 +324,7 @@ impl RouteRt {
             confirm_within: cfg.confirm_within,
             client_places: cfg.client_limits.places,
             client_joins_per_minute: cfg.client_limits.joins_per_minute,
+            lanes: Lanes::default(),
         };
         let mut local_limits = limits.clone();
         local_limits.capacity = (cfg.capacity / expected_instances.max(1)).max(1);

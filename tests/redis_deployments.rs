@@ -8,8 +8,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use queuegate::queue::{
-    Arrival, Limits, PassTimes, Place, Poll, QueueStore, RedisStore, StoreError, TicketTimes,
-    VisitorId,
+    Arrival, Lanes, Limits, PassTimes, Place, Poll, QueueStore, RedisStore, StoreError,
+    TicketTimes, VisitorId,
 };
 use redis_harness::{RedisCluster, RedisSentinel, RedisServer};
 
@@ -26,6 +26,7 @@ fn limits() -> Limits {
         confirm_within: Duration::from_secs(30),
         client_places: 0,
         client_joins_per_minute: 0,
+        lanes: Lanes::default(),
     }
 }
 
@@ -34,6 +35,7 @@ fn polled_ticket(score_us: u64) -> TicketTimes {
     TicketTimes {
         score_us,
         seen_us: score_us + 1,
+        lane: 0,
     }
 }
 
@@ -102,7 +104,7 @@ async fn connect_does_not_wait_for_redis_and_ready_fails_while_it_is_down() {
         let store = RedisStore::connect(&cfg).expect("connect is lazy");
         assert!(store.ready().await.is_err());
         assert!(store
-            .arrive("r", &id(1), &[], &limits(), true, None)
+            .arrive("r", &id(1), &[], &limits(), true, None, 0)
             .await
             .is_err());
         // Redis comes up: the same store starts answering.
@@ -112,7 +114,7 @@ async fn connect_does_not_wait_for_redis_and_ready_fails_while_it_is_down() {
         eventually("ready after start", || store.ready()).await;
         assert_eq!(
             store
-                .arrive("r", &id(1), &[], &limits(), true, None)
+                .arrive("r", &id(1), &[], &limits(), true, None, 0)
                 .await
                 .unwrap(),
             Arrival::Admitted
@@ -143,7 +145,9 @@ async fn calls_time_out_while_redis_is_stopped() {
     let store = RedisStore::connect(&server.config(Duration::from_millis(200))).unwrap();
     store.ready().await.unwrap();
     server.pause();
-    let arrive = store.arrive("r", &id(1), &[], &limits(), true, None).await;
+    let arrive = store
+        .arrive("r", &id(1), &[], &limits(), true, None, 0)
+        .await;
     assert!(
         matches!(arrive, Err(StoreError::Timeout)),
         "expected a timeout, got {arrive:?}"
@@ -164,25 +168,25 @@ async fn cluster_runs_each_route_on_its_slot() {
     for route in routes {
         assert_eq!(
             store
-                .arrive(route, &id(1), &[], &l, true, None)
+                .arrive(route, &id(1), &[], &l, true, None, 0)
                 .await
                 .unwrap(),
             Arrival::Admitted
         );
         let b = waiting(
             store
-                .arrive(route, &id(2), &[], &l, true, None)
+                .arrive(route, &id(2), &[], &l, true, None, 0)
                 .await
                 .unwrap(),
         );
         let c = waiting(
             store
-                .arrive(route, &id(3), &[], &l, true, None)
+                .arrive(route, &id(3), &[], &l, true, None, 0)
                 .await
                 .unwrap(),
         );
         assert_eq!((b.position, c.position), (1, 2));
-        store.leave(route, &id(1)).await.unwrap();
+        store.leave(route, &id(1), &limits()).await.unwrap();
         let tick = store.admit_tick(route, &l, None).await.unwrap();
         assert_eq!(tick.admitted_scores, vec![b.score_us]);
         assert_eq!(
@@ -224,7 +228,7 @@ async fn sentinel_failover_keeps_the_line_going() {
     let l = limits();
     assert_eq!(
         store
-            .arrive("r", &id(1), &[], &l, true, None)
+            .arrive("r", &id(1), &[], &l, true, None, 0)
             .await
             .unwrap(),
         Arrival::Admitted
@@ -235,7 +239,7 @@ async fn sentinel_failover_keeps_the_line_going() {
     for n in 2..=4 {
         line.push(waiting(
             store
-                .arrive("r", &id(n), &[], &l, true, None)
+                .arrive("r", &id(n), &[], &l, true, None, 0)
                 .await
                 .unwrap(),
         ));
@@ -263,7 +267,7 @@ async fn sentinel_failover_keeps_the_line_going() {
     // New visitors join behind them.
     let newcomer = waiting(
         store
-            .arrive("r", &id(9), &[], &l, true, None)
+            .arrive("r", &id(9), &[], &l, true, None, 0)
             .await
             .unwrap(),
     );
@@ -274,7 +278,7 @@ async fn sentinel_failover_keeps_the_line_going() {
         .await
         .unwrap());
     // And the admitter admits the head once the slot frees.
-    store.leave("r", &id(1)).await.unwrap();
+    store.leave("r", &id(1), &limits()).await.unwrap();
     let tick = eventually("tick after failover", || store.admit_tick("r", &l, None)).await;
     assert_eq!(tick.admitted_scores, vec![line[0].score_us]);
 }
@@ -292,14 +296,14 @@ async fn sentinel_switchover_moves_writes_to_the_new_master() {
     let l = limits();
     assert_eq!(
         store
-            .arrive("r", &id(1), &[], &l, true, None)
+            .arrive("r", &id(1), &[], &l, true, None, 0)
             .await
             .unwrap(),
         Arrival::Admitted
     );
     let b = waiting(
         store
-            .arrive("r", &id(2), &[], &l, true, None)
+            .arrive("r", &id(2), &[], &l, true, None, 0)
             .await
             .unwrap(),
     );
@@ -311,7 +315,7 @@ async fn sentinel_switchover_moves_writes_to_the_new_master() {
 
     let c = waiting(
         eventually("arrive after switchover", || {
-            store.arrive("r", &[3; 16], &[], &l, true, None)
+            store.arrive("r", &[3; 16], &[], &l, true, None, 0)
         })
         .await,
     );

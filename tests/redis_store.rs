@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use queuegate::queue::{
-    store_id, Arrival, Arriving, Heartbeat, Limits, PassTimes, Poll, QueueStore, RedisStore,
+    store_id, Arrival, Arriving, Heartbeat, Lanes, Limits, PassTimes, Poll, QueueStore, RedisStore,
     StoreError, Tick, TicketTimes, VisitorId,
 };
 use rand::rngs::StdRng;
@@ -32,6 +32,7 @@ fn limits() -> Limits {
         confirm_within: Duration::from_secs(30),
         client_places: 0,
         client_joins_per_minute: 0,
+        lanes: Lanes::default(),
     }
 }
 
@@ -42,6 +43,7 @@ fn polled_ticket(score_us: u64) -> TicketTimes {
     TicketTimes {
         score_us,
         seen_us: score_us + 1,
+        lane: 0,
     }
 }
 
@@ -96,25 +98,25 @@ async fn arrive_admits_at_once_while_free_then_queues_in_order() {
     let s = store(&server);
     let l = limits();
     assert_eq!(
-        s.arrive("r", &id(1), &[], &l, true, None).await.unwrap(),
+        s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap(),
         Arrival::Admitted
     );
     assert_eq!(
-        s.arrive("r", &id(2), &[], &l, true, None).await.unwrap(),
+        s.arrive("r", &id(2), &[], &l, true, None, 0).await.unwrap(),
         Arrival::Admitted
     );
-    let c = waiting(s.arrive("r", &id(3), &[], &l, true, None).await.unwrap());
-    let d = waiting(s.arrive("r", &id(4), &[], &l, true, None).await.unwrap());
+    let c = waiting(s.arrive("r", &id(3), &[], &l, true, None, 0).await.unwrap());
+    let d = waiting(s.arrive("r", &id(4), &[], &l, true, None, 0).await.unwrap());
     assert_eq!((c.position, c.waiting_total), (1, 1));
     assert_eq!((d.position, d.waiting_total), (2, 2));
     assert!(c.score_us < d.score_us);
 
     // Same ids again: the active one stays admitted, the waiter keeps its place.
     assert_eq!(
-        s.arrive("r", &id(1), &[], &l, true, None).await.unwrap(),
+        s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap(),
         Arrival::Admitted
     );
-    let c_again = waiting(s.arrive("r", &id(3), &[], &l, true, None).await.unwrap());
+    let c_again = waiting(s.arrive("r", &id(3), &[], &l, true, None, 0).await.unwrap());
     assert_eq!((c_again.score_us, c_again.position), (c.score_us, 1));
 
     let stats = s.stats("r", &l).await.unwrap();
@@ -132,7 +134,7 @@ async fn arrive_without_admit_now_joins_even_when_free() {
     let server = RedisServer::start();
     let s = store(&server);
     let p = waiting(
-        s.arrive("r", &id(1), &[], &limits(), false, None)
+        s.arrive("r", &id(1), &[], &limits(), false, None, 0)
             .await
             .unwrap(),
     );
@@ -149,12 +151,12 @@ async fn admit_now_shares_the_tick_budget_and_stops_when_someone_waits() {
         ..limits()
     };
     assert_eq!(
-        s.arrive("r", &id(1), &[], &l, true, None).await.unwrap(),
+        s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap(),
         Arrival::Admitted
     );
     // Budget of this window spent: queue, although capacity is free.
     assert_eq!(
-        waiting(s.arrive("r", &id(2), &[], &l, true, None).await.unwrap()).position,
+        waiting(s.arrive("r", &id(2), &[], &l, true, None, 0).await.unwrap()).position,
         1
     );
     // The admitter's tick in the same window has no budget left either.
@@ -168,7 +170,7 @@ async fn admit_now_shares_the_tick_budget_and_stops_when_someone_waits() {
     };
     assert_eq!(
         waiting(
-            s.arrive("r", &id(3), &[], &roomy, true, None)
+            s.arrive("r", &id(3), &[], &roomy, true, None, 0)
                 .await
                 .unwrap()
         )
@@ -186,10 +188,10 @@ async fn a_full_line_queues_nobody() {
         max_waiting: 2,
         ..limits()
     };
-    waiting(s.arrive("r", &id(1), &[], &l, true, None).await.unwrap());
-    waiting(s.arrive("r", &id(2), &[], &l, true, None).await.unwrap());
+    waiting(s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap());
+    waiting(s.arrive("r", &id(2), &[], &l, true, None, 0).await.unwrap());
     assert_eq!(
-        s.arrive("r", &id(3), &[], &l, true, None).await.unwrap(),
+        s.arrive("r", &id(3), &[], &l, true, None, 0).await.unwrap(),
         Arrival::Full { waiting_total: 2 }
     );
     assert_eq!(s.stats("r", &l).await.unwrap().waiting, 2);
@@ -205,7 +207,14 @@ async fn admit_tick_admits_from_the_head_up_to_capacity_once_per_window() {
     };
     let mut scores = Vec::new();
     for n in 1..=5 {
-        scores.push(waiting(s.arrive("r", &id(n), &[], &l, false, None).await.unwrap()).score_us);
+        scores.push(
+            waiting(
+                s.arrive("r", &id(n), &[], &l, false, None, 0)
+                    .await
+                    .unwrap(),
+            )
+            .score_us,
+        );
     }
     let tick = s.admit_tick("r", &l, None).await.unwrap();
     assert!(tick.ran);
@@ -250,7 +259,14 @@ async fn admit_tick_admits_at_most_max_admit_per_tick() {
     };
     let mut scores = Vec::new();
     for n in 1..=5 {
-        scores.push(waiting(s.arrive("r", &id(n), &[], &l, false, None).await.unwrap()).score_us);
+        scores.push(
+            waiting(
+                s.arrive("r", &id(n), &[], &l, false, None, 0)
+                    .await
+                    .unwrap(),
+            )
+            .score_us,
+        );
     }
     let first = tick_that_runs(&s, "r", &l).await;
     assert_eq!(first.admitted_scores, scores[..2]);
@@ -267,20 +283,20 @@ async fn leave_frees_the_slot_and_the_place() {
         ..limits()
     };
     assert_eq!(
-        s.arrive("r", &id(1), &[], &l, true, None).await.unwrap(),
+        s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap(),
         Arrival::Admitted
     );
-    let b = waiting(s.arrive("r", &id(2), &[], &l, true, None).await.unwrap());
-    let c = waiting(s.arrive("r", &id(3), &[], &l, true, None).await.unwrap());
-    s.leave("r", &id(2)).await.unwrap();
+    let b = waiting(s.arrive("r", &id(2), &[], &l, true, None, 0).await.unwrap());
+    let c = waiting(s.arrive("r", &id(3), &[], &l, true, None, 0).await.unwrap());
+    s.leave("r", &id(2), &limits()).await.unwrap();
     let c_now = polled_place(
         s.poll("r", &id(3), &[], polled_ticket(c.score_us), &l)
             .await
             .unwrap(),
     );
     assert_eq!((c_now.position, c_now.waiting_total), (1, 1));
-    s.leave("r", &id(1)).await.unwrap();
-    s.leave("r", &id(99)).await.unwrap();
+    s.leave("r", &id(1), &limits()).await.unwrap();
+    s.leave("r", &id(99), &limits()).await.unwrap();
     let stats = s.stats("r", &l).await.unwrap();
     assert_eq!((stats.active, stats.waiting), (0, 1));
     // The pass of a visitor who left is not renewed (the pass was issued
@@ -306,7 +322,7 @@ async fn renew_extends_live_sessions_only() {
     let s = store(&server);
     let l = limits();
     assert_eq!(
-        s.arrive("r", &id(1), &[], &l, true, None).await.unwrap(),
+        s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap(),
         Arrival::Admitted
     );
     let epoch_s = s.stats("r", &l).await.unwrap().epoch_us / 1_000_000;
@@ -332,7 +348,7 @@ async fn sessions_expire_after_session_ttl() {
         ..limits()
     };
     assert_eq!(
-        s.arrive("r", &id(1), &[], &l, true, None).await.unwrap(),
+        s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap(),
         Arrival::Admitted
     );
     let issued_s = s.stats("r", &l).await.unwrap().epoch_us / 1_000_000 + 2;
@@ -359,8 +375,16 @@ async fn silent_waiters_are_dropped_before_anyone_behind_is_admitted() {
         abandon_after: Duration::from_millis(800),
         ..limits()
     };
-    let a = waiting(s.arrive("r", &id(1), &[], &l, false, None).await.unwrap());
-    let b = waiting(s.arrive("r", &id(2), &[], &l, false, None).await.unwrap());
+    let a = waiting(
+        s.arrive("r", &id(1), &[], &l, false, None, 0)
+            .await
+            .unwrap(),
+    );
+    let b = waiting(
+        s.arrive("r", &id(2), &[], &l, false, None, 0)
+            .await
+            .unwrap(),
+    );
     // a polls once (a ticket never polled is unconfirmed, not a ghost).
     polled_place(
         s.poll("r", &id(1), &[], polled_ticket(a.score_us), &l)
@@ -405,7 +429,11 @@ async fn admitted_waiters_who_never_come_are_no_shows() {
         tick: Duration::from_millis(100),
         ..limits()
     };
-    waiting(s.arrive("r", &id(1), &[], &l, false, None).await.unwrap());
+    waiting(
+        s.arrive("r", &id(1), &[], &l, false, None, 0)
+            .await
+            .unwrap(),
+    );
     let first = tick_that_runs(&s, "r", &l).await;
     assert_eq!(first.admitted_scores.len(), 1);
     let mut no_shows = 0;
@@ -447,7 +475,11 @@ async fn missing_entries_come_back_only_under_the_epoch_rules() {
     // Older than the epoch and seen just now: the store lost it; restored,
     // and a hold starts.
     let seen_us = s.stats("r", &l).await.unwrap().now_us;
-    let lost = |score_us| TicketTimes { score_us, seen_us };
+    let lost = |score_us| TicketTimes {
+        score_us,
+        seen_us,
+        lane: 0,
+    };
     let old = polled_place(
         s.poll("r", &id(3), &[], lost(stats.epoch_us - 1), &l)
             .await
@@ -475,12 +507,12 @@ async fn script_flush_reloads_scripts_on_the_next_call() {
     let l = limits();
     s.ready().await.unwrap();
     assert_eq!(
-        s.arrive("r", &id(1), &[], &l, true, None).await.unwrap(),
+        s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap(),
         Arrival::Admitted
     );
     let _: () = server.query(&["SCRIPT", "FLUSH"]);
     assert_eq!(
-        s.arrive("r", &id(2), &[], &l, true, None).await.unwrap(),
+        s.arrive("r", &id(2), &[], &l, true, None, 0).await.unwrap(),
         Arrival::Admitted
     );
     let _: () = server.query(&["SCRIPT", "FLUSH"]);
@@ -496,7 +528,7 @@ async fn after_flushall_waiters_and_passes_come_back_and_a_hold_blocks_newcomers
         ..limits()
     };
     assert_eq!(
-        s.arrive("r", &id(1), &[], &l, true, None).await.unwrap(),
+        s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap(),
         Arrival::Admitted
     );
     let issued_s = s.stats("r", &l).await.unwrap().now_us / 1_000_000;
@@ -507,7 +539,14 @@ async fn after_flushall_waiters_and_passes_come_back_and_a_hold_blocks_newcomers
     let scores: Vec<u64> = {
         let mut v = Vec::new();
         for n in 2..=4 {
-            v.push(waiting(s.arrive("r", &id(n), &[], &full, true, None).await.unwrap()).score_us);
+            v.push(
+                waiting(
+                    s.arrive("r", &id(n), &[], &full, true, None, 0)
+                        .await
+                        .unwrap(),
+                )
+                .score_us,
+            );
         }
         v
     };
@@ -556,7 +595,7 @@ async fn after_flushall_waiters_and_passes_come_back_and_a_hold_blocks_newcomers
     assert_eq!((stats.active, stats.waiting), (1, 3));
 
     // During the hold nobody new is admitted, at once or by the admitter.
-    let e = waiting(s.arrive("r", &id(5), &[], &l, true, None).await.unwrap());
+    let e = waiting(s.arrive("r", &id(5), &[], &l, true, None, 0).await.unwrap());
     assert_eq!(e.position, 4);
     let tick = s.admit_tick("r", &l, Some(old_epoch)).await.unwrap();
     assert!(tick.ran);
@@ -577,7 +616,7 @@ async fn an_instance_that_sees_the_epoch_change_starts_a_hold() {
     assert!(s.stats("r", &l).await.unwrap().hold_until_us > 0);
     // Free capacity, nobody waiting: still no admission during the hold.
     assert_eq!(
-        waiting(s.arrive("r", &id(1), &[], &l, true, None).await.unwrap()).position,
+        waiting(s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap()).position,
         1
     );
 }
@@ -588,7 +627,7 @@ async fn only_the_six_route_keys_exist_and_no_id_is_in_a_key() {
     let s = store(&server);
     let l = limits();
     for n in 1..=6 {
-        s.arrive("tickets", &id(n), &[], &l, true, None)
+        s.arrive("tickets", &id(n), &[], &l, true, None, 0)
             .await
             .unwrap();
     }
@@ -599,7 +638,7 @@ async fn only_the_six_route_keys_exist_and_no_id_is_in_a_key() {
     s.renew("tickets", &id(1), &[], pass_of_second(0), &l)
         .await
         .unwrap();
-    s.leave("tickets", &id(2)).await.unwrap();
+    s.leave("tickets", &id(2), &limits()).await.unwrap();
     s.stats("tickets", &l).await.unwrap();
     let mut keys: Vec<String> = server.query(&["KEYS", "*"]);
     keys.sort();
@@ -664,14 +703,18 @@ async fn three_instances_share_one_line() {
                 next_id += 1;
                 let mut v = [0u8; 16];
                 v[..4].copy_from_slice(&next_id.to_be_bytes());
-                if st.arrive("shared", &v, &[], &l, true, None).await.unwrap() == Arrival::Admitted
+                if st
+                    .arrive("shared", &v, &[], &l, true, None, 0)
+                    .await
+                    .unwrap()
+                    == Arrival::Admitted
                 {
                     admitted_ids.push(v);
                 }
             }
             7 if !admitted_ids.is_empty() => {
                 let gone = admitted_ids.swap_remove(rng.random_range(0..admitted_ids.len()));
-                st.leave("shared", &gone).await.unwrap();
+                st.leave("shared", &gone, &limits()).await.unwrap();
             }
             _ => {}
         }
@@ -724,7 +767,11 @@ async fn ghosts_dropped_by_an_arrival_are_counted_by_the_next_tick() {
         abandon_after: Duration::from_millis(300),
         ..limits()
     };
-    let a = waiting(s.arrive("r", &id(1), &[], &l, false, None).await.unwrap());
+    let a = waiting(
+        s.arrive("r", &id(1), &[], &l, false, None, 0)
+            .await
+            .unwrap(),
+    );
     // a polls once (a ticket never polled is unconfirmed, not a ghost).
     polled_place(
         s.poll("r", &id(1), &[], polled_ticket(a.score_us), &l)
@@ -732,12 +779,20 @@ async fn ghosts_dropped_by_an_arrival_are_counted_by_the_next_tick() {
             .unwrap(),
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let b = waiting(s.arrive("r", &id(2), &[], &l, false, None).await.unwrap());
+    let b = waiting(
+        s.arrive("r", &id(2), &[], &l, false, None, 0)
+            .await
+            .unwrap(),
+    );
     assert_eq!((b.position, b.waiting_total), (1, 1));
     let tick = s.admit_tick("r", &l, None).await.unwrap();
     assert_eq!(tick.abandoned, 1);
     // The ghost comes back at the back of the line, not at its old place.
-    let back = waiting(s.arrive("r", &id(1), &[], &l, false, None).await.unwrap());
+    let back = waiting(
+        s.arrive("r", &id(1), &[], &l, false, None, 0)
+            .await
+            .unwrap(),
+    );
     assert!(back.score_us > a.score_us);
 }
 
@@ -753,8 +808,16 @@ async fn purged_no_shows_leave_tombstones_in_seen_until_abandon_after() {
         ..limits()
     };
     let seen_key = "qg:{r}:seen";
-    let a = waiting(s.arrive("r", &id(1), &[], &l, false, None).await.unwrap());
-    let b = waiting(s.arrive("r", &id(2), &[], &l, false, None).await.unwrap());
+    let a = waiting(
+        s.arrive("r", &id(1), &[], &l, false, None, 0)
+            .await
+            .unwrap(),
+    );
+    let b = waiting(
+        s.arrive("r", &id(2), &[], &l, false, None, 0)
+            .await
+            .unwrap(),
+    );
     let first = tick_that_runs(&s, "r", &l).await;
     assert_eq!(first.admitted_scores, vec![a.score_us, b.score_us]);
     let mut no_shows = 0;
@@ -782,7 +845,11 @@ async fn purged_no_shows_leave_tombstones_in_seen_until_abandon_after() {
         Poll::Gone
     );
     // Joining again replaces the tombstone with a poll time (in beat).
-    let again = waiting(s.arrive("r", &id(2), &[], &l, false, None).await.unwrap());
+    let again = waiting(
+        s.arrive("r", &id(2), &[], &l, false, None, 0)
+            .await
+            .unwrap(),
+    );
     assert!(again.score_us > b.score_us);
     let still_buried: Vec<Vec<u8>> = server.query(&["ZRANGE", seen_key, "0", "-1"]);
     assert_eq!(still_buried, vec![store_id(&id(1)).to_vec()]);
@@ -825,7 +892,9 @@ async fn a_gap_in_the_ticks_does_not_run_sessions_out() {
     };
     for route in ["gap", "steady"] {
         assert_eq!(
-            s.arrive(route, &id(1), &[], &l, true, None).await.unwrap(),
+            s.arrive(route, &id(1), &[], &l, true, None, 0)
+                .await
+                .unwrap(),
             Arrival::Admitted
         );
         let issued_s = s.stats(route, &l).await.unwrap().now_us / 1_000_000;
@@ -866,18 +935,18 @@ async fn an_arrival_run_after_its_caller_gave_up_stores_nothing() {
     let l = limits();
     // The connection is up and the script loaded before Redis stops (a
     // script Redis does not know yet would only be answered NOSCRIPT).
-    s.arrive("other", &id(9), &[], &l, false, None)
+    s.arrive("other", &id(9), &[], &l, false, None, 0)
         .await
         .unwrap();
     server.pause();
-    let late = s.arrive("r", &id(1), &[], &l, false, None).await;
+    let late = s.arrive("r", &id(1), &[], &l, false, None, 0).await;
     assert!(matches!(late, Err(StoreError::Timeout)), "{late:?}");
     // Past the call's timeout and the grace for clock skew.
     tokio::time::sleep(TIMEOUT + Duration::from_millis(1_300)).await;
     server.resume();
     let mut on_time = None;
     for _ in 0..50 {
-        if let Ok(a) = s.arrive("r", &id(2), &[], &l, false, None).await {
+        if let Ok(a) = s.arrive("r", &id(2), &[], &l, false, None, 0).await {
             on_time = Some(a);
             break;
         }
@@ -920,6 +989,7 @@ async fn ghosts_in_a_long_line_are_dropped_by_the_scan() {
             id: wide(n),
             client: Vec::new(),
             admit_now: false,
+            lane: 0,
         })
         .collect();
     for batch in arrivals.chunks(500) {

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use queuegate::clock::Clock;
 use queuegate::queue::{
-    store_id, Arrival, Arriving, Counted, Ended, Heartbeat, Limits, LineRecord, MemoryStore,
-    PassTimes, Place, Poll, QueueStore, RedisStore, RouteStats, Tick, TicketTimes, VisitorId,
+    store_id, Arrival, Arriving, Counted, Ended, Heartbeat, Lane, Lanes, Limits, LineRecord,
+    MemoryStore, PassTimes, Place, Poll, QueueStore, RedisStore, RouteStats, Tick, TicketTimes,
+    VisitorId,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -147,6 +148,7 @@ fn limits() -> Limits {
         confirm_within: Duration::from_secs(3),
         client_places: 0,
         client_joins_per_minute: 0,
+        lanes: Lanes::default(),
     }
 }
 
@@ -173,7 +175,7 @@ async fn arrive_from<H: Harness>(
     now: bool,
 ) -> Arrival {
     h.store()
-        .arrive(route, &visitor(n), client, limits, now, None)
+        .arrive(route, &visitor(n), client, limits, now, None, 0)
         .await
         .expect("arrive")
 }
@@ -191,6 +193,7 @@ async fn poll<H: Harness>(h: &H, route: &str, n: u32, score_us: u64, limits: &Li
     let ticket = TicketTimes {
         score_us,
         seen_us: score_us + 1,
+        lane: 0,
     };
     poll_with(h, route, n, ticket, limits).await
 }
@@ -220,11 +223,15 @@ async fn seen_now<H: Harness>(h: &H, route: &str, score_us: u64, limits: &Limits
     TicketTimes {
         score_us,
         seen_us: stats(h, route, limits).await.now_us,
+        lane: 0,
     }
 }
 
 async fn leave<H: Harness>(h: &H, route: &str, n: u32) {
-    h.store().leave(route, &visitor(n)).await.expect("leave");
+    h.store()
+        .leave(route, &visitor(n), &limits())
+        .await
+        .expect("leave");
 }
 
 async fn stats<H: Harness>(h: &H, route: &str, limits: &Limits) -> RouteStats {
@@ -797,7 +804,11 @@ async fn restore_after_store_loss<H: Harness>(h: &mut H) {
     .await;
     // Each ticket, re-issued on its last poll, says when it was last seen.
     let seen_us = stats(h, &route, &limits).await.now_us;
-    let back = |score_us| TicketTimes { score_us, seen_us };
+    let back = |score_us| TicketTimes {
+        score_us,
+        seen_us,
+        lane: 0,
+    };
 
     h.restart().await;
 
@@ -866,6 +877,7 @@ async fn lost_write_restored_when_young<H: Harness>(h: &mut H) {
     let lost = TicketTimes {
         score_us: b.score_us,
         seen_us: b.score_us + 1,
+        lane: 0,
     };
     assert_eq!(
         poll_with(h, &route, 5, lost, &limits).await,
@@ -873,6 +885,7 @@ async fn lost_write_restored_when_young<H: Harness>(h: &mut H) {
             score_us: lost.score_us,
             position: 2,
             waiting_total: 3,
+            lane: 0,
         }),
         "a young ticket is restored at its own score"
     );
@@ -960,7 +973,7 @@ async fn epoch_change_seen_by_an_arrival_starts_hold<H: Harness>(h: &mut H) {
     // The same epoch: an arrival with room is let in at once, no hold.
     let same = h
         .store()
-        .arrive(&route, &visitor(1), &[], &limits, true, Some(epoch))
+        .arrive(&route, &visitor(1), &[], &limits, true, Some(epoch), 0)
         .await
         .expect("arrive");
     assert_eq!(same, Arrival::Admitted);
@@ -971,7 +984,7 @@ async fn epoch_change_seen_by_an_arrival_starts_hold<H: Harness>(h: &mut H) {
     h.advance(limits.tick).await;
     let other = h
         .store()
-        .arrive(&route, &visitor(2), &[], &limits, true, Some(epoch + 1))
+        .arrive(&route, &visitor(2), &[], &limits, true, Some(epoch + 1), 0)
         .await
         .expect("arrive");
     let Arrival::Waiting(place) = other else {
@@ -984,7 +997,7 @@ async fn epoch_change_seen_by_an_arrival_starts_hold<H: Harness>(h: &mut H) {
     h.advance(limits.tick).await;
     let again = h
         .store()
-        .arrive(&route, &visitor(3), &[], &limits, true, Some(epoch + 1))
+        .arrive(&route, &visitor(3), &[], &limits, true, Some(epoch + 1), 0)
         .await
         .expect("arrive");
     assert!(matches!(again, Arrival::Waiting(_)), "{again:?}");
@@ -1022,10 +1035,10 @@ async fn line_record_samples_the_line_the_tick_left<H: Harness>(h: &mut H) {
         .await
         .expect("a record after a tick");
     assert_eq!(record.epoch_us, tick.epoch_us);
-    assert_eq!(record.waiting, line.len() as u64);
-    let ranks: Vec<u64> = queuegate::queue::record::sample_ranks(record.waiting).collect();
+    assert_eq!(record.waiting(), line.len() as u64);
+    let ranks: Vec<u64> = queuegate::queue::record::sample_ranks(record.waiting()).collect();
     assert_eq!(
-        record.samples,
+        record.lanes[0].samples,
         ranks
             .iter()
             .map(|&r| (r, line[r as usize - 1]))
@@ -1033,7 +1046,7 @@ async fn line_record_samples_the_line_the_tick_left<H: Harness>(h: &mut H) {
     );
     for (i, &score) in line.iter().enumerate() {
         let rank = i as u64 + 1;
-        match record.position(score) {
+        match record.position("main", score) {
             None => assert!(rank <= queuegate::queue::record::HEAD),
             Some(shown) => assert!(
                 shown.abs_diff(rank) * 50 <= rank,
@@ -1043,7 +1056,7 @@ async fn line_record_samples_the_line_the_tick_left<H: Harness>(h: &mut H) {
     }
     // The record is the tick's: joins after it are not in it.
     let late = join(h, &route, 999, &limits).await;
-    assert_eq!(record.position(late.score_us), None);
+    assert_eq!(record.position("main", late.score_us), None);
 }
 
 async fn heartbeats_count_as_polls_for_those_in_line<H: Harness>(h: &mut H) {
@@ -1150,6 +1163,7 @@ async fn a_batch_arrives_as_its_arrivals_would_one_after_another<H: Harness>(h: 
         id: visitor(n),
         client: client.to_vec(),
         admit_now,
+        lane: 0,
     })
     .to_vec();
     let one_by_one = h.fresh_route();
@@ -1157,7 +1171,7 @@ async fn a_batch_arrives_as_its_arrivals_would_one_after_another<H: Harness>(h: 
     for a in &arrivals {
         expected.push(
             h.store()
-                .arrive(&one_by_one, &a.id, &a.client, &limits, a.admit_now, None)
+                .arrive(&one_by_one, &a.id, &a.client, &limits, a.admit_now, None, 0)
                 .await
                 .expect("arrive"),
         );
@@ -1798,6 +1812,333 @@ async fn hold_keeps_newcomers_out_for_pass_ttl<H: Harness>(h: &mut H) {
     assert_eq!(tick(h, &route, &limits).await, vec![a, b.score_us]);
 }
 
+/// Limits with lanes `(name, weight)`, the first where newcomers go, and
+/// waiters that stay in line without polling for the length of a check.
+fn with_lanes(lanes: &[(&str, u32)], base: Limits) -> Limits {
+    Limits {
+        lanes: Lanes::new(
+            lanes
+                .iter()
+                .map(|&(name, weight)| Lane {
+                    name: name.to_owned(),
+                    weight,
+                })
+                .collect(),
+        )
+        .expect("valid lanes"),
+        abandon_after: Duration::from_secs(60),
+        confirm_within: Duration::from_secs(60),
+        ..base
+    }
+}
+
+/// Joins visitor `n` to lane `lane` and returns the place.
+async fn join_lane<H: Harness>(h: &H, route: &str, n: u32, lane: usize, limits: &Limits) -> Place {
+    match h
+        .store()
+        .arrive(route, &visitor(n), &[], limits, false, None, lane)
+        .await
+        .expect("arrive")
+    {
+        Arrival::Waiting(place) => place,
+        other => panic!("visitor {n} should wait, got {other:?}"),
+    }
+}
+
+async fn lanes_share_admissions_by_weight<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = with_lanes(
+        &[("main", 1), ("vip", 3)],
+        Limits {
+            capacity: 20,
+            max_admit_per_tick: 100,
+            max_waiting: 10_000,
+            ..limits()
+        },
+    );
+    // 400 waiters in each lane, joined alternately in batches.
+    let mut who: HashMap<u64, (usize, u32)> = HashMap::new();
+    let mut joined: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
+    for batch in 0..8u32 {
+        let arrivals: Vec<Arriving> = (0..100u32)
+            .map(|i| Arriving {
+                id: visitor(batch * 100 + i),
+                client: Vec::new(),
+                admit_now: false,
+                lane: (i % 2) as usize,
+            })
+            .collect();
+        let answers = h
+            .store()
+            .arrive_batch(&route, &arrivals, &limits, None)
+            .await
+            .expect("arrive_batch");
+        for (arrival, answer) in arrivals.iter().zip(answers) {
+            let Arrival::Waiting(place) = answer else {
+                panic!("everyone waits, got {answer:?}");
+            };
+            assert_eq!(place.lane, arrival.lane);
+            let n = u32::from_be_bytes(arrival.id[..4].try_into().unwrap());
+            who.insert(place.score_us, (arrival.lane, n));
+            joined[arrival.lane].push(place.score_us);
+        }
+    }
+    assert_eq!([joined[0].len(), joined[1].len()], [400, 400]);
+    let mut admitted: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
+    let mut while_both = [0u64; 2];
+    let mut after_vip = 0;
+    while admitted[0].len() + admitted[1].len() < 800 {
+        h.advance(limits.tick).await;
+        let tick = full_tick(h, &route, &limits).await;
+        let mut this_tick = [0u64; 2];
+        for score in &tick.admitted_scores {
+            let (lane, n) = who[score];
+            this_tick[lane] += 1;
+            admitted[lane].push(*score);
+            leave_with(h, &route, n, &limits).await;
+        }
+        assert_eq!(tick.lane_admitted, this_tick.to_vec());
+        let left = [
+            joined[0].len() - admitted[0].len(),
+            joined[1].len() - admitted[1].len(),
+        ];
+        assert_eq!(tick.lane_waiting, left.map(|l| l as u64).to_vec());
+        if left[0] > 0 && left[1] > 0 {
+            while_both[0] += this_tick[0];
+            while_both[1] += this_tick[1];
+        } else if left[1] == 0 && this_tick[1] == 0 {
+            assert_eq!(
+                this_tick[0],
+                tick.admitted_scores.len() as u64,
+                "one lane empty: the other gets every admission"
+            );
+            after_vip += this_tick[0];
+        }
+        let s = stats(h, &route, &limits).await;
+        assert!(s.active <= limits.capacity, "{} active", s.active);
+    }
+    let ratio = while_both[1] as f64 / while_both[0] as f64;
+    assert!(
+        (ratio - 3.0).abs() <= 0.15,
+        "admitted {while_both:?} while both lanes waited"
+    );
+    assert!(after_vip > 0, "main went on alone once vip was empty");
+    for lane in 0..2 {
+        assert_eq!(admitted[lane], joined[lane], "FIFO within lane {lane}");
+    }
+    let s = stats(h, &route, &limits).await;
+    assert_eq!(s.lanes[0].admitted_total, 400);
+    assert_eq!(s.lanes[1].admitted_total, 400);
+}
+
+/// Leaves with the lanes of `limits`.
+async fn leave_with<H: Harness>(h: &H, route: &str, n: u32, limits: &Limits) {
+    h.store()
+        .leave(route, &visitor(n), limits)
+        .await
+        .expect("leave");
+}
+
+async fn a_place_is_within_its_lane_and_polls_report_the_lane<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = with_lanes(
+        &[("main", 1), ("vip", 3)],
+        Limits {
+            capacity: 0,
+            max_waiting: 5,
+            ..limits()
+        },
+    );
+    let m1 = join_lane(h, &route, 1, 0, &limits).await;
+    let v1 = join_lane(h, &route, 2, 1, &limits).await;
+    let m2 = join_lane(h, &route, 3, 0, &limits).await;
+    let v2 = join_lane(h, &route, 4, 1, &limits).await;
+    // A lane not configured is the first.
+    let m3 = join_lane(h, &route, 5, 7, &limits).await;
+    assert_eq!((m1.position, m1.lane), (1, 0));
+    assert_eq!((v1.position, v1.waiting_total, v1.lane), (1, 1, 1));
+    assert_eq!((m2.position, v2.position, v2.lane), (2, 2, 1));
+    assert_eq!((m3.position, m3.waiting_total, m3.lane), (3, 3, 0));
+    assert_eq!(
+        h.store()
+            .arrive(&route, &visitor(6), &[], &limits, false, None, 1)
+            .await
+            .expect("arrive"),
+        Arrival::Full { waiting_total: 5 },
+        "max_waiting counts every lane"
+    );
+    // The ticket's lane is not trusted: the waiter is found where it is.
+    let Poll::Waiting(place) = poll(h, &route, 4, v2.score_us, &limits).await else {
+        panic!("visitor 4 waits");
+    };
+    assert_eq!((place.position, place.waiting_total, place.lane), (2, 2, 1));
+    // Someone leaving one lane moves nobody in the other.
+    leave_with(h, &route, 1, &limits).await;
+    let Poll::Waiting(place) = poll(h, &route, 2, v1.score_us, &limits).await else {
+        panic!("visitor 2 waits");
+    };
+    assert_eq!((place.position, place.lane), (1, 1));
+    let s = stats(h, &route, &limits).await;
+    assert_eq!(s.waiting, 4);
+    assert_eq!(
+        s.lanes.iter().map(|l| l.waiting).collect::<Vec<_>>(),
+        vec![2, 2]
+    );
+    assert_eq!(s.lane_share(&limits, 1), 0.75);
+}
+
+async fn move_lane_keeps_the_score<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = with_lanes(
+        &[("main", 1), ("vip", 1)],
+        Limits {
+            capacity: 0,
+            ..limits()
+        },
+    );
+    let a = join_lane(h, &route, 1, 0, &limits).await;
+    let b = join_lane(h, &route, 2, 0, &limits).await;
+    let c = join_lane(h, &route, 3, 1, &limits).await;
+    assert!(h
+        .store()
+        .move_lane(&route, &visitor(2), 1, &limits)
+        .await
+        .expect("move_lane"));
+    let Poll::Waiting(moved) = poll(h, &route, 2, b.score_us, &limits).await else {
+        panic!("visitor 2 waits");
+    };
+    assert_eq!(
+        (
+            moved.score_us,
+            moved.position,
+            moved.waiting_total,
+            moved.lane
+        ),
+        (b.score_us, 1, 2, 1),
+        "joined before visitor 3: ahead of it in the new lane"
+    );
+    let Poll::Waiting(behind) = poll(h, &route, 3, c.score_us, &limits).await else {
+        panic!("visitor 3 waits");
+    };
+    assert_eq!(behind.position, 2);
+    let Poll::Waiting(alone) = poll(h, &route, 1, a.score_us, &limits).await else {
+        panic!("visitor 1 waits");
+    };
+    assert_eq!((alone.position, alone.waiting_total), (1, 1));
+    assert!(!h
+        .store()
+        .move_lane(&route, &visitor(99), 1, &limits)
+        .await
+        .expect("move_lane"));
+}
+
+async fn take_use_counts_an_invite_atomically<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let now_s = stats(h, &route, &limits()).await.now_us / 1_000_000;
+    let token: &[u8] = b"invite-token-1";
+    let store = h.store();
+    let uses = futures_util::future::join_all(
+        (0..20).map(|_| store.take_use(&route, token, 3, now_s + 3_600)),
+    )
+    .await;
+    let granted = uses
+        .into_iter()
+        .map(|u| u.expect("take_use"))
+        .filter(|&ok| ok)
+        .count();
+    assert_eq!(granted, 3);
+    assert!(
+        store
+            .take_use(&route, b"another", 3, now_s + 3_600)
+            .await
+            .expect("take_use"),
+        "each token counts apart"
+    );
+    assert!(
+        !store
+            .take_use(&route, b"expired", 3, now_s.saturating_sub(1))
+            .await
+            .expect("take_use"),
+        "an expired token is used up"
+    );
+}
+
+async fn a_lane_removed_is_merged_into_the_first<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let base = Limits {
+        capacity: 0,
+        ..limits()
+    };
+    let before = with_lanes(&[("main", 1), ("vip", 2)], base.clone());
+    let m1 = join_lane(h, &route, 1, 0, &before).await;
+    let v1 = join_lane(h, &route, 2, 1, &before).await;
+    let m2 = join_lane(h, &route, 3, 0, &before).await;
+    let v2 = join_lane(h, &route, 4, 1, &before).await;
+    full_tick(h, &route, &before).await;
+    // The reload drops vip and puts gold first.
+    let after = with_lanes(&[("gold", 1), ("main", 1)], base);
+    h.advance(after.tick).await;
+    full_tick(h, &route, &after).await;
+    // main stays; vip's waiters are in gold, the first lane, at their scores.
+    for (n, place, lane, position) in [(1, m1, 1, 1), (3, m2, 1, 2), (2, v1, 0, 1), (4, v2, 0, 2)] {
+        let Poll::Waiting(now) = poll(h, &route, n, place.score_us, &after).await else {
+            panic!("visitor {n} is still in line");
+        };
+        assert_eq!(
+            (now.score_us, now.lane, now.position),
+            (place.score_us, lane, position),
+            "visitor {n}"
+        );
+    }
+    let s = stats(h, &route, &after).await;
+    assert_eq!(s.waiting, 4, "nobody lost");
+    // Back to the lanes of before: gold is merged into main, vip is empty.
+    h.advance(after.tick).await;
+    full_tick(h, &route, &before).await;
+    let s = stats(h, &route, &before).await;
+    assert_eq!(
+        (s.waiting, s.lanes[0].waiting, s.lanes[1].waiting),
+        (4, 4, 0)
+    );
+}
+
+async fn restore_after_store_loss_goes_into_the_lane_given<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = with_lanes(&[("main", 1), ("vip", 1)], limits());
+    let v = join_lane(h, &route, 1, 1, &limits).await;
+    let m = join_lane(h, &route, 2, 0, &limits).await;
+    poll(h, &route, 1, v.score_us, &limits).await;
+    poll(h, &route, 2, m.score_us, &limits).await;
+    let seen_us = stats(h, &route, &limits).await.now_us;
+    h.advance(Duration::from_millis(10)).await;
+    h.restart().await;
+    let ticket = |score_us, lane| TicketTimes {
+        score_us,
+        seen_us,
+        lane,
+    };
+    let Poll::Waiting(back) = poll_with(h, &route, 1, ticket(v.score_us, 1), &limits).await else {
+        panic!("visitor 1 is restored");
+    };
+    assert_eq!(
+        (back.score_us, back.lane, back.position),
+        (v.score_us, 1, 1)
+    );
+    // A lane the route does not have: the first.
+    let Poll::Waiting(back) = poll_with(h, &route, 2, ticket(m.score_us, 9), &limits).await else {
+        panic!("visitor 2 is restored");
+    };
+    assert_eq!(
+        (back.score_us, back.lane, back.position),
+        (m.score_us, 0, 1)
+    );
+    let s = stats(h, &route, &limits).await;
+    assert_eq!(
+        s.lanes.iter().map(|l| l.waiting).collect::<Vec<_>>(),
+        vec![1, 1]
+    );
+}
+
 /// Polls everyone in `line` (in order) and checks places and the total.
 async fn assert_line<H: Harness>(h: &H, route: &str, line: &[(u32, u64)], limits: &Limits) {
     let total = line.len() as u64;
@@ -1806,6 +2147,7 @@ async fn assert_line<H: Harness>(h: &H, route: &str, line: &[(u32, u64)], limits
             score_us: score,
             position: i as u64 + 1,
             waiting_total: total,
+            lane: 0,
         };
         assert_eq!(
             poll(h, route, n, score, limits).await,
@@ -1860,7 +2202,13 @@ macro_rules! contract_suite {
                 hold_keeps_newcomers_out_for_pass_ttl,
                 count_request_ends_the_session_at_the_limit,
                 count_request_after_leave_is_exhausted,
-                count_request_outlives_the_tombstone
+                count_request_outlives_the_tombstone,
+                lanes_share_admissions_by_weight,
+                a_place_is_within_its_lane_and_polls_report_the_lane,
+                move_lane_keeps_the_score,
+                take_use_counts_an_invite_atomically,
+                a_lane_removed_is_merged_into_the_first,
+                restore_after_store_loss_goes_into_the_lane_given
             );
         }
     };

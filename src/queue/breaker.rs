@@ -71,11 +71,13 @@ pub enum Operation {
     Hold,
     Stats,
     Ready,
+    MoveLane,
+    TakeUse,
 }
 
 impl Operation {
     /// Every operation, in label order.
-    pub const ALL: [Operation; 12] = [
+    pub const ALL: [Operation; 14] = [
         Operation::Arrive,
         Operation::Poll,
         Operation::Renew,
@@ -88,6 +90,8 @@ impl Operation {
         Operation::Hold,
         Operation::Stats,
         Operation::Ready,
+        Operation::MoveLane,
+        Operation::TakeUse,
     ];
 
     /// The metric label.
@@ -105,6 +109,8 @@ impl Operation {
             Operation::Hold => "hold",
             Operation::Stats => "stats",
             Operation::Ready => "ready",
+            Operation::MoveLane => "move_lane",
+            Operation::TakeUse => "take_use",
         }
     }
 }
@@ -333,12 +339,13 @@ impl QueueStore for Guarded {
         limits: &Limits,
         admit_now: bool,
         known_epoch_us: Option<u64>,
+        lane: usize,
     ) -> Result<Arrival, StoreError> {
         self.breaker
             .call(
                 Operation::Arrive,
                 self.store
-                    .arrive(route, id, client, limits, admit_now, known_epoch_us),
+                    .arrive(route, id, client, limits, admit_now, known_epoch_us, lane),
             )
             .await
     }
@@ -391,9 +398,9 @@ impl QueueStore for Guarded {
             .await
     }
 
-    async fn leave(&self, route: &str, id: &VisitorId) -> Result<(), StoreError> {
+    async fn leave(&self, route: &str, id: &VisitorId, limits: &Limits) -> Result<(), StoreError> {
         self.breaker
-            .call(Operation::Leave, self.store.leave(route, id))
+            .call(Operation::Leave, self.store.leave(route, id, limits))
             .await
     }
 
@@ -467,6 +474,37 @@ impl QueueStore for Guarded {
     ) -> Result<Option<LineRecord>, StoreError> {
         self.breaker
             .call(Operation::LineRecord, self.store.line_record(route, limits))
+            .await
+    }
+
+    async fn move_lane(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        to_lane: usize,
+        limits: &Limits,
+    ) -> Result<bool, StoreError> {
+        self.breaker
+            .call(
+                Operation::MoveLane,
+                self.store.move_lane(route, id, to_lane, limits),
+            )
+            .await
+    }
+
+    async fn take_use(
+        &self,
+        route: &str,
+        token_key: &[u8],
+        max_uses: u32,
+        expires_unix: u64,
+    ) -> Result<bool, StoreError> {
+        self.breaker
+            .call(
+                Operation::TakeUse,
+                self.store
+                    .take_use(route, token_key, max_uses, expires_unix),
+            )
             .await
     }
 

@@ -123,6 +123,7 @@ mod tests {
 
     use super::*;
     use crate::clock::Clock;
+    use crate::queue::Lanes;
     use crate::queue::MemoryStore;
 
     fn limits() -> Limits {
@@ -138,6 +139,7 @@ mod tests {
             confirm_within: Duration::from_secs(60),
             client_places: 0,
             client_joins_per_minute: 0,
+            lanes: Lanes::default(),
         }
     }
 
@@ -148,6 +150,7 @@ mod tests {
             id,
             client: Vec::new(),
             admit_now: true,
+            lane: 0,
         }
     }
 

@@ -4,8 +4,10 @@
 //!
 //! Per route, mirroring the Redis keys:
 //!
-//! - the line (`waiting`): id → join score (µs), ordered by (score, id) in an
-//!   order-statistics tree so a waiter's place is found in O(log n);
+//! - the line (`waiting`, one per lane): id → join score (µs), each lane
+//!   ordered by (score, id) in an order-statistics tree so a waiter's place
+//!   is found in O(log n), with each lane's weighted round-robin state and
+//!   admissions (the `wrr:NAME` and `admitted:NAME` fields of Redis);
 //! - `seen`: id → last poll (ms), with an index by time so ghosts are dropped
 //!   from the oldest without scanning the line;
 //! - `tombstones`: visitors who left and admitted waiters purged for not
@@ -19,6 +21,8 @@
 //! - `uses`: id → forwarded requests counted and when the count is
 //!   forgotten (ms), for routes with `max_requests_per_session` (the
 //!   `qg:{route}:uses:…` keys of Redis);
+//! - `invites`: invite token → uses counted and expiry (the
+//!   `qg:{route}:invite:…` keys of Redis);
 //! - `clients`: per client key, the ids it brought in with their join time,
 //!   forgotten `client_memory` after the client's last contact (the
 //!   `qg:{route}:client:…` keys of Redis);
@@ -50,10 +54,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
-use super::record::{self, LineRecord};
+use super::record::{self, LaneRecord, LineRecord};
 use super::{
-    store_id, Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, Limits, PassTimes, Place,
-    Poll, QueueStore, RouteStats, StoreError, StoreId, Tick, TicketTimes, VisitorId, JOIN_WINDOW,
+    store_id, Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, LaneStats, Limits,
+    PassTimes, Place, Poll, QueueStore, RouteStats, StoreError, StoreId, Tick, TicketTimes,
+    VisitorId, JOIN_WINDOW,
 };
 use crate::clock::Clock;
 use ranked_set::RankedSet;
@@ -172,6 +177,8 @@ struct Route {
     tombstones: Tombstones,
     /// id → (requests counted, forgotten at ms): see `count_request`.
     uses: HashMap<VisitorId, (u64, u64)>,
+    /// Invite token → (uses counted, expiry unix s): see `take_use`.
+    invites: HashMap<Vec<u8>, (u32, u64)>,
     clients: Clients,
     /// The last join score handed out, so scores strictly increase.
     last_score_us: u64,
@@ -211,6 +218,7 @@ impl Route {
             sessions: Sessions::default(),
             tombstones: Tombstones::default(),
             uses: HashMap::new(),
+            invites: HashMap::new(),
             clients: Clients::default(),
             last_score_us: 0,
             hold_until_us: 0,
@@ -284,6 +292,7 @@ impl Route {
         self.rate.record(now.us, n);
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn arrive(
         &mut self,
         now: Now,
@@ -292,6 +301,7 @@ impl Route {
         limits: &Limits,
         admit_now: bool,
         known_epoch_us: Option<u64>,
+        lane: usize,
     ) -> Arrival {
         if known_epoch_us.is_some_and(|known| known != self.epoch_us) {
             self.notice_loss(now, limits);
@@ -308,10 +318,10 @@ impl Route {
             return Arrival::Admitted;
         }
         if self.line.is_confirmed(id) {
-            if let Some(place) = self.line.heartbeat(id, now.ms) {
+            if let Some(place) = self.line.heartbeat(id, now.ms, limits) {
                 return Arrival::Waiting(place);
             }
-        } else if let Some(place) = self.line.place_of(id) {
+        } else if let Some(place) = self.line.place_of(id, limits) {
             return Arrival::Waiting(place);
         }
         let (line, sessions) = (&self.line, &self.sessions);
@@ -321,7 +331,7 @@ impl Route {
         }
         if admit_now
             && !self.held(now)
-            && self.line.is_empty()
+            && self.line.len(limits) == 0
             && self.sessions.len() < limits.capacity
             && self.budget_left(now, limits) > 0
         {
@@ -332,9 +342,10 @@ impl Route {
             self.clients.record(client, *id, now.ms, limits);
             return Arrival::Admitted;
         }
-        if self.line.len() >= limits.max_waiting {
+        let waiting = self.line.len(limits);
+        if waiting >= limits.max_waiting {
             return Arrival::Full {
-                waiting_total: self.line.len(),
+                waiting_total: waiting,
             };
         }
         let score_us = now.us.max(self.last_score_us.saturating_add(1));
@@ -349,7 +360,8 @@ impl Route {
                 .saturating_sub(limits.unconfirmed_ticket()),
         );
         let seen_ms = now.ms.saturating_sub(head_start);
-        Arrival::Waiting(self.line.join(*id, score_us, seen_ms, false))
+        let slot = self.line.slot_of(limits, lane);
+        Arrival::Waiting(self.line.join(*id, score_us, slot, seen_ms, false, limits))
     }
 
     fn poll(
@@ -361,7 +373,7 @@ impl Route {
         limits: &Limits,
     ) -> Poll {
         self.purge_sessions(now);
-        if let Some(place) = self.line.heartbeat(id, now.ms) {
+        if let Some(place) = self.line.heartbeat(id, now.ms, limits) {
             self.clients.touch(client, id, now.ms, limits);
             return Poll::Waiting(place);
         }
@@ -382,6 +394,7 @@ impl Route {
         }
         let confirmed = ticket.confirmed();
         let age_us = now.us.saturating_sub(ticket.score_us);
+        let slot = self.line.slot_of(limits, ticket.lane);
         if self.fallback {
             // A ticket never polled: the shared store keeps it unconfirmed
             // this long, so the local line does too. Its first poll can come
@@ -389,7 +402,10 @@ impl Route {
             if !confirmed && age_us >= as_us(limits.unconfirmed_ticket()) {
                 return Poll::Gone;
             }
-            return Poll::Waiting(self.line.join(*id, ticket.score_us, now.ms, true));
+            let place = self
+                .line
+                .join(*id, ticket.score_us, slot, now.ms, true, limits);
+            return Poll::Waiting(place);
         }
         let store_lost = confirmed && self.epoch_us > ticket.score_us;
         // A never-polled ticket only while the store would still hold it
@@ -402,7 +418,10 @@ impl Route {
         if store_lost {
             self.notice_loss(now, limits);
         }
-        Poll::Waiting(self.line.join(*id, ticket.score_us, now.ms, true))
+        Poll::Waiting(
+            self.line
+                .join(*id, ticket.score_us, slot, now.ms, true, limits),
+        )
     }
 
     /// Waiters answered from the line record polled: `poll` for each one
@@ -411,7 +430,7 @@ impl Route {
         beats
             .iter()
             .map(|beat| {
-                let in_line = self.line.heartbeat(&beat.id, now.ms).is_some();
+                let in_line = self.line.heartbeat(&beat.id, now.ms, limits).is_some();
                 if in_line {
                     self.clients.touch(&beat.client, &beat.id, now.ms, limits);
                 }
@@ -420,21 +439,62 @@ impl Route {
             .collect()
     }
 
-    /// The line now, once a tick ran in this store's life.
-    fn line_record(&self) -> Option<LineRecord> {
+    /// The line of `limits`' lanes now, once a tick ran in this store's life.
+    fn line_record(&self, limits: &Limits) -> Option<LineRecord> {
         self.ticked_window?;
-        let waiting = self.line.len();
-        let samples = record::sample_ranks(waiting)
-            .filter_map(|rank| {
-                let &(score_us, _) = self.line.order.nth(usize::try_from(rank - 1).ok()?)?;
-                Some((rank, score_us))
+        let lanes = limits
+            .lanes
+            .iter()
+            .map(|lane| {
+                let order = self
+                    .line
+                    .lanes
+                    .iter()
+                    .find(|l| l.name == lane.name)
+                    .map(|l| &l.order);
+                let waiting = order.map_or(0, |o| o.len() as u64);
+                let samples = record::sample_ranks(waiting)
+                    .filter_map(|rank| {
+                        let &(score_us, _) = order?.nth(usize::try_from(rank - 1).ok()?)?;
+                        Some((rank, score_us))
+                    })
+                    .collect();
+                LaneRecord {
+                    name: lane.name.clone(),
+                    waiting,
+                    samples,
+                }
             })
             .collect();
         Some(LineRecord {
             epoch_us: self.epoch_us,
-            waiting,
-            samples,
+            lanes,
         })
+    }
+
+    /// See [`QueueStore::move_lane`].
+    fn move_lane(&mut self, now: Now, id: &VisitorId, to_lane: usize, limits: &Limits) -> bool {
+        self.purge_sessions(now);
+        let slot = self.line.slot_of(limits, to_lane);
+        self.line.move_to(id, slot)
+    }
+
+    /// See [`QueueStore::take_use`].
+    fn take_use(&mut self, now: Now, token: &[u8], max_uses: u32, expires_unix: u64) -> bool {
+        let now_s = now.ms / 1_000;
+        if expires_unix <= now_s {
+            return false;
+        }
+        let uses = self
+            .invites
+            .entry(token.to_vec())
+            .or_insert((0, expires_unix));
+        if uses.1 <= now_s {
+            *uses = (0, expires_unix);
+        }
+        uses.0 = uses.0.saturating_add(1);
+        uses.1 = expires_unix;
+        uses.0 <= max_uses
     }
 
     fn renew(
@@ -539,6 +599,8 @@ impl Route {
             unconfirmed_tickets: 0,
             now_us: now.us,
             epoch_us: self.epoch_us,
+            lane_admitted: Vec::new(),
+            lane_waiting: Vec::new(),
         };
         let window = now.ms / as_ms(limits.tick).max(1);
         if self.ticked_window == Some(window) {
@@ -551,34 +613,61 @@ impl Route {
         self.clients.purge(now.ms);
         self.uses
             .retain(|_, &mut (_, forget_ms)| forget_ms > now.ms);
+        self.invites
+            .retain(|_, &mut (_, expires_s)| expires_s > now.ms / 1_000);
         self.purge_sessions(now);
+        self.line.merge_unconfigured(limits);
         self.drop_ghosts(now, limits);
         let pending = std::mem::take(&mut self.pending);
         tick.abandoned = pending.abandoned;
         tick.no_shows = pending.no_shows;
         tick.unconfirmed_sessions = pending.unconfirmed_sessions;
         tick.unconfirmed_tickets = pending.unconfirmed_tickets;
-        if self.held(now) {
-            return tick;
+        let slots = self.line.slots(limits);
+        tick.lane_admitted = vec![0; slots.len()];
+        if !self.held(now) {
+            let free = limits.capacity.saturating_sub(self.sessions.len());
+            let admit = free.min(self.budget_left(now, limits));
+            let arrival_end = now.ms.saturating_add(as_ms(limits.arrival_grace));
+            while (tick.admitted_scores.len() as u64) < admit {
+                let Some(slot) = self.line.pick(&slots, limits) else {
+                    break;
+                };
+                let Some((score_us, id)) = self.line.pop_head(slot) else {
+                    break;
+                };
+                self.line.lanes[slot].admitted += 1;
+                if let Some(i) = slots.iter().position(|&s| s == slot) {
+                    tick.lane_admitted[i] += 1;
+                }
+                self.sessions.start(id, arrival_end, SessionKind::Arriving);
+                tick.admitted_scores.push(score_us);
+            }
+            self.count_admitted(now, tick.admitted_scores.len() as u64);
         }
-        let free = limits.capacity.saturating_sub(self.sessions.len());
-        let admit = free.min(self.budget_left(now, limits));
-        let arrival_end = now.ms.saturating_add(as_ms(limits.arrival_grace));
-        while (tick.admitted_scores.len() as u64) < admit {
-            let Some((score_us, id)) = self.line.pop_head() else {
-                break;
-            };
-            self.sessions.start(id, arrival_end, SessionKind::Arriving);
-            tick.admitted_scores.push(score_us);
-        }
-        self.count_admitted(now, tick.admitted_scores.len() as u64);
+        tick.lane_waiting = self.line.lane_lens(limits);
         tick
     }
 
-    fn stats(&mut self, now: Now) -> RouteStats {
+    fn stats(&mut self, now: Now, limits: &Limits) -> RouteStats {
         self.purge_sessions(now);
+        let lanes = limits
+            .lanes
+            .iter()
+            .map(|lane| {
+                self.line
+                    .lanes
+                    .iter()
+                    .find(|l| l.name == lane.name)
+                    .map_or_else(LaneStats::default, |l| LaneStats {
+                        waiting: l.order.len() as u64,
+                        admitted_total: l.admitted,
+                    })
+            })
+            .collect();
         RouteStats {
-            waiting: self.line.len(),
+            lanes,
+            waiting: self.line.len(limits),
             active: self.sessions.len(),
             admitted_total: self.admitted_total,
             admit_rate: self.rate.per_second(now.us),
@@ -593,11 +682,14 @@ impl Route {
     }
 }
 
-/// The line: join scores in order, and last polls.
+/// The line: each lane's join scores in order, and last polls.
 #[derive(Default)]
 struct Line {
-    order: RankedSet<(u64, VisitorId)>,
-    scores: HashMap<VisitorId, u64>,
+    /// The lanes the route has used, by slot; a lane keeps its slot (empty
+    /// once merged away), so slots never move.
+    lanes: Vec<LaneLine>,
+    /// id → (join score, slot of its lane).
+    scores: HashMap<VisitorId, (u64, usize)>,
     /// id → (last poll ms, confirmed). An unconfirmed ticket's time is set
     /// back so that the ghost rule drops it after `confirm_within`.
     seen: HashMap<VisitorId, (u64, bool)>,
@@ -605,13 +697,61 @@ struct Line {
     seen_order: BTreeSet<(u64, VisitorId)>,
 }
 
+/// One lane of the line, and its state in the weighted round robin (the
+/// `wrr:NAME` and `admitted:NAME` fields of Redis).
+struct LaneLine {
+    name: String,
+    order: RankedSet<(u64, VisitorId)>,
+    current: i64,
+    admitted: u64,
+}
+
 impl Line {
-    fn len(&self) -> u64 {
-        self.order.len() as u64
+    /// The slot of lane `name`, made when the route never used it.
+    fn slot(&mut self, name: &str) -> usize {
+        if let Some(slot) = self.lanes.iter().position(|l| l.name == name) {
+            return slot;
+        }
+        self.lanes.push(LaneLine {
+            name: name.to_owned(),
+            order: RankedSet::default(),
+            current: 0,
+            admitted: 0,
+        });
+        self.lanes.len() - 1
     }
 
-    fn is_empty(&self) -> bool {
-        self.order.is_empty()
+    /// The slots of `limits`' lanes, in their order.
+    fn slots(&mut self, limits: &Limits) -> Vec<usize> {
+        limits.lanes.iter().map(|l| self.slot(&l.name)).collect()
+    }
+
+    /// The slot of the lane `index` names in `limits` (out of range: the first).
+    fn slot_of(&mut self, limits: &Limits, index: usize) -> usize {
+        self.slot(&limits.lanes.get(index).name)
+    }
+
+    /// Waiters in `limits`' lanes.
+    fn len(&self, limits: &Limits) -> u64 {
+        self.lanes
+            .iter()
+            .filter(|l| limits.lanes.index_of(&l.name).is_some())
+            .map(|l| l.order.len() as u64)
+            .sum()
+    }
+
+    /// Waiters in each of `limits`' lanes, in their order.
+    fn lane_lens(&self, limits: &Limits) -> Vec<u64> {
+        limits
+            .lanes
+            .iter()
+            .map(|lane| {
+                self.lanes
+                    .iter()
+                    .find(|l| l.name == lane.name)
+                    .map_or(0, |l| l.order.len() as u64)
+            })
+            .collect()
     }
 
     fn contains(&self, id: &VisitorId) -> bool {
@@ -622,35 +762,57 @@ impl Line {
         self.seen.get(id).is_some_and(|&(_, confirmed)| confirmed)
     }
 
-    /// The place of a waiter whose join score is `score_us`.
-    fn place_at(&self, id: VisitorId, score_us: u64) -> Place {
+    /// The place of a waiter whose join score is `score_us`, in `slot`.
+    fn place_at(&self, id: VisitorId, score_us: u64, slot: usize, limits: &Limits) -> Place {
+        let lane = &self.lanes[slot];
         Place {
             score_us,
-            position: self.order.count_below(&(score_us, id)) as u64 + 1,
-            waiting_total: self.len(),
+            position: lane.order.count_below(&(score_us, id)) as u64 + 1,
+            waiting_total: lane.order.len() as u64,
+            lane: limits.lanes.index_of(&lane.name).unwrap_or(0),
         }
     }
 
     /// The place of `id`, without counting it as a poll.
-    fn place_of(&self, id: &VisitorId) -> Option<Place> {
-        let score_us = *self.scores.get(id)?;
-        Some(self.place_at(*id, score_us))
+    fn place_of(&self, id: &VisitorId, limits: &Limits) -> Option<Place> {
+        let &(score_us, slot) = self.scores.get(id)?;
+        Some(self.place_at(*id, score_us, slot, limits))
     }
 
-    /// Puts `id` in line at `score_us` (moving it there if already in line),
-    /// last seen at `seen_ms`.
-    fn join(&mut self, id: VisitorId, score_us: u64, seen_ms: u64, confirmed: bool) -> Place {
+    /// Puts `id` in lane `slot` at `score_us` (moving it there if already in
+    /// line), last seen at `seen_ms`.
+    fn join(
+        &mut self,
+        id: VisitorId,
+        score_us: u64,
+        slot: usize,
+        seen_ms: u64,
+        confirmed: bool,
+        limits: &Limits,
+    ) -> Place {
         self.remove(&id);
-        self.order.insert((score_us, id));
-        self.scores.insert(id, score_us);
+        self.lanes[slot].order.insert((score_us, id));
+        self.scores.insert(id, (score_us, slot));
         self.see(id, seen_ms, confirmed);
-        self.place_at(id, score_us)
+        self.place_at(id, score_us, slot, limits)
+    }
+
+    /// Moves waiter `id` to lane `slot` at its score; false if not in line.
+    fn move_to(&mut self, id: &VisitorId, slot: usize) -> bool {
+        let Some(entry) = self.scores.get_mut(id) else {
+            return false;
+        };
+        let (score_us, from) = *entry;
+        entry.1 = slot;
+        self.lanes[from].order.remove(&(score_us, *id));
+        self.lanes[slot].order.insert((score_us, *id));
+        true
     }
 
     /// Records a poll (confirming the ticket) and answers the place; `None`
     /// if `id` is not in line.
-    fn heartbeat(&mut self, id: &VisitorId, now_ms: u64) -> Option<Place> {
-        let place = self.place_of(id)?;
+    fn heartbeat(&mut self, id: &VisitorId, now_ms: u64, limits: &Limits) -> Option<Place> {
+        let place = self.place_of(id, limits)?;
         self.see(*id, now_ms, true);
         Some(place)
     }
@@ -663,14 +825,14 @@ impl Line {
     }
 
     fn remove(&mut self, id: &VisitorId) {
-        if let Some(score_us) = self.scores.remove(id) {
-            self.order.remove(&(score_us, *id));
+        if let Some((score_us, slot)) = self.scores.remove(id) {
+            self.lanes[slot].order.remove(&(score_us, *id));
             self.forget_seen(id);
         }
     }
 
-    fn pop_head(&mut self) -> Option<(u64, VisitorId)> {
-        let (score_us, id) = self.order.pop_first()?;
+    fn pop_head(&mut self, slot: usize) -> Option<(u64, VisitorId)> {
+        let (score_us, id) = self.lanes[slot].order.pop_first()?;
         self.scores.remove(&id);
         self.forget_seen(&id);
         Some((score_us, id))
@@ -680,6 +842,47 @@ impl Line {
         if let Some((seen, _)) = self.seen.remove(id) {
             self.seen_order.remove(&(seen, *id));
         }
+    }
+
+    /// Moves the waiters of every lane `limits` no longer names into its
+    /// first lane at their scores, and forgets those lanes' round-robin state.
+    fn merge_unconfigured(&mut self, limits: &Limits) {
+        let first = self.slot_of(limits, 0);
+        for slot in 0..self.lanes.len() {
+            if limits.lanes.index_of(&self.lanes[slot].name).is_some() {
+                continue;
+            }
+            while let Some((score_us, id)) = self.lanes[slot].order.pop_first() {
+                self.lanes[first].order.insert((score_us, id));
+                self.scores.insert(id, (score_us, first));
+            }
+            self.lanes[slot].current = 0;
+            self.lanes[slot].admitted = 0;
+        }
+    }
+
+    /// The lane the next admission comes from, among `limits`' lanes with
+    /// waiters (`slots` their slots): smooth weighted round robin, each
+    /// eligible lane's `current` grows by its weight, the largest is picked
+    /// (the first on a tie) and loses the eligible weights' sum. `None` when
+    /// every lane is empty.
+    fn pick(&mut self, slots: &[usize], limits: &Limits) -> Option<usize> {
+        let mut total = 0;
+        let mut best: Option<usize> = None;
+        for (lane, &slot) in limits.lanes.iter().zip(slots) {
+            if self.lanes[slot].order.is_empty() {
+                continue;
+            }
+            let weight = i64::from(lane.weight);
+            total += weight;
+            self.lanes[slot].current += weight;
+            if best.is_none_or(|b| self.lanes[slot].current > self.lanes[b].current) {
+                best = Some(slot);
+            }
+        }
+        let best = best?;
+        self.lanes[best].current -= total;
+        Some(best)
     }
 
     /// Drops waiters whose last poll is before `cutoff_ms`; returns how many
@@ -1011,9 +1214,10 @@ impl QueueStore for MemoryStore {
         limits: &Limits,
         admit_now: bool,
         known_epoch_us: Option<u64>,
+        lane: usize,
     ) -> Result<Arrival, StoreError> {
         Ok(self.with_route(route, |r, now| {
-            r.arrive(now, id, client, limits, admit_now, known_epoch_us)
+            r.arrive(now, id, client, limits, admit_now, known_epoch_us, lane)
         }))
     }
 
@@ -1027,7 +1231,17 @@ impl QueueStore for MemoryStore {
         Ok(self.with_route(route, |r, now| {
             arrivals
                 .iter()
-                .map(|a| r.arrive(now, &a.id, &a.client, limits, a.admit_now, known_epoch_us))
+                .map(|a| {
+                    r.arrive(
+                        now,
+                        &a.id,
+                        &a.client,
+                        limits,
+                        a.admit_now,
+                        known_epoch_us,
+                        a.lane,
+                    )
+                })
                 .collect()
         }))
     }
@@ -1054,7 +1268,7 @@ impl QueueStore for MemoryStore {
         Ok(self.with_route(route, |r, now| r.renew(now, id, client, pass, limits)))
     }
 
-    async fn leave(&self, route: &str, id: &VisitorId) -> Result<(), StoreError> {
+    async fn leave(&self, route: &str, id: &VisitorId, _limits: &Limits) -> Result<(), StoreError> {
         self.with_route(route, |r, now| r.leave(now, id));
         Ok(())
     }
@@ -1104,16 +1318,38 @@ impl QueueStore for MemoryStore {
         }))
     }
 
+    async fn move_lane(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        to_lane: usize,
+        limits: &Limits,
+    ) -> Result<bool, StoreError> {
+        Ok(self.with_route(route, |r, now| r.move_lane(now, id, to_lane, limits)))
+    }
+
+    async fn take_use(
+        &self,
+        route: &str,
+        token_key: &[u8],
+        max_uses: u32,
+        expires_unix: u64,
+    ) -> Result<bool, StoreError> {
+        Ok(self.with_route(route, |r, now| {
+            r.take_use(now, token_key, max_uses, expires_unix)
+        }))
+    }
+
     async fn line_record(
         &self,
         route: &str,
-        _limits: &Limits,
+        limits: &Limits,
     ) -> Result<Option<LineRecord>, StoreError> {
-        Ok(self.with_route(route, |r, _| r.line_record()))
+        Ok(self.with_route(route, |r, _| r.line_record(limits)))
     }
 
-    async fn stats(&self, route: &str, _limits: &Limits) -> Result<RouteStats, StoreError> {
-        Ok(self.with_route(route, |r, now| r.stats(now)))
+    async fn stats(&self, route: &str, limits: &Limits) -> Result<RouteStats, StoreError> {
+        Ok(self.with_route(route, |r, now| r.stats(now, limits)))
     }
 
     async fn ready(&self) -> Result<(), StoreError> {
@@ -1124,6 +1360,7 @@ impl QueueStore for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::queue::Lanes;
 
     fn limits() -> Limits {
         Limits {
@@ -1138,12 +1375,17 @@ mod tests {
             confirm_within: Duration::from_secs(60),
             client_places: 0,
             client_joins_per_minute: 0,
+            lanes: Lanes::default(),
         }
     }
 
     /// A ticket polled since it was issued.
     fn seen(score_us: u64, seen_us: u64) -> TicketTimes {
-        TicketTimes { score_us, seen_us }
+        TicketTimes {
+            score_us,
+            seen_us,
+            lane: 0,
+        }
     }
 
     fn visitor(n: u32) -> VisitorId {
@@ -1228,7 +1470,7 @@ mod tests {
         let limits = limits();
         for n in 0..10 {
             store
-                .arrive("r", &visitor(n), &[], &limits, true, None)
+                .arrive("r", &visitor(n), &[], &limits, true, None, 0)
                 .await
                 .unwrap();
         }
@@ -1248,10 +1490,10 @@ mod tests {
             for _ in 0..600 {
                 for _ in 0..per_second {
                     store
-                        .arrive("r", &visitor(n), &[], &limits, true, None)
+                        .arrive("r", &visitor(n), &[], &limits, true, None, 0)
                         .await
                         .unwrap();
-                    store.leave("r", &visitor(n)).await.unwrap();
+                    store.leave("r", &visitor(n), &limits).await.unwrap();
                     n += 1;
                 }
                 tokio::time::advance(Duration::from_secs(1)).await;
@@ -1267,7 +1509,7 @@ mod tests {
         let limits = limits();
         assert_eq!(store.stats("r", &limits).await.unwrap().admit_rate, 0.0);
         store
-            .arrive("r", &visitor(1), &[], &limits, true, None)
+            .arrive("r", &visitor(1), &[], &limits, true, None, 0)
             .await
             .unwrap();
         tokio::time::advance(Duration::from_secs(1)).await;
@@ -1284,7 +1526,7 @@ mod tests {
             ..limits()
         };
         store
-            .arrive("r", &visitor(1), &[], &limits, false, None)
+            .arrive("r", &visitor(1), &[], &limits, false, None, 0)
             .await
             .unwrap();
         let tick = store.admit_tick("r", &limits, None).await.unwrap();
@@ -1310,7 +1552,7 @@ mod tests {
         let mut tickets = Vec::new();
         for n in 0..3 {
             let Arrival::Waiting(place) = store
-                .arrive("r", &visitor(n), &[], &limits, false, None)
+                .arrive("r", &visitor(n), &[], &limits, false, None, 0)
                 .await
                 .unwrap()
             else {
@@ -1327,7 +1569,7 @@ mod tests {
         assert_eq!(tombstones(&store), 3);
         // Visitor 0 joins again: its tombstone goes with the new ticket.
         store
-            .arrive("r", &visitor(0), &[], &limits, false, None)
+            .arrive("r", &visitor(0), &[], &limits, false, None, 0)
             .await
             .unwrap();
         assert_eq!(tombstones(&store), 2);
@@ -1370,7 +1612,7 @@ mod tests {
         let hold = store.stats("r", &limits).await.unwrap().hold_until_us;
         assert!(hold > 0);
         tokio::time::advance(Duration::from_secs(5)).await;
-        store.leave("r", &visitor(1)).await.unwrap();
+        store.leave("r", &visitor(1), &limits).await.unwrap();
         store
             .poll(
                 "r",
@@ -1402,7 +1644,7 @@ mod tests {
             let (store, limits) = (&store, &limits);
             async move {
                 store
-                    .arrive("r", &id, client, limits, false, None)
+                    .arrive("r", &id, client, limits, false, None, 0)
                     .await
                     .unwrap()
             }
@@ -1436,7 +1678,7 @@ mod tests {
         };
         let client: &[u8] = &[198, 51, 100, 9];
         let Arrival::Waiting(place) = store
-            .arrive("r", &visitor(1), client, &limits, false, None)
+            .arrive("r", &visitor(1), client, &limits, false, None, 0)
             .await
             .unwrap()
         else {
@@ -1459,7 +1701,7 @@ mod tests {
         assert!(step * 4 > limits.client_memory());
         assert!(matches!(
             store
-                .arrive("r", &visitor(2), client, &limits, false, None)
+                .arrive("r", &visitor(2), client, &limits, false, None, 0)
                 .await
                 .unwrap(),
             Arrival::TooMany { .. }
@@ -1475,7 +1717,7 @@ mod tests {
         };
         for n in 0..100_000 {
             store
-                .arrive("r", &visitor(n), &[], &limits, false, None)
+                .arrive("r", &visitor(n), &[], &limits, false, None, 0)
                 .await
                 .unwrap();
         }

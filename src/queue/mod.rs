@@ -68,6 +68,15 @@
 //!   as any pass of the session can come back.
 //! - Admissions in one tick window (`floor(now / tick)`), by the admitter and
 //!   by admit-now together, never exceed `max_admit_per_tick`.
+//! - A route's line is made of lanes ([`Lanes`], DESIGN §8.5) sharing its
+//!   capacity and active set: admission is FIFO by join score within a lane,
+//!   and shared by weight between the lanes with waiters (smooth weighted
+//!   round robin, its state kept in the store so the split holds across
+//!   ticks and instances). Calls name lanes by index into the `Limits` they
+//!   are given; an index out of range is the first lane. `max_waiting`
+//!   counts every lane; a place's position is within its lane. A lane no
+//!   longer in `Limits` is merged into the first lane at its waiters' scores
+//!   by the next tick.
 
 pub mod breaker;
 pub mod joins;
@@ -76,11 +85,12 @@ pub mod record;
 pub mod redis_store;
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use breaker::{Breaker, BreakerConfig, BreakerState, Guarded, Operation};
 pub use memory::MemoryStore;
-pub use record::LineRecord;
+pub use record::{LaneRecord, LineRecord};
 pub use redis_store::RedisStore;
 
 use crate::clock::Clock;
@@ -119,6 +129,144 @@ pub struct Limits {
     /// Arrivals that joined the line or were admitted, per client key over the
     /// last minute; 0 turns the limit off.
     pub client_joins_per_minute: u64,
+    /// The route's lanes, the first where newcomers go; one lane `main` of
+    /// weight 1 unless configured.
+    pub lanes: Lanes,
+}
+
+/// The name of the lane of a route without lanes configured; its waiters
+/// keep the route's waiting key, so a line from before lanes keeps every
+/// place.
+pub const MAIN_LANE: &str = "main";
+
+/// Most lanes a route may have: every call passes each lane's key.
+pub const MAX_LANES: usize = 16;
+
+/// Highest weight of a lane.
+pub const MAX_LANE_WEIGHT: u32 = 1_000;
+
+/// One lane of a route's line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lane {
+    /// `[a-z0-9_-]{1,16}`: part of a store key.
+    pub name: String,
+    /// Its share of the admissions while it has waiters, 1..=1000.
+    pub weight: u32,
+}
+
+/// Why a list of lanes cannot be a route's.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LaneError {
+    #[error("a route needs at least one lane")]
+    None,
+    #[error("at most {MAX_LANES} lanes per route")]
+    TooMany,
+    #[error("lane name {0:?} is not 1 to 16 of a-z, 0-9, _ and -")]
+    Name(String),
+    #[error("lane {name:?}: weight {weight} is not between 1 and {MAX_LANE_WEIGHT}")]
+    Weight { name: String, weight: u32 },
+    #[error("lane {0:?} is named twice")]
+    Duplicate(String),
+}
+
+/// A route's lanes, in order; the first is where newcomers go. Checked
+/// when built, so every name is a valid key part and every weight counts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lanes(Arc<[Lane]>);
+
+impl Default for Lanes {
+    /// One lane, `main`, of weight 1: a route without lanes configured.
+    fn default() -> Lanes {
+        Lanes(Arc::new([Lane {
+            name: MAIN_LANE.to_owned(),
+            weight: 1,
+        }]))
+    }
+}
+
+impl Lanes {
+    /// Checks `lanes`: at least one, at most [`MAX_LANES`], names
+    /// `[a-z0-9_-]{1,16}` and unique, weights 1..=1000.
+    pub fn new(lanes: Vec<Lane>) -> Result<Lanes, LaneError> {
+        if lanes.is_empty() {
+            return Err(LaneError::None);
+        }
+        if lanes.len() > MAX_LANES {
+            return Err(LaneError::TooMany);
+        }
+        for (i, lane) in lanes.iter().enumerate() {
+            if !valid_lane_name(&lane.name) {
+                return Err(LaneError::Name(lane.name.clone()));
+            }
+            if !(1..=MAX_LANE_WEIGHT).contains(&lane.weight) {
+                return Err(LaneError::Weight {
+                    name: lane.name.clone(),
+                    weight: lane.weight,
+                });
+            }
+            if lanes[..i].iter().any(|l| l.name == lane.name) {
+                return Err(LaneError::Duplicate(lane.name.clone()));
+            }
+        }
+        Ok(Lanes(lanes.into()))
+    }
+
+    /// The lanes in order.
+    pub fn iter(&self) -> std::slice::Iter<'_, Lane> {
+        self.0.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Never true: there is always a first lane.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The lane at `index`; the first for an index out of range.
+    pub fn get(&self, index: usize) -> &Lane {
+        self.0.get(index).unwrap_or(&self.0[0])
+    }
+
+    /// `index` if it names a lane, else 0 (the first lane).
+    pub fn clamp(&self, index: usize) -> usize {
+        if index < self.0.len() {
+            index
+        } else {
+            0
+        }
+    }
+
+    /// The index of the lane named `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.0.iter().position(|l| l.name == name)
+    }
+
+    /// The share of the route's admissions lane `index` gets while the lanes
+    /// whose `waiting` count is not zero have waiters: its weight over the
+    /// sum of theirs (the lane itself counted as waiting). An ETA in the
+    /// lane is the route's admission rate times this share.
+    pub fn share(&self, index: usize, waiting: &[u64]) -> f64 {
+        let index = self.clamp(index);
+        let total: u64 = self
+            .0
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i == index || waiting.get(i).is_some_and(|&w| w > 0))
+            .map(|(_, l)| u64::from(l.weight))
+            .sum();
+        f64::from(self.0[index].weight) / total.max(1) as f64
+    }
+}
+
+/// Whether `name` may name a lane: `[a-z0-9_-]{1,16}`.
+pub fn valid_lane_name(name: &str) -> bool {
+    (1..=16).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
 /// The length of the window `client_joins_per_minute` counts in.
@@ -187,6 +335,8 @@ pub struct Arriving {
     /// The client it came from (empty: unknown), as for `arrive`.
     pub client: Vec<u8>,
     pub admit_now: bool,
+    /// The lane it joins, as for `arrive`.
+    pub lane: usize,
 }
 
 /// A waiter an instance answered from the line record (a poll without a
@@ -208,14 +358,19 @@ pub struct TicketTimes {
     /// it was never polled. A ticket whose `seen_us` is not after its score is
     /// unconfirmed: it is never restored.
     pub seen_us: u64,
+    /// The lane the ticket was issued in (index into the call's lanes; out
+    /// of range: the first): where a restore puts it back. A waiter still
+    /// in line is found in whichever lane holds it.
+    pub lane: usize,
 }
 
 impl TicketTimes {
-    /// A ticket as issued on joining, never polled since.
+    /// A ticket of the first lane as issued on joining, never polled since.
     pub fn new(score_us: u64) -> TicketTimes {
         TicketTimes {
             score_us,
             seen_us: score_us,
+            lane: 0,
         }
     }
 
@@ -245,10 +400,13 @@ pub struct PassTimes {
 pub struct Place {
     /// Join score, store time in microseconds; goes into the ticket.
     pub score_us: u64,
-    /// 1-based place in line (1 = next to be admitted).
+    /// 1-based place in the visitor's lane (1 = next to be admitted from it).
     pub position: u64,
-    /// Everyone in line, this visitor included.
+    /// Everyone in the visitor's lane, this visitor included.
     pub waiting_total: u64,
+    /// The lane that holds the visitor: an index into the lanes of the
+    /// `Limits` the call was given.
+    pub lane: usize,
 }
 
 /// What happened to a visitor arriving without a usable ticket or pass.
@@ -259,7 +417,8 @@ pub enum Arrival {
     Admitted,
     /// In line: newly joined at the back, or already there (same place).
     Waiting(Place),
-    /// The line holds `max_waiting` already: nobody was queued.
+    /// The line (every lane together) holds `max_waiting` already: nobody
+    /// was queued.
     Full { waiting_total: u64 },
     /// The client key holds `client_places` places already, or joined
     /// `client_joins_per_minute` times in the last minute: nobody was queued
@@ -318,6 +477,21 @@ pub struct Tick {
     pub now_us: u64,
     /// The route's epoch, µs.
     pub epoch_us: u64,
+    /// Per lane of the tick's `Limits`, in order: how many this tick
+    /// admitted from it (empty when the tick did not run).
+    pub lane_admitted: Vec<u64>,
+    /// Per lane, in order: waiters left in it after the tick (empty when
+    /// the tick did not run).
+    pub lane_waiting: Vec<u64>,
+}
+
+/// One lane's numbers (see [`RouteStats::lanes`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LaneStats {
+    /// People in the lane.
+    pub waiting: u64,
+    /// Admitted from the lane by the admitter since the epoch.
+    pub admitted_total: u64,
 }
 
 /// A route's live numbers.
@@ -338,6 +512,16 @@ pub struct RouteStats {
     pub hold_until_us: u64,
     /// Store time, µs.
     pub now_us: u64,
+    /// Per lane of the call's `Limits`, in order.
+    pub lanes: Vec<LaneStats>,
+}
+
+impl RouteStats {
+    /// Lane `index`'s share of the admissions now (see [`Lanes::share`]).
+    pub fn lane_share(&self, limits: &Limits, index: usize) -> f64 {
+        let waiting: Vec<u64> = self.lanes.iter().map(|l| l.waiting).collect();
+        limits.lanes.share(index, &waiting)
+    }
 }
 
 /// Why the store could not answer. The gate acts on the route's
@@ -386,7 +570,9 @@ pub trait QueueStore: Send + Sync {
     /// the epoch this instance saw last: if the store's differs, the store was
     /// lost and a hold starts (as in [`QueueStore::admit_tick`]) before the
     /// visitor is placed, so nobody is let in at once ahead of the visitors
-    /// whose sessions were lost.
+    /// whose sessions were lost. A new waiter joins the back of `lane` (an
+    /// index into `limits.lanes`; out of range: the first lane).
+    #[allow(clippy::too_many_arguments)]
     fn arrive(
         &self,
         route: &str,
@@ -395,6 +581,7 @@ pub trait QueueStore: Send + Sync {
         limits: &Limits,
         admit_now: bool,
         known_epoch_us: Option<u64>,
+        lane: usize,
     ) -> impl Future<Output = Result<Arrival, StoreError>> + Send;
 
     /// `arrive` for each of `arrivals`, in order, in one store call: each
@@ -420,7 +607,9 @@ pub trait QueueStore: Send + Sync {
     /// younger than `abandon_after` (a write lost in a failover) and, for a
     /// ticket never polled (one a local line issued during an outage),
     /// younger than `confirm_within` too, so that nothing the store dropped
-    /// as unconfirmed comes back.
+    /// as unconfirmed comes back. A waiter is looked for in every lane of
+    /// `limits`, whatever the ticket says; a restore puts it in the
+    /// ticket's lane.
     fn poll(
         &self,
         route: &str,
@@ -455,11 +644,13 @@ pub trait QueueStore: Send + Sync {
 
     /// Leaves the line or frees the slot, leaving a tombstone for
     /// `abandon_after` so the ticket or pass is not restored as a lost write.
-    /// Unknown ids are fine.
+    /// Unknown ids are fine. The visitor is taken out of whichever of
+    /// `limits`' lanes holds it.
     fn leave(
         &self,
         route: &str,
         id: &VisitorId,
+        limits: &Limits,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Counts one forwarded request of live session `id` against `limit`
@@ -530,6 +721,31 @@ pub trait QueueStore: Send + Sync {
         limits: &Limits,
     ) -> impl Future<Output = Result<Ended, StoreError>> + Send;
 
+    /// Moves waiter `id` to lane `to_lane` (an index into `limits.lanes`)
+    /// keeping its join score, so its place among the lane's waiters is
+    /// where its score puts it. False if it is not waiting.
+    fn move_lane(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        to_lane: usize,
+        limits: &Limits,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Counts one use of an invite token (`token_key`: bytes naming the
+    /// token) that expires at `expires_unix` (seconds): true
+    /// while its uses, this one included, are at most `max_uses`. Atomic,
+    /// so `max_uses` concurrent calls and no more answer true. An expired
+    /// token answers false and counts nothing. The count is forgotten when
+    /// the token expires.
+    fn take_use(
+        &self,
+        route: &str,
+        token_key: &[u8],
+        max_uses: u32,
+        expires_unix: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
     /// The line as the last admitter tick left it, or later (see
     /// [`record`]); `None` before the first tick of the epoch.
     fn line_record(
@@ -594,8 +810,9 @@ impl QueueStore for Store {
         limits: &Limits,
         admit_now: bool,
         known_epoch_us: Option<u64>,
+        lane: usize,
     ) -> Result<Arrival, StoreError> {
-        dispatch!(self, s => s.arrive(route, id, client, limits, admit_now, known_epoch_us).await)
+        dispatch!(self, s => s.arrive(route, id, client, limits, admit_now, known_epoch_us, lane).await)
     }
 
     async fn arrive_batch(
@@ -630,8 +847,8 @@ impl QueueStore for Store {
         dispatch!(self, s => s.renew(route, id, client, pass, limits).await)
     }
 
-    async fn leave(&self, route: &str, id: &VisitorId) -> Result<(), StoreError> {
-        dispatch!(self, s => s.leave(route, id).await)
+    async fn leave(&self, route: &str, id: &VisitorId, limits: &Limits) -> Result<(), StoreError> {
+        dispatch!(self, s => s.leave(route, id, limits).await)
     }
 
     async fn count_request(
@@ -675,6 +892,26 @@ impl QueueStore for Store {
         dispatch!(self, s => s.ended_since(route, since_ms, limits).await)
     }
 
+    async fn move_lane(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        to_lane: usize,
+        limits: &Limits,
+    ) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.move_lane(route, id, to_lane, limits).await)
+    }
+
+    async fn take_use(
+        &self,
+        route: &str,
+        token_key: &[u8],
+        max_uses: u32,
+        expires_unix: u64,
+    ) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.take_use(route, token_key, max_uses, expires_unix).await)
+    }
+
     async fn line_record(
         &self,
         route: &str,
@@ -689,5 +926,53 @@ impl QueueStore for Store {
 
     async fn ready(&self) -> Result<(), StoreError> {
         dispatch!(self, s => s.ready().await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lane(name: &str, weight: u32) -> Lane {
+        Lane {
+            name: name.to_owned(),
+            weight,
+        }
+    }
+
+    #[test]
+    fn lanes_are_checked_when_built() {
+        assert_eq!(Lanes::new(vec![]), Err(LaneError::None));
+        assert!(Lanes::new(vec![lane("main", 1), lane("vip-2_x", 1000)]).is_ok());
+        for bad in ["", "Main", "a b", "ab:c", "{x}", "seventeen-chars-x"] {
+            assert_eq!(
+                Lanes::new(vec![lane(bad, 1)]),
+                Err(LaneError::Name(bad.to_owned()))
+            );
+        }
+        for weight in [0, 1001] {
+            assert!(matches!(
+                Lanes::new(vec![lane("a", weight)]),
+                Err(LaneError::Weight { .. })
+            ));
+        }
+        assert_eq!(
+            Lanes::new(vec![lane("a", 1), lane("a", 2)]),
+            Err(LaneError::Duplicate("a".into()))
+        );
+        let many = (0..17).map(|i| lane(&format!("l{i}"), 1)).collect();
+        assert_eq!(Lanes::new(many), Err(LaneError::TooMany));
+    }
+
+    #[test]
+    fn a_lane_shares_admissions_with_the_lanes_that_have_waiters() {
+        let lanes = Lanes::new(vec![lane("main", 1), lane("vip", 3)]).unwrap();
+        assert_eq!(lanes.share(1, &[5, 5]), 0.75);
+        assert_eq!(lanes.share(0, &[5, 5]), 0.25);
+        assert_eq!(lanes.share(0, &[5, 0]), 1.0, "vip empty: main gets all");
+        assert_eq!(lanes.share(1, &[5, 0]), 0.75, "the lane asked about waits");
+        assert_eq!(lanes.share(9, &[5, 5]), 0.25, "out of range: the first");
+        assert_eq!(lanes.clamp(9), 0);
+        assert_eq!(Lanes::default().get(0).name, MAIN_LANE);
     }
 }

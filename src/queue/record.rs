@@ -4,8 +4,9 @@
 //!
 //! # What it holds
 //!
-//! The route's epoch, the number waiting, and the join scores found at a
-//! fixed set of ranks (1-based places in line), the *samples*:
+//! The route's epoch and, for each lane, its name, the number waiting in it,
+//! and the join scores found at a fixed set of ranks (1-based places in the
+//! lane), the *samples*:
 //!
 //! ```text
 //! r₀ = HEAD (100), r₁ = r₀ + max(1, ⌊r₀ / 50⌋), …, every rᵢ < waiting, then waiting
@@ -18,8 +19,8 @@
 //!
 //! # What a poll is answered
 //!
-//! A waiter whose join score lies strictly after the sample at `HEAD` and at
-//! or before the last sample is ranked by interpolating between the two
+//! A waiter (in a lane the record has) whose join score lies strictly after
+//! the lane's sample at `HEAD` and at or before its last sample is ranked by interpolating between the two
 //! samples around its score. Ranks follow join scores, so its real rank when
 //! the record was taken lies between those two sampled ranks: the answer is
 //! within 2 % of it whatever the pattern of leaving ahead, and exact at a
@@ -30,9 +31,13 @@
 //!
 //! # Wire format (the stats hash's `record` field in Redis)
 //!
-//! Decimal integers joined by `,`: `epoch_us,waiting,r₀,s₀,r₁,s₁,…`. A record
+//! `epoch_us;lane;lane;…`, each lane `name,waiting,r₀,s₀,r₁,s₁,…` (decimal
+//! integers joined by `,`). A record without `;` is one written before
+//! lanes, `epoch_us,waiting,r₀,s₀,…`, read as the lane `main`. A record
 //! that does not parse is no record ([`LineRecord::parse`] answers `None`);
-//! polls then go to the store.
+//! polls then go to the store. A lane's share of the admission rate (for
+//! its ETA) follows from the lanes' counts and the configured weights
+//! ([`super::Lanes::share`]).
 
 /// Places at the head of the line answered by the store, never estimated.
 pub const HEAD: u64 = 100;
@@ -57,26 +62,32 @@ pub fn sample_ranks(waiting: u64) -> impl Iterator<Item = u64> {
     })
 }
 
-/// A line as one tick left it.
+/// A line as one tick left it: each lane's count and samples.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LineRecord {
     /// The route's epoch (µs) when the record was taken.
     pub epoch_us: u64,
-    /// People in line then.
+    /// The route's lanes as the tick knew them, in its order.
+    pub lanes: Vec<LaneRecord>,
+}
+
+/// One lane of a [`LineRecord`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LaneRecord {
+    /// The lane's name.
+    pub name: String,
+    /// People in the lane then.
     pub waiting: u64,
-    /// (rank, join score µs) at each of [`sample_ranks`]`(waiting)`, in
-    /// order; both ascend.
+    /// (rank within the lane, join score µs) at each of
+    /// [`sample_ranks`]`(waiting)`, in order; both ascend.
     pub samples: Vec<(u64, u64)>,
 }
 
-impl LineRecord {
-    /// The estimated place of a waiter who joined at `score_us`, or `None`
-    /// when the store must answer: within the first [`HEAD`] places (or
-    /// admitted, or gone), newer than the record, or from before the epoch.
-    pub fn position(&self, score_us: u64) -> Option<u64> {
-        if score_us < self.epoch_us {
-            return None;
-        }
+impl LaneRecord {
+    /// The estimated place in this lane of a waiter who joined at
+    /// `score_us`, or `None` when the store must answer: within the first
+    /// [`HEAD`] places (or admitted, or gone), or newer than the record.
+    fn position(&self, score_us: u64) -> Option<u64> {
         let &(_, head_score) = self.samples.first()?;
         let &(_, last_score) = self.samples.last()?;
         if score_us <= head_score || score_us > last_score {
@@ -101,20 +112,23 @@ impl LineRecord {
         Some(r_lo + inside.clamp(1, gap - 1))
     }
 
-    /// The record's wire form (see the module doc).
-    pub fn encode(&self) -> String {
-        let mut out = format!("{},{}", self.epoch_us, self.waiting);
+    fn encode_into(&self, out: &mut String) {
+        out.push_str(&format!("{},{}", self.name, self.waiting));
         for (rank, score) in &self.samples {
             out.push_str(&format!(",{rank},{score}"));
         }
-        out
     }
 
-    /// Reads the wire form; `None` for anything malformed: samples not
-    /// ascending, not at the ranks the rule gives, or not a number.
-    pub fn parse(text: &str) -> Option<LineRecord> {
-        let mut numbers = text.split(',').map(|n| n.parse::<u64>().ok());
-        let epoch_us = numbers.next()??;
+    fn parse(text: &str, name: Option<&str>) -> Option<LaneRecord> {
+        let mut parts = text.split(',');
+        let name = match name {
+            Some(name) => name.to_owned(),
+            None => parts.next()?.to_owned(),
+        };
+        if !super::valid_lane_name(&name) {
+            return None;
+        }
+        let mut numbers = parts.map(|n| n.parse::<u64>().ok());
         let waiting = numbers.next()??;
         let mut samples = Vec::new();
         let mut ranks = sample_ranks(waiting);
@@ -131,10 +145,70 @@ impl LineRecord {
         if ranks.next().is_some() {
             return None;
         }
-        Some(LineRecord {
-            epoch_us,
+        Some(LaneRecord {
+            name,
             waiting,
             samples,
+        })
+    }
+}
+
+impl LineRecord {
+    /// The lane named `name`.
+    pub fn lane(&self, name: &str) -> Option<&LaneRecord> {
+        self.lanes.iter().find(|l| l.name == name)
+    }
+
+    /// People in line then, every lane together.
+    pub fn waiting(&self) -> u64 {
+        self.lanes.iter().map(|l| l.waiting).sum()
+    }
+
+    /// The estimated place in lane `lane` of a waiter who joined at
+    /// `score_us`, or `None` when the store must answer: within the first
+    /// [`HEAD`] places of the lane (or admitted, or gone), newer than the
+    /// record, from before the epoch, or in a lane the record lacks.
+    pub fn position(&self, lane: &str, score_us: u64) -> Option<u64> {
+        if score_us < self.epoch_us {
+            return None;
+        }
+        self.lane(lane)?.position(score_us)
+    }
+
+    /// The record's wire form (see the module doc).
+    pub fn encode(&self) -> String {
+        let mut out = self.epoch_us.to_string();
+        for lane in &self.lanes {
+            out.push(';');
+            lane.encode_into(&mut out);
+        }
+        out
+    }
+
+    /// Reads the wire form; `None` for anything malformed: samples not
+    /// ascending, not at the ranks the rule gives, a lane named twice or
+    /// badly, or not a number. A record without lanes (`epoch,waiting,…`,
+    /// as written before lanes) is the lane `main`.
+    pub fn parse(text: &str) -> Option<LineRecord> {
+        let Some((epoch, lanes)) = text.split_once(';') else {
+            let (epoch, rest) = text.split_once(',')?;
+            return Some(LineRecord {
+                epoch_us: epoch.parse().ok()?,
+                lanes: vec![LaneRecord::parse(rest, Some(super::MAIN_LANE))?],
+            });
+        };
+        let epoch_us = epoch.parse().ok()?;
+        let mut parsed: Vec<LaneRecord> = Vec::new();
+        for lane in lanes.split(';') {
+            let lane = LaneRecord::parse(lane, None)?;
+            if parsed.iter().any(|l| l.name == lane.name) {
+                return None;
+            }
+            parsed.push(lane);
+        }
+        Some(LineRecord {
+            epoch_us,
+            lanes: parsed,
         })
     }
 }
@@ -149,10 +223,13 @@ mod tests {
         let waiting = scores.len() as u64;
         LineRecord {
             epoch_us: 0,
-            waiting,
-            samples: sample_ranks(waiting)
-                .map(|r| (r, scores[r as usize - 1]))
-                .collect(),
+            lanes: vec![LaneRecord {
+                name: "main".into(),
+                waiting,
+                samples: sample_ranks(waiting)
+                    .map(|r| (r, scores[r as usize - 1]))
+                    .collect(),
+            }],
         }
     }
 
@@ -179,17 +256,21 @@ mod tests {
             epoch_us: 1_000,
             ..record_of(&scores)
         };
-        assert_eq!(record.position(scores[0]), None);
-        assert_eq!(record.position(scores[99]), None, "rank 100 is the head");
-        assert_eq!(record.position(scores[100]), Some(101));
-        assert_eq!(record.position(scores[999]), Some(1_000));
+        assert_eq!(record.position("main", scores[0]), None);
         assert_eq!(
-            record.position(scores[999] + 1),
+            record.position("main", scores[99]),
+            None,
+            "rank 100 is the head"
+        );
+        assert_eq!(record.position("main", scores[100]), Some(101));
+        assert_eq!(record.position("main", scores[999]), Some(1_000));
+        assert_eq!(
+            record.position("main", scores[999] + 1),
             None,
             "newer than the record"
         );
-        assert_eq!(record.position(999), None, "before the epoch");
-        assert_eq!(LineRecord::default().position(5), None);
+        assert_eq!(record.position("main", 999), None, "before the epoch");
+        assert_eq!(LineRecord::default().position("main", 5), None);
     }
 
     #[test]
@@ -197,7 +278,7 @@ mod tests {
         let scores: Vec<u64> = (0..50_000).map(|i| 7 + i * 3).collect();
         let record = record_of(&scores);
         for (i, &s) in scores.iter().enumerate().skip(HEAD as usize) {
-            assert_eq!(record.position(s), Some(i as u64 + 1));
+            assert_eq!(record.position("main", s), Some(i as u64 + 1));
         }
     }
 
@@ -219,7 +300,7 @@ mod tests {
             for pick in picks {
                 let i = pick.index(scores.len());
                 let rank = i as u64 + 1;
-                match record.position(scores[i]) {
+                match record.position("main", scores[i]) {
                     None => prop_assert!(rank <= HEAD),
                     Some(p) => {
                         prop_assert!(rank > HEAD);
@@ -250,6 +331,40 @@ mod tests {
     }
 
     #[test]
+    fn lanes_are_ranked_apart_and_a_missing_lane_goes_to_the_store() {
+        let main = record_of(&(0..300).map(|i| 10 + i * 2).collect::<Vec<_>>());
+        let vip = record_of(&(0..150).map(|i| 11 + i * 2).collect::<Vec<_>>());
+        let record = LineRecord {
+            epoch_us: 0,
+            lanes: vec![
+                main.lanes[0].clone(),
+                LaneRecord {
+                    name: "vip".into(),
+                    ..vip.lanes[0].clone()
+                },
+            ],
+        };
+        assert_eq!(record.waiting(), 450);
+        assert_eq!(record.position("main", 10 + 200 * 2), Some(201));
+        assert_eq!(record.position("vip", 11 + 120 * 2), Some(121));
+        assert_eq!(record.position("vip", 11 + 20 * 2), None, "the lane's head");
+        assert_eq!(record.position("late", 11 + 120 * 2), None);
+        let text = record.encode();
+        assert!(text.starts_with("0;main,300,100,"), "{text}");
+        assert_eq!(LineRecord::parse(&text), Some(record));
+    }
+
+    #[test]
+    fn a_record_from_before_lanes_is_the_main_lane() {
+        let legacy = "7,101,100,50,101,60";
+        let record = LineRecord::parse(legacy).unwrap();
+        assert_eq!(record.epoch_us, 7);
+        assert_eq!(record.lanes.len(), 1);
+        assert_eq!(record.lanes[0].name, "main");
+        assert_eq!(record.lanes[0].samples, vec![(100, 50), (101, 60)]);
+    }
+
+    #[test]
     fn malformed_records_are_refused() {
         let good = record_of(&(0..200).collect::<Vec<_>>()).encode();
         assert!(LineRecord::parse(&good).is_some());
@@ -262,6 +377,9 @@ mod tests {
             "1,50,100,5",
             &format!("{good},1"),
             &good.replacen(",100,", ",101,", 1),
+            "1;main,0;main,0",
+            "1;Main,0",
+            "1;",
         ] {
             assert_eq!(LineRecord::parse(bad), None, "{bad}");
         }

@@ -3,9 +3,15 @@
 //! bounded by the configured timeout.
 //!
 //! Every route lives in six keys under one hash tag (`qg:{route}:…`, see
-//! DESIGN §3), plus one key per client that the per-client limits count
-//! (`qg:{route}:client:<hex>`, expiring by itself), all passed through `KEYS`
-//! so Cluster routes the call to the slot that holds them. Visitors are
+//! DESIGN §3), plus one waiting key per lane other than `main`
+//! (`qg:{route}:waiting:lane:NAME`; `main` keeps `qg:{route}:waiting`), one
+//! key per client that the per-client limits count (`qg:{route}:client:<hex>`,
+//! expiring by itself) and one per invite token counted
+//! (`qg:{route}:invite:<hex>`), all passed through `KEYS` so Cluster routes
+//! the call to the slot that holds them. The lanes a route no longer
+//! configures are merged by the admitter's tick, which is given their keys:
+//! each store remembers per route the lane names the store listed at its
+//! last look (`lanes.lua`, then every tick's answer). Visitors are
 //! named by the raw first 12 bytes of their ids (`store_id`), members only,
 //! never part of a key.
 //! All times come from Redis `TIME` inside the scripts, so instance clocks
@@ -16,7 +22,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -27,9 +33,9 @@ use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, Ser
 use tokio::sync::{watch, Notify};
 
 use super::{
-    store_id, Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, Limits, LineRecord,
-    PassTimes, Place, Poll, QueueStore, RouteStats, StoreError, StoreId, Tick, TicketTimes,
-    VisitorId, JOIN_WINDOW,
+    store_id, Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, LaneStats, Limits,
+    LineRecord, PassTimes, Place, Poll, QueueStore, RouteStats, StoreError, StoreId, Tick,
+    TicketTimes, VisitorId, JOIN_WINDOW, MAIN_LANE,
 };
 use crate::clock::Clock;
 use crate::config::{RedisConfig, RedisMode};
@@ -60,6 +66,9 @@ struct Scripts {
     hold: Script,
     stats: Script,
     ready: Script,
+    move_lane: Script,
+    take_use: Script,
+    lanes: Script,
 }
 
 impl Scripts {
@@ -77,6 +86,9 @@ impl Scripts {
             hold: route_script!("hold.lua"),
             stats: route_script!("stats.lua"),
             ready: Script::new(include_str!("../../lua/ready.lua")),
+            move_lane: route_script!("move_lane.lua"),
+            take_use: route_script!("take_use.lua"),
+            lanes: route_script!("lanes.lua"),
         }
     }
 }
@@ -111,6 +123,10 @@ pub struct RedisStore {
     link: Link,
     timeout: Duration,
     scripts: Arc<Scripts>,
+    /// Per route, the lane names (other than main) the store listed as
+    /// holding waiters at the last look: the admitter's tick merges those
+    /// no longer configured. Missing: look before the next tick.
+    lanes_seen: Arc<Mutex<HashMap<String, Vec<String>>>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -178,6 +194,7 @@ impl RedisStore {
             link,
             timeout,
             scripts: Arc::new(Scripts::new()),
+            lanes_seen: Arc::new(Mutex::new(HashMap::new())),
         })
     }
 
@@ -231,39 +248,71 @@ fn route_keys(route: &str) -> [String; 6] {
     ["waiting", "seen", "active", "tick", "stats", "beat"].map(|k| format!("qg:{{{route}}}:{k}"))
 }
 
-/// The key of one client's arrivals, under the route's hash tag; the client
-/// key's bytes in hex, so keys stay printable.
-fn client_key(route: &str, client: ClientKey<'_>) -> String {
+/// The waiting key of lane `name`: the route's own for `main`, so a line
+/// from before lanes keeps every place.
+fn lane_key(route: &str, name: &str) -> String {
+    if name == MAIN_LANE {
+        format!("qg:{{{route}}}:waiting")
+    } else {
+        format!("qg:{{{route}}}:waiting:lane:{name}")
+    }
+}
+
+/// A key under the route's hash tag naming `bytes` in hex, so keys stay
+/// printable.
+fn hex_key(route: &str, kind: &str, bytes: &[u8]) -> String {
     use std::fmt::Write as _;
-    let mut key = format!("qg:{{{route}}}:client:");
-    for byte in client {
+    let mut key = format!("qg:{{{route}}}:{kind}:");
+    for byte in bytes {
         // Writing to a String cannot fail.
         let _ = write!(key, "{byte:02x}");
     }
     key
+}
+
+/// The key of one client's arrivals, under the route's hash tag.
+fn client_key(route: &str, client: ClientKey<'_>) -> String {
+    hex_key(route, "client", client)
+}
+
+/// The key counting the uses of one invite token (see take_use.lua).
+fn invite_key(route: &str, token: &[u8]) -> String {
+    hex_key(route, "invite", token)
+}
+
+/// The lane names a `lanes` field (`,name,name,`) lists, main added.
+fn listed_lanes(field: &str) -> Vec<String> {
+    let mut names: Vec<String> = field
+        .split(',')
+        .filter(|n| super::valid_lane_name(n))
+        .map(str::to_owned)
+        .collect();
+    if !names.iter().any(|n| n == MAIN_LANE) {
+        names.push(MAIN_LANE.to_owned());
+    }
+    names
 }
 
 /// The key counting the forwarded requests of session `id` (see
 /// count_request.lua), under the route's hash tag.
 fn uses_key(route: &str, id: &VisitorId) -> String {
-    use std::fmt::Write as _;
-    let mut key = format!("qg:{{{route}}}:uses:");
-    for byte in id {
-        // Writing to a String cannot fail.
-        let _ = write!(key, "{byte:02x}");
-    }
-    key
+    hex_key(route, "uses", id)
 }
 
-/// The route's keys, then the client's key when `client` is `Some`.
+/// The route's keys and its lanes', then the client's key when `client` is
+/// `Some`.
 fn prepare<'a>(
     script: &'a Script,
     route: &str,
+    limits: &Limits,
     client: Option<ClientKey<'_>>,
 ) -> ScriptInvocation<'a> {
     let mut invocation = script.prepare_invoke();
     for key in route_keys(route) {
         invocation.key(key);
+    }
+    for lane in limits.lanes.iter() {
+        invocation.key(lane_key(route, &lane.name));
     }
     if let Some(client) = client {
         invocation.key(client_key(route, client));
@@ -272,7 +321,7 @@ fn prepare<'a>(
 }
 
 /// For a call on behalf of many visitors: adds each client's key once to
-/// `invocation`, after the route's six, and returns for each visitor the
+/// `invocation`, after the route's and its lanes', and returns for each visitor the
 /// index of its client's key among them (1-based; 0: no client, or limits
 /// that do not count it).
 fn client_keys<'a>(
@@ -419,6 +468,27 @@ async fn follow_master(
 const LATE_GRACE: Duration = Duration::from_secs(1);
 
 impl RedisStore {
+    /// The lane names route `route` listed at the last look, if any.
+    fn lanes_seen(&self, route: &str) -> Option<Vec<String>> {
+        self.lanes_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(route)
+            .cloned()
+    }
+
+    /// Reads the lane names the route's stats hash lists (main always
+    /// among them) and remembers them.
+    async fn look_up_lanes(&self, route: &str, limits: &Limits) -> Result<Vec<String>, StoreError> {
+        let invocation = prepare(&self.scripts.lanes, route, limits, None);
+        let field: String = self.run(&invocation).await?;
+        let names = listed_lanes(&field);
+        self.lanes_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(route.to_owned(), names.clone());
+        Ok(names)
+    }
     /// When an `arrive` sent now is too late to run, unix ms by this host's
     /// clock. A call that timed out here may still sit in the connection, and
     /// Redis runs it when it next reads (after a SIGSTOP, a long script, a
@@ -439,7 +509,7 @@ impl RedisStore {
         limits: &Limits,
         known_epoch_us: Option<u64>,
     ) -> ScriptInvocation<'s> {
-        let mut invocation = prepare(&self.scripts.arrive, route, None);
+        let mut invocation = prepare(&self.scripts.arrive, route, limits, None);
         let indexes = client_keys(
             &mut invocation,
             route,
@@ -466,7 +536,8 @@ impl RedisStore {
             invocation
                 .arg(&store_id(&arrival.id)[..])
                 .arg(u8::from(arrival.admit_now))
-                .arg(index);
+                .arg(index)
+                .arg(limits.lanes.clamp(arrival.lane) + 1);
         }
         invocation
     }
@@ -478,14 +549,14 @@ impl RedisStore {
         count: usize,
     ) -> Result<Vec<Arrival>, StoreError> {
         let reply: Vec<u64> = self.run(invocation).await?;
-        if reply.len() != count * 4 {
+        if reply.len() != count * 5 {
             return Err(unexpected_reply(format!(
                 "arrive: {} numbers for {count} arrivals",
                 reply.len()
             )));
         }
         reply
-            .chunks_exact(4)
+            .chunks_exact(5)
             .map(|answer| match answer[0] {
                 // Run after this instance gave up on it (its clock ahead of
                 // Redis's by more than the grace): as a timeout.
@@ -523,6 +594,8 @@ fn place(reply: &[u64], what: &str) -> Result<Place, StoreError> {
         score_us: field(reply, 1, what)?,
         position: field(reply, 2, what)?,
         waiting_total: field(reply, 3, what)?,
+        lane: usize::try_from(field(reply, 4, what)?)
+            .map_err(|_| unexpected_reply(format!("{what}: no lane")))?,
     })
 }
 
@@ -535,11 +608,13 @@ impl QueueStore for RedisStore {
         limits: &Limits,
         admit_now: bool,
         known_epoch_us: Option<u64>,
+        lane: usize,
     ) -> impl Future<Output = Result<Arrival, StoreError>> + Send {
         let one = [Arriving {
             id: *id,
             client: client.to_vec(),
             admit_now,
+            lane,
         }];
         let invocation = self.arrive_invocation(route, &one, limits, known_epoch_us);
         async move {
@@ -575,7 +650,7 @@ impl QueueStore for RedisStore {
         ticket: TicketTimes,
         limits: &Limits,
     ) -> impl Future<Output = Result<Poll, StoreError>> + Send {
-        let mut invocation = prepare(&self.scripts.poll, route, touched(client, limits));
+        let mut invocation = prepare(&self.scripts.poll, route, limits, touched(client, limits));
         invocation
             .arg(&store_id(id)[..])
             .arg(ticket.score_us)
@@ -584,7 +659,8 @@ impl QueueStore for RedisStore {
             .arg(ms(limits.abandon_after))
             .arg(ms(limits.pass_ttl))
             .arg(ms(limits.client_memory()))
-            .arg(ms(limits.confirm_within));
+            .arg(ms(limits.confirm_within))
+            .arg(limits.lanes.clamp(ticket.lane) + 1);
         async move {
             let reply: Vec<u64> = self.run(&invocation).await?;
             match field(&reply, 0, "poll")? {
@@ -604,7 +680,7 @@ impl QueueStore for RedisStore {
         pass: PassTimes,
         limits: &Limits,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let mut invocation = prepare(&self.scripts.renew, route, touched(client, limits));
+        let mut invocation = prepare(&self.scripts.renew, route, limits, touched(client, limits));
         invocation
             .arg(&store_id(id)[..])
             .arg(pass.issued_ms)
@@ -624,8 +700,9 @@ impl QueueStore for RedisStore {
         &self,
         route: &str,
         id: &VisitorId,
+        limits: &Limits,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let mut invocation = prepare(&self.scripts.leave, route, None);
+        let mut invocation = prepare(&self.scripts.leave, route, limits, None);
         invocation.arg(&store_id(id)[..]);
         async move {
             let _removed: i64 = self.run(&invocation).await?;
@@ -640,7 +717,7 @@ impl QueueStore for RedisStore {
         limit: u64,
         limits: &Limits,
     ) -> impl Future<Output = Result<Counted, StoreError>> + Send {
-        let mut invocation = prepare(&self.scripts.count_request, route, None);
+        let mut invocation = prepare(&self.scripts.count_request, route, limits, None);
         invocation
             .key(uses_key(route, id))
             .arg(&store_id(id)[..])
@@ -664,26 +741,64 @@ impl QueueStore for RedisStore {
         limits: &Limits,
         known_epoch_us: Option<u64>,
     ) -> impl Future<Output = Result<Tick, StoreError>> + Send {
-        let mut invocation = prepare(&self.scripts.admit_tick, route, None);
-        invocation
-            .arg(limits.capacity)
-            .arg(limits.max_admit_per_tick)
-            .arg(ms(limits.tick).max(1))
-            .arg(ms(limits.arrival_grace))
-            .arg(ms(limits.abandon_after))
-            .arg(ms(limits.pass_ttl))
-            .arg(known_epoch_us.map(|e| e.to_string()).unwrap_or_default());
+        let route = route.to_owned();
+        let limits = limits.clone();
         async move {
+            let seen = match self.lanes_seen(&route) {
+                Some(seen) => seen,
+                None => self.look_up_lanes(&route, &limits).await?,
+            };
+            let mut invocation = prepare(&self.scripts.admit_tick, &route, &limits, None);
+            for stale in seen.iter().filter(|n| limits.lanes.index_of(n).is_none()) {
+                invocation.key(lane_key(&route, stale));
+            }
+            invocation
+                .arg(limits.capacity)
+                .arg(limits.max_admit_per_tick)
+                .arg(ms(limits.tick).max(1))
+                .arg(ms(limits.arrival_grace))
+                .arg(ms(limits.abandon_after))
+                .arg(ms(limits.pass_ttl))
+                .arg(known_epoch_us.map(|e| e.to_string()).unwrap_or_default())
+                .arg(limits.lanes.len());
+            for lane in limits.lanes.iter() {
+                invocation.arg(lane.weight);
+            }
             let reply: Vec<u64> = self.run(&invocation).await?;
+            let ran = field(&reply, 0, "admit_tick")? == 1;
+            let lanes = usize::try_from(field(&reply, 8, "admit_tick")?).unwrap_or(usize::MAX);
+            let scores_at = lanes
+                .checked_mul(2)
+                .and_then(|n| n.checked_add(9))
+                .filter(|&at| at <= reply.len())
+                .ok_or_else(|| unexpected_reply("admit_tick: short reply".into()))?;
+            if ran {
+                // What the store lists now: the configured lanes, and any
+                // it named that this tick could not merge (looked up again).
+                let mut cache = self
+                    .lanes_seen
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if field(&reply, 7, "admit_tick")? == 1 {
+                    cache.remove(&route);
+                } else {
+                    cache.insert(
+                        route.clone(),
+                        limits.lanes.iter().map(|l| l.name.clone()).collect(),
+                    );
+                }
+            }
             Ok(Tick {
-                ran: field(&reply, 0, "admit_tick")? == 1,
+                ran,
                 now_us: field(&reply, 1, "admit_tick")?,
                 epoch_us: field(&reply, 2, "admit_tick")?,
                 abandoned: field(&reply, 3, "admit_tick")?,
                 no_shows: field(&reply, 4, "admit_tick")?,
                 unconfirmed_sessions: field(&reply, 5, "admit_tick")?,
                 unconfirmed_tickets: field(&reply, 6, "admit_tick")?,
-                admitted_scores: reply.get(7..).unwrap_or_default().to_vec(),
+                lane_admitted: reply[9..9 + lanes].to_vec(),
+                lane_waiting: reply[9 + lanes..scores_at].to_vec(),
+                admitted_scores: reply[scores_at..].to_vec(),
             })
         }
     }
@@ -694,7 +809,7 @@ impl QueueStore for RedisStore {
         beats: &[Heartbeat],
         limits: &Limits,
     ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send {
-        let mut invocation = prepare(&self.scripts.heartbeats, route, None);
+        let mut invocation = prepare(&self.scripts.heartbeats, route, limits, None);
         let indexes = client_keys(
             &mut invocation,
             route,
@@ -719,9 +834,9 @@ impl QueueStore for RedisStore {
         &self,
         route: &str,
         since_ms: u64,
-        _limits: &Limits,
+        limits: &Limits,
     ) -> impl Future<Output = Result<Ended, StoreError>> + Send {
-        let mut invocation = prepare(&self.scripts.ended, route, None);
+        let mut invocation = prepare(&self.scripts.ended, route, limits, None);
         invocation.arg(since_ms);
         async move {
             let reply: Vec<Vec<u8>> = self.run(&invocation).await?;
@@ -743,12 +858,50 @@ impl QueueStore for RedisStore {
         }
     }
 
+    fn move_lane(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        to_lane: usize,
+        limits: &Limits,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let mut invocation = prepare(&self.scripts.move_lane, route, limits, None);
+        invocation
+            .arg(&store_id(id)[..])
+            .arg(limits.lanes.clamp(to_lane) + 1);
+        async move {
+            let moved: i64 = self.run(&invocation).await?;
+            Ok(moved == 1)
+        }
+    }
+
+    fn take_use(
+        &self,
+        route: &str,
+        token_key: &[u8],
+        max_uses: u32,
+        expires_unix: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let mut invocation = self.scripts.take_use.prepare_invoke();
+        for key in route_keys(route) {
+            invocation.key(key);
+        }
+        invocation
+            .key(invite_key(route, token_key))
+            .arg(max_uses)
+            .arg(expires_unix);
+        async move {
+            let within: i64 = self.run(&invocation).await?;
+            Ok(within == 1)
+        }
+    }
+
     fn line_record(
         &self,
         route: &str,
-        _limits: &Limits,
+        limits: &Limits,
     ) -> impl Future<Output = Result<Option<LineRecord>, StoreError>> + Send {
-        let invocation = prepare(&self.scripts.line_record, route, None);
+        let invocation = prepare(&self.scripts.line_record, route, limits, None);
         async move {
             let reply: Option<String> = self.run(&invocation).await?;
             match reply {
@@ -765,7 +918,7 @@ impl QueueStore for RedisStore {
         route: &str,
         limits: &Limits,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let mut invocation = prepare(&self.scripts.hold, route, None);
+        let mut invocation = prepare(&self.scripts.hold, route, limits, None);
         invocation.arg(ms(limits.pass_ttl));
         async move {
             let _until: i64 = self.run(&invocation).await?;
@@ -776,23 +929,39 @@ impl QueueStore for RedisStore {
     fn stats(
         &self,
         route: &str,
-        _limits: &Limits,
+        limits: &Limits,
     ) -> impl Future<Output = Result<RouteStats, StoreError>> + Send {
-        let invocation = prepare(&self.scripts.stats, route, None);
+        let invocation = prepare(&self.scripts.stats, route, limits, None);
+        let lanes = limits.lanes.len();
         async move {
-            let (waiting, active, admitted_total, rate, epoch_us, hold_until_us, now_us): (
-                u64,
-                u64,
-                u64,
-                String,
-                u64,
-                u64,
-                u64,
-            ) = self.run(&invocation).await?;
+            let reply: Vec<String> = self.run(&invocation).await?;
+            if reply.len() != 7 + 2 * lanes {
+                return Err(unexpected_reply(format!(
+                    "stats: {} fields for {lanes} lanes",
+                    reply.len()
+                )));
+            }
+            let number = |i: usize| {
+                reply[i]
+                    .parse::<u64>()
+                    .map_err(|_| unexpected_reply(format!("stats: field {i} is not a number")))
+            };
+            let (waiting, active, admitted_total) = (number(0)?, number(1)?, number(2)?);
+            let rate = &reply[3];
+            let (epoch_us, hold_until_us, now_us) = (number(4)?, number(5)?, number(6)?);
             let admit_rate = rate.parse::<f64>().map_err(|_| {
                 unexpected_reply(format!("stats: admit rate {rate:?} is not a number"))
             })?;
+            let lanes = (0..lanes)
+                .map(|l| {
+                    Ok(LaneStats {
+                        waiting: number(7 + 2 * l)?,
+                        admitted_total: number(8 + 2 * l)?,
+                    })
+                })
+                .collect::<Result<_, StoreError>>()?;
             Ok(RouteStats {
+                lanes,
                 waiting,
                 active,
                 admitted_total,
@@ -855,6 +1024,21 @@ mod tests {
     }
 
     #[test]
+    fn lane_keys_share_the_route_hash_tag_and_main_keeps_the_waiting_key() {
+        assert_eq!(lane_key("tickets", "main"), "qg:{tickets}:waiting");
+        assert_eq!(lane_key("tickets", "vip"), "qg:{tickets}:waiting:lane:vip");
+        assert_eq!(
+            invite_key("tickets", b"\x01\xff"),
+            "qg:{tickets}:invite:01ff"
+        );
+        assert_eq!(listed_lanes(""), vec!["main"]);
+        assert_eq!(
+            listed_lanes(",vip,Bad Name,gold,"),
+            vec!["vip", "gold", "main"]
+        );
+    }
+
+    #[test]
     fn uses_keys_share_the_route_hash_tag() {
         assert_eq!(
             uses_key("tickets", &[0xab; 16]),
@@ -883,6 +1067,9 @@ mod tests {
             include_str!("../../lua/hold.lua"),
             include_str!("../../lua/stats.lua"),
             include_str!("../../lua/ready.lua"),
+            include_str!("../../lua/move_lane.lua"),
+            include_str!("../../lua/take_use.lua"),
+            include_str!("../../lua/lanes.lua"),
         ] {
             let head: String = file
                 .lines()
