@@ -16,7 +16,10 @@
 //!   by `-` and a second such number, `at`: for a ticket the last time the
 //!   line saw its holder (µs), for a pass when it was issued (unix ms). The
 //!   store's restore rules need them; values signed without `at` (older
-//!   ones) still verify;
+//!   ones) still verify. A ticket then carries the lane it waits in
+//!   (DESIGN §8.5) as `_` and the lane's name (`config::is_lane_name`;
+//!   digits and `-` never hold a `_`, so the split is unambiguous); a
+//!   ticket without it waits in the route's first lane;
 //! - `kid`: the id of the key that signed it, `[A-Za-z0-9_-]{1,16}`
 //!   (`config::is_key_id`);
 //! - `mac`: base64url without padding (43 chars) of HMAC-SHA256 under that key
@@ -44,7 +47,9 @@ use hmac::{Hmac, Mac};
 use rand::RngCore as _;
 use sha2::Sha256;
 
-use crate::config::{is_key_id, is_route_name, KeyFrom, KeySource};
+use crate::config::{
+    is_key_id, is_lane_name, is_route_name, KeyFrom, KeySource, MAX_LANE_NAME_LEN,
+};
 
 /// A visitor's random identity; the same type as the store's `VisitorId`.
 pub type VisitorId = [u8; 16];
@@ -133,6 +138,43 @@ pub struct Claims {
     /// Position in the ring of the key that verified it; 0 is the signing key,
     /// so anything else was signed by a key that is being rotated out.
     pub key_index: usize,
+    /// The lane a ticket waits in; `None` for the route's first lane (and
+    /// for passes).
+    pub lane: Option<LaneTag>,
+}
+
+/// A lane's name as a value carries it: inline, so [`Claims`] stays `Copy`
+/// and reading a cookie allocates nothing.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct LaneTag {
+    len: u8,
+    bytes: [u8; MAX_LANE_NAME_LEN],
+}
+
+impl LaneTag {
+    /// `name` if it is a lane's name ([`is_lane_name`]).
+    pub fn new(name: &str) -> Option<LaneTag> {
+        if !is_lane_name(name) {
+            return None;
+        }
+        let mut bytes = [0; MAX_LANE_NAME_LEN];
+        bytes[..name.len()].copy_from_slice(name.as_bytes());
+        Some(LaneTag {
+            len: name.len() as u8,
+            bytes,
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Only ever built from a checked ASCII name.
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
+    }
+}
+
+impl fmt::Debug for LaneTag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
 }
 
 /// Where a pass stands in its life; see [`Claims::pass_life`].
@@ -378,6 +420,39 @@ impl KeyRing {
         out
     }
 
+    /// Signs a ticket of `route`: join score `score_us`, last seen
+    /// `seen_us`, waiting in `lane` (`None`: the route's first lane).
+    pub fn sign_ticket(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        score_us: u64,
+        seen_us: Option<u64>,
+        lane: Option<&LaneTag>,
+    ) -> String {
+        let Some(lane) = lane else {
+            return self.sign_at(Kind::Ticket, route, id, score_us, seen_us);
+        };
+        let mut out = String::with_capacity(MAX_VALUE_LEN);
+        out.push_str(VERSION);
+        out.push('.');
+        out.push_str(Kind::Ticket.state());
+        out.push('.');
+        out.push_str(route);
+        out.push('.');
+        URL_SAFE_NO_PAD.encode_string(id, &mut out);
+        out.push('.');
+        push_decimal(&mut out, score_us);
+        if let Some(at) = seen_us {
+            out.push('-');
+            push_decimal(&mut out, at);
+        }
+        out.push('_');
+        out.push_str(lane.as_str());
+        self.seal(&mut out);
+        out
+    }
+
     /// Signs `out` in place with the first key: appends `.<kid>.<mac>`,
     /// the MAC covering everything before its own `.` (the key id too).
     /// Every value queuegate signs ends this way; each kind of value starts
@@ -455,6 +530,13 @@ impl KeyRing {
             return Err(Reject::Malformed);
         }
         let id = decode_fixed::<16>(id, ID_CHARS).ok_or(Reject::Malformed)?;
+        let (t, lane) = match t.split_once('_') {
+            Some((t, lane)) if kind == Kind::Ticket => {
+                (t, Some(LaneTag::new(lane).ok_or(Reject::Malformed)?))
+            }
+            Some(_) => return Err(Reject::Malformed),
+            None => (t, None),
+        };
         let (t, at) = match t.split_once('-') {
             Some((t, at)) => (t, Some(parse_decimal(at).ok_or(Reject::Malformed)?)),
             None => (t, None),
@@ -473,6 +555,7 @@ impl KeyRing {
             t,
             at,
             key_index,
+            lane,
         })
     }
 }
@@ -681,6 +764,7 @@ mod tests {
                 t: 1_700_000_060,
                 at: None,
                 key_index: 0,
+                lane: None,
             })
         );
     }
@@ -697,6 +781,7 @@ mod tests {
                 t: 1_700_000_000_123_456,
                 at: None,
                 key_index: 0,
+                lane: None,
             })
         );
     }
@@ -828,6 +913,7 @@ mod tests {
                 t: 1000,
                 at: None,
                 key_index: 1,
+                lane: None,
             })
         );
         // And the new ring signs with the new key.
@@ -992,6 +1078,7 @@ mod tests {
             t: 1060,
             at: None,
             key_index: 0,
+            lane: None,
         };
         assert_eq!(pass.pass_life(1000, ttl), PassLife::Fresh);
         assert_eq!(pass.pass_life(1029, ttl), PassLife::Fresh);
@@ -1276,6 +1363,43 @@ mod tests {
             let deleted: String = deleted.into_iter().collect();
             prop_assert!(ring.verify(&deleted, &route).claims().is_none(), "{} accepted", deleted);
         }
+    }
+
+    #[test]
+    fn a_ticket_carries_its_lane_and_only_a_ticket_does() {
+        let ring = two_keys();
+        let id = [7u8; 16];
+        let vip = LaneTag::new("vip_1-a").unwrap();
+        for seen in [None, Some(9)] {
+            let value = ring.sign_ticket(ROUTE, &id, 5, seen, Some(&vip));
+            let claims = ring.verify(&value, ROUTE).claims().unwrap();
+            assert_eq!((claims.t, claims.at, claims.lane), (5, seen, Some(vip)));
+            assert_eq!(claims.lane.unwrap().as_str(), "vip_1-a");
+        }
+        let main = ring.sign_ticket(ROUTE, &id, 5, Some(9), None);
+        assert_eq!(main, ring.sign_at(Kind::Ticket, ROUTE, &id, 5, Some(9)));
+        assert_eq!(ring.verify(&main, ROUTE).claims().unwrap().lane, None);
+        // The lane is covered by the MAC and must be a lane's name.
+        let value = ring.sign_ticket(ROUTE, &id, 5, Some(9), Some(&vip));
+        for (from, to) in [
+            ("_vip_1-a", "_vip_1-b"),
+            ("_vip_1-a", "_VIP"),
+            ("_vip_1-a", "_"),
+        ] {
+            let forged = value.replacen(from, to, 1);
+            assert!(ring.verify(&forged, ROUTE).claims().is_none(), "{forged}");
+        }
+        assert!(LaneTag::new("Vip").is_none() && LaneTag::new("").is_none());
+        assert!(LaneTag::new(&"a".repeat(17)).is_none());
+        // A pass never carries one: the same suffix on a pass is malformed.
+        let mut pass = String::from("v1.a.tickets.");
+        URL_SAFE_NO_PAD.encode_string(id, &mut pass);
+        pass.push_str(".5-9_vip");
+        ring.seal(&mut pass);
+        assert!(matches!(
+            ring.verify(&pass, ROUTE),
+            Verdict::Invalid(Reject::Malformed)
+        ));
     }
 
     #[test]

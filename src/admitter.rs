@@ -76,6 +76,7 @@ pub async fn run(
                     route.metrics.tick(&t);
                     if t.ran {
                         route.metrics.lanes(&route.limits.lanes, &t);
+                        live.set_lane_waiting(&t.lane_waiting);
                     }
                     if !t.admitted_scores.is_empty() {
                         tracing::debug!(route = %name, admitted = t.admitted_scores.len(), "admitted from the line");

@@ -31,7 +31,7 @@ use crate::queue::{BreakerConfig, Counted, Guarded, Store};
 use crate::response::{self, Body, RequestError};
 use crate::route::RouteRt;
 use crate::route::Settings;
-use crate::waiting;
+use crate::waiting::{self, return_to};
 use crate::{host, path};
 
 /// Everything a request needs, shared by all connections.
@@ -168,6 +168,7 @@ impl App {
                         tls: peer.tls,
                         client: key.as_bytes(),
                         invite: invite.as_deref(),
+                        lane: None,
                     };
                     waiting::serve(&self.gate, s, req, who, &conn.cookies).await
                 })
@@ -210,19 +211,42 @@ impl App {
         let exit = route.is_exit(&readings);
         drop(readings);
         let key = self.limit_key(peer, req.headers());
-        let who = Requester {
-            tls: peer.tls,
-            client: key.as_bytes(),
-            invite: invite.as_deref(),
-        };
         // On a route that counts requests, a pass is counted before the
         // decision (DESIGN §8.6): its session may have made its requests, or
         // this may be its last, and neither may send the visitor through the
         // line again in the same request (so concurrent requests with one
-        // pass let exactly the allowed number through).
-        let creds = route
-            .counts_requests()
+        // pass let exactly the allowed number through). An invite needs
+        // them too.
+        let creds = (route.counts_requests() || invite.is_some())
             .then(|| s.credentials(index, req.headers(), peer.tls, &conn.cookies));
+        // An invite puts the visitor in its lane (DESIGN §8.5). A browser
+        // is sent on to the same target without it, so the token leaves the
+        // address bar (and later `Referer`s) at once.
+        let (lane, lane_cookie) = match (invite.as_deref(), creds.as_ref()) {
+            (Some(token), Some(c)) => {
+                match Box::pin(self.gate.take_invite(s, route, token, c, peer.tls)).await {
+                    Some((lane, cookie)) => (Some(lane), Some(cookie)),
+                    None => (None, None),
+                }
+            }
+            _ => (None, None),
+        };
+        if invite.is_some() && waiting::is_navigation(req.method(), req.headers()) {
+            let target = req.uri().path_and_query().map_or("/", |t| t.as_str());
+            let resp = response::redirect("invite", &return_to::sanitize(target));
+            route.metrics.request(Outcome::Invite);
+            return (
+                Some(route.name()),
+                Outcome::Invite,
+                with_cookie(resp, lane_cookie),
+            );
+        }
+        let who = Requester {
+            tls: peer.tls,
+            client: key.as_bytes(),
+            invite: invite.as_deref(),
+            lane,
+        };
         let counted = match creds.and_then(|c| c.pass) {
             Some(pass) => {
                 let counted = Box::pin(self.gate.count_request(route, &pass.id)).await;
@@ -308,7 +332,7 @@ impl App {
             other => waiting::held_back(s, route, &req, other),
         };
         route.metrics.request(outcome);
-        (Some(route.name()), outcome, resp)
+        (Some(route.name()), outcome, with_cookie(resp, lane_cookie))
     }
 
     /// The answer to a request whose session made its requests: not

@@ -10,7 +10,7 @@ use std::sync::{Mutex, PoisonError};
 
 use http::header::{HeaderMap, HeaderValue, COOKIE};
 
-use crate::admission::{Claims, KeyRing, Kind, Verdict};
+use crate::admission::{Claims, KeyRing, Kind, LaneTag, Verdict};
 use crate::lane_grant::{self, Grant, GrantVerdict, Lane, LANE_COOKIE_TTL};
 
 /// Cookies queuegate sets are named `qg_<route>` (`__Host-qg_<route>` on TLS).
@@ -118,6 +118,24 @@ pub fn set_cookie(
 pub struct Credentials {
     pub pass: Option<Claims>,
     pub ticket: Option<Claims>,
+    /// A genuine lane cookie for the route, whatever its expiry (checked
+    /// where it is used, as a pass's is).
+    pub lane: Option<LaneCookie>,
+}
+
+/// What a genuine lane cookie says (DESIGN §8.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneCookie {
+    pub lane: LaneTag,
+    /// Unix seconds; the cookie puts its holder in the lane before this.
+    pub expires_unix: u64,
+}
+
+impl LaneCookie {
+    /// The lane, while the cookie is unexpired at `now_unix`.
+    pub fn lane_at(&self, now_unix: u64) -> Option<&LaneTag> {
+        (now_unix < self.expires_unix).then_some(&self.lane)
+    }
 }
 
 /// Every `name=value` pair in the request's `Cookie` headers.
@@ -134,10 +152,27 @@ fn cookie_pairs(headers: &HeaderMap) -> impl Iterator<Item = (&str, &str)> {
 }
 
 /// The first valid pass and the first valid ticket the request carries for
-/// `route` under cookie `name`. Invalid copies are ignored.
-pub fn credentials(headers: &HeaderMap, name: &str, ring: &KeyRing, route: &str) -> Credentials {
+/// `route` under cookie `name`, and the first genuine lane cookie under
+/// `lane_name`. Invalid copies are ignored.
+pub fn credentials(
+    headers: &HeaderMap,
+    name: &str,
+    lane_name: &str,
+    ring: &KeyRing,
+    route: &str,
+) -> Credentials {
     let mut found = Credentials::default();
     for (n, value) in cookie_pairs(headers) {
+        if n == lane_name && found.lane.is_none() {
+            // Expiry is checked where the lane is used: the memo keeps this.
+            if let GrantVerdict::Valid(grant) = lane_grant::verify_grant(ring, value, route, 0) {
+                found.lane = LaneTag::new(grant.lane.as_str()).map(|lane| LaneCookie {
+                    lane,
+                    expires_unix: grant.expires_unix,
+                });
+            }
+            continue;
+        }
         if n != name {
             continue;
         }

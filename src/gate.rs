@@ -15,6 +15,7 @@ use crate::admission::{self, Claims, Kind, PassLife, VisitorId};
 use crate::clock::Clock;
 use crate::config::{Mode, OnStoreError};
 use crate::cookie::{self, Credentials};
+use crate::lane_grant::{self, InviteVerdict};
 use crate::metrics::SessionEnd;
 use crate::queue::{
     Arrival, Arriving, ClientKey, Counted, Guarded, Heartbeat, MemoryStore, PassTimes, Place, Poll,
@@ -32,6 +33,11 @@ pub struct Requester<'a> {
     /// The first `qg_invite` parameter's value, taken out of the target
     /// before anything else read it (`lane_grant::take_invite`).
     pub invite: Option<&'a str>,
+    /// The lane an invite this request carried put the visitor in (an index
+    /// into the route's lanes; see [`Gate::take_invite`]): a newcomer joins
+    /// it and a held ticket moves to it. Otherwise a newcomer joins the lane
+    /// of its lane cookie, or the route's first.
+    pub lane: Option<usize>,
 }
 use crate::route::{RouteRt, Settings};
 
@@ -233,6 +239,13 @@ impl Gate {
             Mode::Gate | Mode::QueueAll => {}
         }
         let creds = creds();
+        let lane = who.lane.unwrap_or_else(|| {
+            let now = self.clock.now_s();
+            match creds.lane.as_ref().and_then(|c| c.lane_at(now)) {
+                Some(tag) => route.limits.lanes.index_of(tag.as_str()).unwrap_or(0),
+                None => 0,
+            }
+        });
         if let Some(pass) = creds.pass {
             if let Some(decision) = self.check_pass(s, route, &pass, who).await {
                 return decision;
@@ -242,7 +255,7 @@ impl Gate {
                 return decision;
             }
         }
-        Box::pin(self.arrive(s, route, who)).await
+        Box::pin(self.arrive(s, route, who, lane)).await
     }
 
     /// A pass: forward while fresh; past half its life, or on the first
@@ -337,12 +350,33 @@ impl Gate {
         ticket: &Claims,
         who: Requester<'_>,
     ) -> Option<Decision> {
-        let times = TicketTimes {
+        let mut times = TicketTimes {
             score_us: ticket.t,
             seen_us: ticket.at.unwrap_or(ticket.t),
-            lane: 0,
+            lane: route.lane_index(ticket.lane.as_ref()),
         };
-        if let Some(decision) = self.answer_from_record(s, route, ticket, times, who) {
+        // An invite moves a held ticket to its lane, keeping its place in
+        // time (DESIGN §8.5); the ticket is written again to say so.
+        let mut moved = false;
+        if let Some(to) = who.lane.filter(|&to| to != times.lane) {
+            match self
+                .store
+                .move_lane(route.name(), &ticket.id, to, &route.limits)
+                .await
+            {
+                Ok(true) => {
+                    times.lane = to;
+                    moved = true;
+                }
+                Ok(false) => {}
+                Err(err) => {
+                    tracing::debug!(route = route.name(), error = %err, "ticket not moved to the invite's lane");
+                }
+            }
+        }
+        if moved {
+            // The record may not know the move yet: the store answers.
+        } else if let Some(decision) = self.answer_from_record(s, route, ticket, times, who) {
             route.metrics.poll(true);
             return Some(decision);
         }
@@ -387,8 +421,20 @@ impl Gate {
         };
         match polled {
             Poll::Waiting(place) => {
-                let set_cookie = self.seen_again(route, ticket, times).map(|now_us| {
-                    self.ticket_cookie(s, route, &ticket.id, ticket.t, Some(now_us), who.tls)
+                // Written again when due, or when the store holds the ticket
+                // in another lane than it names (moved, or its lane removed).
+                let seen = self.seen_again(route, ticket, times);
+                let relaned = route.lane_tag(place.lane) != ticket.lane;
+                let set_cookie = (seen.is_some() || relaned).then(|| {
+                    self.ticket_cookie(
+                        s,
+                        route,
+                        &ticket.id,
+                        ticket.t,
+                        seen.or(ticket.at),
+                        place.lane,
+                        who.tls,
+                    )
                 });
                 Some(Decision::Wait { place, set_cookie })
             }
@@ -458,7 +504,7 @@ impl Gate {
                 id: ticket.id,
                 client: who.client.to_vec(),
             });
-            self.ticket_cookie(s, route, &ticket.id, ticket.t, Some(now_us), who.tls)
+            self.ticket_cookie(s, route, &ticket.id, ticket.t, Some(now_us), lane, who.tls)
         });
         let place = Place {
             score_us: ticket.t,
@@ -469,8 +515,14 @@ impl Gate {
         Some(Decision::Wait { place, set_cookie })
     }
 
-    /// No usable cookie: admit at once or join the line.
-    pub async fn arrive(&self, s: &Settings, route: &RouteRt, who: Requester<'_>) -> Decision {
+    /// No usable cookie: admit at once or join the line, in lane `lane`.
+    pub async fn arrive(
+        &self,
+        s: &Settings,
+        route: &RouteRt,
+        who: Requester<'_>,
+        lane: usize,
+    ) -> Decision {
         let id = admission::new_visitor_id();
         let admit_now = route.cfg.mode == Mode::Gate;
         // The store's epoch as this instance knows it: a store lost since
@@ -482,7 +534,7 @@ impl Gate {
                 id,
                 client: who.client.to_vec(),
                 admit_now,
-                lane: 0,
+                lane,
             };
             route
                 .live
@@ -504,7 +556,7 @@ impl Gate {
                     &route.limits,
                     admit_now,
                     known_epoch_us,
-                    0,
+                    lane,
                 )
                 .await
         };
@@ -523,7 +575,7 @@ impl Gate {
                             &route.local_limits_now(),
                             admit_now,
                             None,
-                            0,
+                            lane,
                         )
                         .await;
                     match local {
@@ -549,7 +601,15 @@ impl Gate {
             }
             Arrival::Waiting(place) => Decision::Wait {
                 place,
-                set_cookie: Some(self.ticket_cookie(s, route, &id, place.score_us, None, who.tls)),
+                set_cookie: Some(self.ticket_cookie(
+                    s,
+                    route,
+                    &id,
+                    place.score_us,
+                    None,
+                    place.lane,
+                    who.tls,
+                )),
             },
             Arrival::Full { waiting_total } => Decision::Full { waiting_total },
             Arrival::TooMany { retry_after } => Decision::TooMany { retry_after },
@@ -566,6 +626,65 @@ impl Gate {
             },
             OnStoreError::Closed | OnStoreError::Local => Decision::Unavailable,
         }
+    }
+
+    /// An invite token a request to `route` carried (DESIGN §8.5): when it
+    /// is genuine, unexpired, for this route and one of its lanes, and (with
+    /// `--uses`) one of its uses is left, the lane's index and the lane
+    /// cookie that keeps the visitor in it. Anything else is no invite:
+    /// never an error page. A visitor whose lane cookie already names the
+    /// lane does not use the token up again; when the store cannot count a
+    /// use, the invite is not honoured (one more visitor in the lane than
+    /// the token allows would be).
+    pub async fn take_invite(
+        &self,
+        s: &Settings,
+        route: &RouteRt,
+        token: &str,
+        creds: &Credentials,
+        tls: bool,
+    ) -> Option<(usize, HeaderValue)> {
+        let now = self.clock.now_s();
+        let invite = match lane_grant::verify_invite(&s.ring, token, route.name(), now) {
+            InviteVerdict::Valid(invite) => invite,
+            InviteVerdict::Invalid(reject) => {
+                tracing::debug!(route = route.name(), ?reject, "invite ignored");
+                return None;
+            }
+        };
+        let index = route.limits.lanes.index_of(invite.lane.as_str())?;
+        let held = creds
+            .lane
+            .as_ref()
+            .and_then(|c| c.lane_at(now))
+            .is_some_and(|tag| tag.as_str() == invite.lane.as_str());
+        if invite.uses > 0 && !held {
+            let uses = u32::try_from(invite.uses).unwrap_or(u32::MAX);
+            let taken = self
+                .store
+                .take_use(route.name(), &invite.nonce, uses, invite.expires_unix)
+                .await;
+            match taken {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::debug!(route = route.name(), "invite used up");
+                    return None;
+                }
+                Err(err) => {
+                    tracing::debug!(route = route.name(), error = %err, "invite use not counted");
+                    return None;
+                }
+            }
+        }
+        let cookie = cookie::set_lane(
+            &s.ring,
+            route.name(),
+            &invite.lane,
+            now,
+            tls,
+            s.cookie_domain.as_deref(),
+        );
+        Some((index, cookie))
     }
 
     /// A fresh pass of `kind` for `id`, as a `Set-Cookie` value: confirmed
@@ -595,7 +714,9 @@ impl Gate {
     }
 
     /// A ticket for `id` at join score `score_us`, last seen at `seen_us`
-    /// (none for a new ticket), as a `Set-Cookie` value.
+    /// (none for a new ticket), waiting in lane `lane`, as a `Set-Cookie`
+    /// value.
+    #[allow(clippy::too_many_arguments)]
     pub fn ticket_cookie(
         &self,
         s: &Settings,
@@ -603,11 +724,16 @@ impl Gate {
         id: &VisitorId,
         score_us: u64,
         seen_us: Option<u64>,
+        lane: usize,
         tls: bool,
     ) -> HeaderValue {
-        let value = s
-            .ring
-            .sign_at(Kind::Ticket, route.name(), id, score_us, seen_us);
+        let value = s.ring.sign_ticket(
+            route.name(),
+            id,
+            score_us,
+            seen_us,
+            route.lane_tag(lane).as_ref(),
+        );
         cookie::set_cookie(
             route.cookie_name(tls),
             &value,

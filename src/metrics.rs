@@ -213,6 +213,9 @@ pub enum Outcome {
     /// A pass whose session made its `max_requests_per_session` requests:
     /// not forwarded (DESIGN §8.6).
     UsedUp,
+    /// A navigation that carried an invite (DESIGN §8.5): sent to the same
+    /// target without it, with the lane cookie when the invite was honoured.
+    Invite,
     /// One of queuegate's own paths.
     Reserved,
     /// Refused before any decision: ambiguous framing or path, a missing or
@@ -221,7 +224,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    const ALL: [Outcome; 17] = [
+    const ALL: [Outcome; 18] = [
         Outcome::Forwarded,
         Outcome::Bypass,
         Outcome::Pass,
@@ -237,6 +240,7 @@ impl Outcome {
         Outcome::Closed,
         Outcome::StoreDown,
         Outcome::UsedUp,
+        Outcome::Invite,
         Outcome::Reserved,
         Outcome::BadRequest,
     ];
@@ -258,6 +262,7 @@ impl Outcome {
             Outcome::Closed => "closed",
             Outcome::StoreDown => "store_down",
             Outcome::UsedUp => "used_up",
+            Outcome::Invite => "invite",
             Outcome::Reserved => "reserved",
             Outcome::BadRequest => "bad_request",
         }

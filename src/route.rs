@@ -14,13 +14,13 @@ use arc_swap::ArcSwapOption;
 use http::header::{HeaderMap, HeaderValue};
 use http::Method;
 
-use crate::admission::{KeyRing, VisitorId};
+use crate::admission::{KeyRing, LaneTag, VisitorId};
 use crate::config::{self, BypassRule, Config};
 use crate::cookie::{self, CookieMemo, Credentials};
 use crate::metrics::{Metrics, RouteMetrics};
 use crate::path;
 use crate::queue::joins::JoinQueue;
-use crate::queue::{store_id, Heartbeat, Lanes, Limits, LineRecord, StoreId};
+use crate::queue::{store_id, Heartbeat, Lanes, Limits, LineRecord, StoreId, MAIN_LANE};
 use crate::template::Template;
 
 /// Numbers one route's admitter keeps fresh for the gate and the waiting room.
@@ -61,6 +61,9 @@ pub struct RouteLive {
     out_of_line: RwLock<OutOfLine>,
     /// Whether `out_of_line` may hold anything.
     any_out_of_line: AtomicBool,
+    /// Waiters per lane after the admitter's last tick that ran, for each
+    /// lane's share of the admission rate (DESIGN §8.5).
+    lane_waiting: RwLock<Vec<u64>>,
 }
 
 /// Waiters out of the store's line, by when that was found, and when
@@ -258,6 +261,24 @@ impl RouteLive {
     }
 
     /// Admissions per second measured by the store.
+    /// Waiters per lane after the last tick that ran (empty before one).
+    pub fn lane_waiting(&self) -> Vec<u64> {
+        self.lane_waiting
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records the waiters per lane a tick left.
+    pub fn set_lane_waiting(&self, waiting: &[u64]) {
+        let mut kept = self
+            .lane_waiting
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        kept.clear();
+        kept.extend_from_slice(waiting);
+    }
+
     pub fn admit_rate(&self) -> f64 {
         self.admit_rate_milli.load(Ordering::Relaxed) as f64 / 1000.0
     }
@@ -291,6 +312,8 @@ pub struct RouteRt {
     pub local_limits: Limits,
     cookie_plain: String,
     cookie_tls: String,
+    lane_cookie_plain: String,
+    lane_cookie_tls: String,
     /// `match.path_prefix` and `exit_paths` as request paths are compared
     /// with them: lower-cased on a `case_insensitive` route (see
     /// [`RouteRt::compared`]).
@@ -324,11 +347,15 @@ impl RouteRt {
             confirm_within: cfg.confirm_within,
             client_places: cfg.client_limits.places,
             client_joins_per_minute: cfg.client_limits.joins_per_minute,
-            lanes: Lanes::default(),
+            // Validated with the config (names, weights, count); a route
+            // built in code with lanes that do not check keeps one lane.
+            lanes: Lanes::new(cfg.lanes.clone()).unwrap_or_default(),
         };
         let mut local_limits = limits.clone();
         local_limits.capacity = (cfg.capacity / expected_instances.max(1)).max(1);
         let (cookie_plain, cookie_tls) = cookie::names(&cfg.name, cookie.domain.is_some());
+        let (lane_cookie_plain, lane_cookie_tls) =
+            cookie::lane_names(&cfg.name, cookie.domain.is_some());
         let fold = |p: &String| {
             if cfg.matcher.case_insensitive {
                 p.to_ascii_lowercase()
@@ -344,6 +371,8 @@ impl RouteRt {
             local_limits,
             cookie_plain,
             cookie_tls,
+            lane_cookie_plain,
+            lane_cookie_tls,
             prefix,
             exit_prefixes,
             live,
@@ -378,6 +407,44 @@ impl RouteRt {
         } else {
             &self.cookie_plain
         }
+    }
+
+    /// The lane cookie's name for a request over TLS or not (DESIGN §8.5).
+    pub fn lane_cookie_name(&self, tls: bool) -> &str {
+        if tls {
+            &self.lane_cookie_tls
+        } else {
+            &self.lane_cookie_plain
+        }
+    }
+
+    /// The index of the lane a ticket or cookie names: a lane the route no
+    /// longer has is merged into its first (DESIGN §8.5), and a ticket that
+    /// names none waits in `main` when the route has it, else in the first.
+    pub fn lane_index(&self, lane: Option<&LaneTag>) -> usize {
+        let lanes = &self.limits.lanes;
+        let name = lane.map_or(MAIN_LANE, LaneTag::as_str);
+        lanes.index_of(name).unwrap_or(0)
+    }
+
+    /// The lane at `index` as a ticket carries it: `None` on a route with
+    /// one lane, whose tickets stay as they were before lanes.
+    pub fn lane_tag(&self, index: usize) -> Option<LaneTag> {
+        let lanes = &self.limits.lanes;
+        (lanes.len() > 1).then(|| LaneTag::new(&lanes.get(index).name))?
+    }
+
+    /// Estimated seconds until `position` in lane `lane` is admitted: the
+    /// route's measured rate times the lane's share of it (its weight over
+    /// those of the lanes that had waiters at the last tick).
+    pub fn eta_in_lane(&self, position: u64, lane: usize) -> Option<u64> {
+        let lanes = &self.limits.lanes;
+        if lanes.len() == 1 {
+            return self.live.eta_seconds(position);
+        }
+        let waiting = self.live.lane_waiting();
+        let share = lanes.share(lane, &waiting);
+        eta_seconds(position, self.live.admit_rate() * share)
     }
 
     /// Whether the route counts each session's forwarded requests
@@ -515,7 +582,13 @@ impl Settings {
     ) -> Credentials {
         let route = &self.routes[index];
         memo.read(self.generation, index, tls, headers, || {
-            cookie::credentials(headers, route.cookie_name(tls), &self.ring, route.name())
+            cookie::credentials(
+                headers,
+                route.cookie_name(tls),
+                route.lane_cookie_name(tls),
+                &self.ring,
+                route.name(),
+            )
         })
     }
 

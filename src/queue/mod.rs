@@ -137,22 +137,8 @@ pub struct Limits {
 /// The name of the lane of a route without lanes configured; its waiters
 /// keep the route's waiting key, so a line from before lanes keeps every
 /// place.
-pub const MAIN_LANE: &str = "main";
-
-/// Most lanes a route may have: every call passes each lane's key.
-pub const MAX_LANES: usize = 16;
-
-/// Highest weight of a lane.
-pub const MAX_LANE_WEIGHT: u32 = 1_000;
-
-/// One lane of a route's line.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Lane {
-    /// `[a-z0-9_-]{1,16}`: part of a store key.
-    pub name: String,
-    /// Its share of the admissions while it has waiters, 1..=1000.
-    pub weight: u32,
-}
+pub use crate::config::DEFAULT_LANE as MAIN_LANE;
+pub use crate::config::{is_lane_name, Lane, MAX_LANES, MAX_LANE_WEIGHT};
 
 /// Why a list of lanes cannot be a route's.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -161,7 +147,7 @@ pub enum LaneError {
     None,
     #[error("at most {MAX_LANES} lanes per route")]
     TooMany,
-    #[error("lane name {0:?} is not 1 to 16 of a-z, 0-9, _ and -")]
+    #[error("lane name {0:?} is not 1 to 16 of a-z 0-9 _ -")]
     Name(String),
     #[error("lane {name:?}: weight {weight} is not between 1 and {MAX_LANE_WEIGHT}")]
     Weight { name: String, weight: u32 },
@@ -186,7 +172,7 @@ impl Default for Lanes {
 
 impl Lanes {
     /// Checks `lanes`: at least one, at most [`MAX_LANES`], names
-    /// `[a-z0-9_-]{1,16}` and unique, weights 1..=1000.
+    /// [`is_lane_name`] and unique, weights 1..=[`MAX_LANE_WEIGHT`].
     pub fn new(lanes: Vec<Lane>) -> Result<Lanes, LaneError> {
         if lanes.is_empty() {
             return Err(LaneError::None);
@@ -195,7 +181,7 @@ impl Lanes {
             return Err(LaneError::TooMany);
         }
         for (i, lane) in lanes.iter().enumerate() {
-            if !valid_lane_name(&lane.name) {
+            if !is_lane_name(&lane.name) {
                 return Err(LaneError::Name(lane.name.clone()));
             }
             if !(1..=MAX_LANE_WEIGHT).contains(&lane.weight) {
@@ -259,14 +245,6 @@ impl Lanes {
             .sum();
         f64::from(self.0[index].weight) / total.max(1) as f64
     }
-}
-
-/// Whether `name` may name a lane: `[a-z0-9_-]{1,16}`.
-pub fn valid_lane_name(name: &str) -> bool {
-    (1..=16).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
 /// The length of the window `client_joins_per_minute` counts in.

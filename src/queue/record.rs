@@ -125,7 +125,7 @@ impl LaneRecord {
             Some(name) => name.to_owned(),
             None => parts.next()?.to_owned(),
         };
-        if !super::valid_lane_name(&name) {
+        if !super::is_lane_name(&name) {
             return None;
         }
         let mut numbers = parts.map(|n| n.parse::<u64>().ok());

@@ -284,7 +284,7 @@ fn invite_key(route: &str, token: &[u8]) -> String {
 fn listed_lanes(field: &str) -> Vec<String> {
     let mut names: Vec<String> = field
         .split(',')
-        .filter(|n| super::valid_lane_name(n))
+        .filter(|n| super::is_lane_name(n))
         .map(str::to_owned)
         .collect();
     if !names.iter().any(|n| n == MAIN_LANE) {

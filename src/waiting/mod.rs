@@ -274,7 +274,7 @@ async fn waiting_page(
         position: place.map(|p| p.position),
         ahead: place.map(|p| p.position - 1),
         waiting_total: place.map(|p| p.waiting_total),
-        eta_seconds: place.and_then(|p| route.live.eta_seconds(p.position)),
+        eta_seconds: place.and_then(|p| route.eta_in_lane(p.position, p.lane)),
         poll_after_ms: place.map_or(5_000, |p| poll_after_ms(route, p.position)),
         return_path: &query.return_path,
         waiting_path: &waiting_path,
@@ -284,8 +284,8 @@ async fn waiting_page(
         title: route.cfg.page.title.as_deref(),
         message: route.cfg.page.message.as_deref(),
         updated_unix_s: gate.clock().now_s(),
-        lane: None,
-        priority: false,
+        lane: place.map(|p| route.limits.lanes.get(p.lane).name.as_str()),
+        priority: place.is_some_and(|p| p.lane > 0),
     };
     let html = page::render(&view, route.template.as_deref());
     let status = match state {
@@ -365,8 +365,10 @@ fn fill_place(body: &mut serde_json::Value, route: &RouteRt, place: &Place) -> u
     body["position"] = json!(place.position);
     body["ahead"] = json!(place.position - 1);
     body["waiting_total"] = json!(place.waiting_total);
-    body["eta_seconds"] = json!(route.live.eta_seconds(place.position));
+    body["eta_seconds"] = json!(route.eta_in_lane(place.position, place.lane));
     body["poll_after_ms"] = json!(poll);
+    body["lane"] = json!(route.limits.lanes.get(place.lane).name);
+    body["priority"] = json!(place.lane > 0);
     poll
 }
 
