@@ -233,7 +233,18 @@ impl App {
         };
         if invite.is_some() && waiting::is_navigation(req.method(), req.headers()) {
             let target = req.uri().path_and_query().map_or("/", |t| t.as_str());
-            let resp = response::redirect("invite", &return_to::sanitize(target));
+            let mut resp = response::redirect("invite", &return_to::sanitize(target));
+            // A ticket held moves to the lane now, keeping its place in time,
+            // and is written again to name it.
+            let held = creds.and_then(|c| c.ticket);
+            if let (Some(lane), Some(ticket)) = (lane, held) {
+                if Box::pin(self.gate.move_ticket(route, &ticket, lane)).await {
+                    let cookie = self
+                        .gate
+                        .ticket_cookie(s, route, &ticket.id, ticket.t, ticket.at, lane, peer.tls);
+                    resp.headers_mut().append(SET_COOKIE, cookie);
+                }
+            }
             route.metrics.request(Outcome::Invite);
             return (
                 Some(route.name()),

@@ -359,19 +359,9 @@ impl Gate {
         // time (DESIGN §8.5); the ticket is written again to say so.
         let mut moved = false;
         if let Some(to) = who.lane.filter(|&to| to != times.lane) {
-            match self
-                .store
-                .move_lane(route.name(), &ticket.id, to, &route.limits)
-                .await
-            {
-                Ok(true) => {
-                    times.lane = to;
-                    moved = true;
-                }
-                Ok(false) => {}
-                Err(err) => {
-                    tracing::debug!(route = route.name(), error = %err, "ticket not moved to the invite's lane");
-                }
+            if self.move_ticket(route, ticket, to).await {
+                times.lane = to;
+                moved = true;
             }
         }
         if moved {
@@ -625,6 +615,22 @@ impl Gate {
                 session: None,
             },
             OnStoreError::Closed | OnStoreError::Local => Decision::Unavailable,
+        }
+    }
+
+    /// Moves the waiter holding `ticket` to lane `to`, keeping its join
+    /// score (DESIGN §8.5): whether it was waiting and moved.
+    pub async fn move_ticket(&self, route: &RouteRt, ticket: &Claims, to: usize) -> bool {
+        match self
+            .store
+            .move_lane(route.name(), &ticket.id, to, &route.limits)
+            .await
+        {
+            Ok(moved) => moved,
+            Err(err) => {
+                tracing::debug!(route = route.name(), error = %err, "ticket not moved to the invite's lane");
+                false
+            }
         }
     }
 

@@ -228,8 +228,177 @@ async fn lane_gate() -> (Gate, Origin) {
     let mut shop = route("shop", "/shop", 100);
     shop.matcher.host = Some("shop.example".into());
     config.routes.push(shop);
-    config.routes.push(route("soldout", "/soldout", 1));
+    let mut soldout = route("soldout", "/soldout", 1);
+    soldout.lanes = vec![
+        queuegate::config::Lane::main(),
+        queuegate::config::Lane {
+            name: "vip".to_owned(),
+            weight: 3,
+        },
+    ];
+    config.routes.push(soldout);
     (spawn_gate_with(config, ring("k1")).await, origin)
+}
+
+/// A visitor holding `soldout`'s one place, so others wait.
+async fn fill_soldout(gate: &Gate) -> Visitor {
+    let mut first = Visitor::new();
+    let a = first.navigate(&gate.url("/soldout/a")).await;
+    assert!(a.reached_origin(), "{a:?}");
+    first
+}
+
+#[tokio::test]
+async fn a_lane_the_origin_names_puts_the_visitors_next_ticket_in_it() {
+    let (gate, _origin) = lane_gate().await;
+    let _holder = fill_soldout(&gate).await;
+    let mut plain = Visitor::new();
+    plain.fetch(&gate.url("/soldout/x")).await;
+    let status = plain.status(&gate, "soldout").await;
+    assert_eq!(
+        (status["lane"].as_str(), status["priority"].as_bool()),
+        (Some("main"), Some(false)),
+        "{status}"
+    );
+    // After an ungated page whose answer names the lane (a login, say),
+    // the visitor's ticket is in that lane, first in it.
+    let mut vip = Visitor::new();
+    let a = vip.navigate(&gate.url("/account/vip")).await;
+    assert!(
+        a.reached_origin() && a.headers.get("queuegate-lane").is_none(),
+        "{a:?}"
+    );
+    let a = vip.fetch(&gate.url("/soldout/x")).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
+    let status = vip.status(&gate, "soldout").await;
+    assert_eq!(status["state"], "waiting", "{status}");
+    assert_eq!(
+        (status["lane"].as_str(), status["priority"].as_bool()),
+        (Some("vip"), Some(true)),
+        "{status}"
+    );
+    assert_eq!(status["position"], 1, "{status}");
+    let ticket = vip.cookie("qg_soldout").unwrap();
+    assert!(
+        ticket.contains("_vip."),
+        "the ticket names its lane: {ticket}"
+    );
+    gate.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn invites_put_visitors_in_their_lane_and_bad_ones_are_ignored() {
+    let (gate, _origin) = lane_gate().await;
+    let _holder = fill_soldout(&gate).await;
+    let vip = lane_grant::Lane::new("vip").unwrap();
+    let now = now_unix();
+    let good = lane_grant::sign_invite(&ring("k1"), "soldout", &vip, now + 600, 0);
+    let expired = lane_grant::sign_invite(&ring("k1"), "soldout", &vip, now - 1, 0);
+    let other_route = lane_grant::sign_invite(&ring("k1"), "tickets", &vip, now + 600, 0);
+    let forged = lane_grant::sign_invite(&ring("k2"), "soldout", &vip, now + 600, 0);
+    let no_such_lane = lane_grant::sign_invite(
+        &ring("k1"),
+        "soldout",
+        &lane_grant::Lane::new("press").unwrap(),
+        now + 600,
+        0,
+    );
+    let mut tampered = good.clone();
+    tampered.replace_range(tampered.len() - 3.., "AAA");
+    for bad in [
+        &expired,
+        &other_route,
+        &forged,
+        &no_such_lane,
+        &tampered,
+        &"x".repeat(300),
+    ] {
+        let mut v = Visitor::new();
+        let a = v
+            .fetch(&gate.url(&format!("/soldout/x?qg_invite={bad}")))
+            .await;
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{bad}: {a:?}");
+        assert!(lane_cookies(&a).is_empty(), "{bad}: {a:?}");
+        let status = v.status(&gate, "soldout").await;
+        assert_eq!(status["lane"], "main", "{bad}: {status}");
+    }
+    // A visitor waiting in main follows a good link: same ticket, same join
+    // score, now first in vip.
+    let mut waiter = Visitor::new();
+    waiter.fetch(&gate.url("/soldout/x")).await;
+    let before = waiter.cookie("qg_soldout").unwrap().to_owned();
+    let score = |t: &str| {
+        t.split('.')
+            .nth(4)
+            .unwrap()
+            .split(['-', '_'])
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    let a = waiter
+        .navigate(&gate.url(&format!("/soldout/y?qg_invite={good}")))
+        .await;
+    assert_eq!(a.location(), Some("/soldout/y"), "{a:?}");
+    assert_eq!(lane_cookies(&a).len(), 1, "{a:?}");
+    let status = waiter.status(&gate, "soldout").await;
+    assert_eq!(
+        (status["lane"].as_str(), status["position"].as_u64()),
+        (Some("vip"), Some(1)),
+        "{status}"
+    );
+    let after = waiter.cookie("qg_soldout").unwrap().to_owned();
+    assert_eq!(score(&after), score(&before), "{before} -> {after}");
+    assert!(after.contains("_vip."), "{after}");
+    gate.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_invite_with_three_uses_puts_exactly_three_of_twenty_in_its_lane() {
+    let (gate, _origin) = lane_gate().await;
+    let _holder = fill_soldout(&gate).await;
+    let vip = lane_grant::Lane::new("vip").unwrap();
+    let token = lane_grant::sign_invite(&ring("k1"), "soldout", &vip, now_unix() + 600, 3);
+    let url = gate.url(&format!("/soldout/x?qg_invite={token}"));
+    let tries = (0..20).map(|_| {
+        let url = url.clone();
+        async move {
+            let mut v = Visitor::new();
+            let a = v.fetch(&url).await;
+            assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
+            v
+        }
+    });
+    let mut visitors = futures_util::future::join_all(tries).await;
+    let mut lanes = Vec::new();
+    for v in &mut visitors {
+        lanes.push(
+            v.status(&gate, "soldout").await["lane"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    assert_eq!(lanes.iter().filter(|l| *l == "vip").count(), 3, "{lanes:?}");
+    assert_eq!(
+        lanes.iter().filter(|l| *l == "main").count(),
+        17,
+        "{lanes:?}"
+    );
+    // The same visitor following the link again uses nothing up.
+    let lucky = visitors
+        .iter_mut()
+        .zip(&lanes)
+        .find(|(_, l)| *l == "vip")
+        .map(|(v, _)| v)
+        .unwrap();
+    let a = lucky.fetch(&url).await;
+    assert_eq!(
+        lane_cookies(&a).len(),
+        1,
+        "still honoured for its holder: {a:?}"
+    );
+    gate.stop().await.unwrap();
 }
 
 /// `GET url` as a navigation, with `headers` added.
