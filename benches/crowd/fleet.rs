@@ -184,6 +184,8 @@ pub struct GateSpec {
     pub header_timeout: Duration,
     pub store: StoreSpec,
     pub instances_expected: u64,
+    /// `max_requests_per_session`, when set.
+    pub max_requests_per_session: Option<u64>,
 }
 
 impl GateSpec {
@@ -204,6 +206,7 @@ impl GateSpec {
             header_timeout: Duration::from_secs(10),
             store: StoreSpec::Memory,
             instances_expected: 1,
+            max_requests_per_session: None,
         }
     }
 
@@ -251,6 +254,9 @@ impl GateSpec {
         let _ = writeln!(y, "    abandon_after: {}", ms(self.abandon_after));
         let _ = writeln!(y, "    max_waiting: {}", self.max_waiting);
         let _ = writeln!(y, "    on_store_error: closed");
+        if let Some(n) = self.max_requests_per_session {
+            let _ = writeln!(y, "    max_requests_per_session: {n}");
+        }
         // Every simulated visitor comes from 127.0.0.1: one client as far as
         // the per-client limits go, so they are off here.
         let _ = writeln!(y, "    client_limits: {{ places: 0, joins_per_minute: 0 }}");
