@@ -47,6 +47,19 @@ fn redis_config(origin: &str, redis: &RedisServer) -> queuegate::config::Config 
     config
 }
 
+/// The only instance on `redis`, serving `routes`, and its origin.
+async fn one_instance(
+    redis: &RedisServer,
+    routes: Vec<queuegate::config::Route>,
+) -> (Gate, common::Origin) {
+    let (origin, _hits) = counting_origin().await;
+    let mut config = redis_config(&origin.url(), redis);
+    config.store.expected_instances = 1;
+    config.routes = routes;
+    let gate = spawn_gate_opts(config, ring("k1"), queuegate::RunOptions::default()).await;
+    (gate, origin)
+}
+
 /// A visitor that navigates to `url` and reaches the origin.
 async fn admitted(gate: &Gate, path: &str) -> Visitor {
     let mut v = Visitor::new();
@@ -307,14 +320,11 @@ async fn active_of(gate: &Gate, route: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_local_a_pause_costs_nobody_a_place_or_a_session() {
     let mut redis = RedisServer::start();
-    let (origin, _hits) = counting_origin().await;
-    let mut config = redis_config(&origin.url(), &redis);
-    config.store.expected_instances = 1;
     let mut full = outage_route("full", 1, OnStoreError::Local);
     full.abandon_after = Duration::from_secs(2);
     full.confirm_within = Duration::from_secs(1);
-    config.routes = vec![full, outage_route("spare", 2, OnStoreError::Local)];
-    let gate = spawn_gate_opts(config, ring("k1"), queuegate::RunOptions::default()).await;
+    let spare = outage_route("spare", 2, OnStoreError::Local);
+    let (gate, _origin) = one_instance(&redis, vec![full, spare]).await;
 
     let mut holder = admitted(&gate, "/full").await;
     // Its return confirms the session.
@@ -389,14 +399,10 @@ async fn under_local_a_pause_costs_nobody_a_place_or_a_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_local_a_ticket_never_polled_before_a_pause_keeps_its_place() {
     let mut redis = RedisServer::start();
-    let (origin, _hits) = counting_origin().await;
-    let mut config = redis_config(&origin.url(), &redis);
-    config.store.expected_instances = 1;
     let mut full = outage_route("full", 1, OnStoreError::Local);
     full.abandon_after = Duration::from_secs(30);
     full.confirm_within = Duration::from_secs(10);
-    config.routes = vec![full];
-    let gate = spawn_gate_opts(config, ring("k1"), queuegate::RunOptions::default()).await;
+    let (gate, _origin) = one_instance(&redis, vec![full]).await;
 
     let mut holder = admitted(&gate, "/full").await;
     let a = answered("holder", holder.navigate(&gate.url("/full"))).await;
