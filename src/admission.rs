@@ -207,12 +207,13 @@ impl Claims {
 }
 
 /// Why a value was not accepted. Only for tests and debugging: every reason is
-/// treated as "no value".
+/// treated as "no value". The lane values (`lane_grant`) share it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reject {
     /// Longer than [`MAX_VALUE_LEN`]; nothing else was looked at.
     Oversize,
-    /// Not of the form `v1.<state>.<route>.<id>.<t>.<kid>.<mac>`.
+    /// Not of the value's form (`v1.<state>.<route>.<id>.<t>.<kid>.<mac>`
+    /// for a ticket or pass), or another kind of value.
     Malformed,
     /// A version other than `v1` (`v` followed by digits).
     WrongVersion,
@@ -222,6 +223,10 @@ pub enum Reject {
     UnknownKid,
     /// The MAC does not match: forged or altered.
     BadMac,
+    /// Genuine, but its time is up: only for values whose verification
+    /// checks their expiry (invites and lane cookies; a pass's life is
+    /// read apart, [`Claims::pass_life`]).
+    Expired,
 }
 
 /// The outcome of [`KeyRing::verify`]. An invalid value is a verdict, not an

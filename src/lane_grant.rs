@@ -146,25 +146,8 @@ pub struct Grant {
     pub key_index: usize,
 }
 
-/// Why a token or lane cookie was not accepted. Only for tests and
-/// debugging: every reason is treated as "no value".
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reject {
-    /// Longer than [`MAX_VALUE_LEN`]; nothing else was looked at.
-    Oversize,
-    /// Not of the value's form, or another kind of value.
-    Malformed,
-    /// A version other than `v1` (`v` followed by digits).
-    WrongVersion,
-    /// Well formed, but issued for another route.
-    WrongRoute,
-    /// Signed with a key id that is not in the ring.
-    UnknownKid,
-    /// The MAC does not match: forged or altered.
-    BadMac,
-    /// Genuine, but its time is up.
-    Expired,
-}
+/// Why a token or lane cookie was not accepted: [`crate::admission::Reject`].
+pub use crate::admission::Reject;
 
 /// The outcome of [`verify_invite`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -343,10 +326,7 @@ fn check_seal(
         return Err(Reject::WrongRoute);
     }
     let signed = Seal::signed_part(value, mac).map_err(|_| Reject::Malformed)?;
-    ring.open(signed, &seal).map_err(|reject| match reject {
-        crate::admission::Reject::UnknownKid => Reject::UnknownKid,
-        _ => Reject::BadMac,
-    })
+    ring.open(signed, &seal)
 }
 
 /// Takes every `qg_invite` parameter out of a request target's query:
