@@ -2077,6 +2077,19 @@ async fn a_lane_removed_is_merged_into_the_first<H: Harness>(h: &mut H) {
     full_tick(h, &route, &before).await;
     // The reload drops vip and puts gold first.
     let after = with_lanes(&[("gold", 1), ("main", 1)], base);
+    // Before the next tick merges vip, its waiters are still found where
+    // they are, whatever their tickets say: one whose ticket could not be
+    // restored (silent for abandon_after by its own account) keeps its
+    // place, reported in the first lane.
+    let silent = TicketTimes {
+        score_us: v1.score_us,
+        seen_us: 1,
+        lane: 0,
+    };
+    let Poll::Waiting(found) = poll_with(h, &route, 2, silent, &after).await else {
+        panic!("a waiter of a lane the reload took out is still in line");
+    };
+    assert_eq!((found.score_us, found.lane), (v1.score_us, 0));
     h.advance(after.tick).await;
     full_tick(h, &route, &after).await;
     // main stays; vip's waiters are in gold, the first lane, at their scores.

@@ -307,12 +307,29 @@ fn prepare<'a>(
     limits: &Limits,
     client: Option<ClientKey<'_>>,
 ) -> ScriptInvocation<'a> {
+    prepare_with(script, route, limits, &[], client)
+}
+
+/// [`prepare`], with the keys of `stale` lanes after the configured ones:
+/// lanes a reload took out, whose waiters the next tick moves into the
+/// first lane. A script that looks for a waiter in every lane finds those
+/// in such a lane meanwhile (it reports them in the first lane).
+fn prepare_with<'a>(
+    script: &'a Script,
+    route: &str,
+    limits: &Limits,
+    stale: &[String],
+    client: Option<ClientKey<'_>>,
+) -> ScriptInvocation<'a> {
     let mut invocation = script.prepare_invoke();
     for key in route_keys(route) {
         invocation.key(key);
     }
     for lane in limits.lanes.iter() {
         invocation.key(lane_key(route, &lane.name));
+    }
+    for name in stale {
+        invocation.key(lane_key(route, name));
     }
     if let Some(client) = client {
         invocation.key(client_key(route, client));
@@ -468,6 +485,22 @@ async fn follow_master(
 const LATE_GRACE: Duration = Duration::from_secs(1);
 
 impl RedisStore {
+    /// Lanes of `route` the store listed that `limits` no longer has (see
+    /// [`prepare_with`]): empty unless a reload took a lane out.
+    fn stale_lanes(&self, route: &str, limits: &Limits) -> Vec<String> {
+        let seen = self
+            .lanes_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        seen.get(route).map_or_else(Vec::new, |names| {
+            names
+                .iter()
+                .filter(|n| limits.lanes.index_of(n).is_none())
+                .cloned()
+                .collect()
+        })
+    }
+
     /// The lane names route `route` listed at the last look, if any.
     fn lanes_seen(&self, route: &str) -> Option<Vec<String>> {
         self.lanes_seen
@@ -650,7 +683,14 @@ impl QueueStore for RedisStore {
         ticket: TicketTimes,
         limits: &Limits,
     ) -> impl Future<Output = Result<Poll, StoreError>> + Send {
-        let mut invocation = prepare(&self.scripts.poll, route, limits, touched(client, limits));
+        let stale = self.stale_lanes(route, limits);
+        let mut invocation = prepare_with(
+            &self.scripts.poll,
+            route,
+            limits,
+            &stale,
+            touched(client, limits),
+        );
         invocation
             .arg(&store_id(id)[..])
             .arg(ticket.score_us)
@@ -661,12 +701,19 @@ impl QueueStore for RedisStore {
             .arg(ms(limits.client_memory()))
             .arg(ms(limits.confirm_within))
             .arg(limits.lanes.clamp(ticket.lane) + 1);
+        let lanes = limits.lanes.clone();
         async move {
             let reply: Vec<u64> = self.run(&invocation).await?;
             match field(&reply, 0, "poll")? {
                 0 => Ok(Poll::Gone),
                 1 => Ok(Poll::Admitted),
-                2 => Ok(Poll::Waiting(place(&reply, "poll")?)),
+                2 => {
+                    // A waiter found in a stale lane is reported in the
+                    // first, where the next tick moves it.
+                    let mut place = place(&reply, "poll")?;
+                    place.lane = lanes.clamp(place.lane);
+                    Ok(Poll::Waiting(place))
+                }
                 other => Err(unexpected_reply(format!("poll: reply kind {other}"))),
             }
         }
@@ -702,7 +749,8 @@ impl QueueStore for RedisStore {
         id: &VisitorId,
         limits: &Limits,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let mut invocation = prepare(&self.scripts.leave, route, limits, None);
+        let stale = self.stale_lanes(route, limits);
+        let mut invocation = prepare_with(&self.scripts.leave, route, limits, &stale, None);
         invocation.arg(&store_id(id)[..]);
         async move {
             let _removed: i64 = self.run(&invocation).await?;
@@ -809,7 +857,8 @@ impl QueueStore for RedisStore {
         beats: &[Heartbeat],
         limits: &Limits,
     ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send {
-        let mut invocation = prepare(&self.scripts.heartbeats, route, limits, None);
+        let stale = self.stale_lanes(route, limits);
+        let mut invocation = prepare_with(&self.scripts.heartbeats, route, limits, &stale, None);
         let indexes = client_keys(
             &mut invocation,
             route,
@@ -865,7 +914,8 @@ impl QueueStore for RedisStore {
         to_lane: usize,
         limits: &Limits,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let mut invocation = prepare(&self.scripts.move_lane, route, limits, None);
+        let stale = self.stale_lanes(route, limits);
+        let mut invocation = prepare_with(&self.scripts.move_lane, route, limits, &stale, None);
         invocation
             .arg(&store_id(id)[..])
             .arg(limits.lanes.clamp(to_lane) + 1);
