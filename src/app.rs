@@ -233,7 +233,27 @@ impl App {
         };
         if invite.is_some() && waiting::is_navigation(req.method(), req.headers()) {
             let target = req.uri().path_and_query().map_or("/", |t| t.as_str());
-            let resp = response::redirect("invite", &return_to::sanitize(target));
+            let mut resp = response::redirect("invite", &return_to::sanitize(target));
+            // The browser comes back with the lane cookie, not the invite,
+            // and a held ticket moves only for an invite: a waiter moves
+            // here, keeping its place in time, and its ticket is rewritten.
+            let held = creds
+                .as_ref()
+                .filter(|c| c.pass.is_none() && lane.is_some());
+            if let Some(ticket) = held.and_then(|c| c.ticket.as_ref()) {
+                let who = Requester {
+                    tls: peer.tls,
+                    client: key.as_bytes(),
+                    invite: invite.as_deref(),
+                    lane,
+                };
+                if let Some(
+                    Decision::Wait { set_cookie, .. } | Decision::Admit { set_cookie, .. },
+                ) = Box::pin(self.gate.check_ticket(s, route, ticket, who)).await
+                {
+                    resp = with_cookie(resp, set_cookie);
+                }
+            }
             route.metrics.request(Outcome::Invite);
             return (
                 Some(route.name()),

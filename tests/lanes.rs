@@ -978,3 +978,18 @@ async fn a_waiter_moves_by_invite(
         assert_eq!(json["position"], place, "{json}");
     }
 }
+
+#[tokio::test]
+async fn a_waiter_following_an_invite_link_in_a_browser_moves_to_its_lane() {
+    let redis = RedisServer::start();
+    let (origin, _hits) = counting_origin().await;
+    let instances = three(&redis, &origin, 1).await;
+    let _holder = hold_the_place(&instances[0]).await;
+    let good = lane_grant::sign_invite(&instance_ring(), ROUTE, &vip(), now_unix() + 3600, 0);
+    let mut first = Visitor::new();
+    let a = first
+        .fetch(&instances[1].url(&format!("/tickets/x?qg_invite={good}")))
+        .await;
+    assert_eq!(waiting_json(&a, "first in vip")["lane"], "vip");
+    a_waiter_moves_by_invite(&instances, &redis, &good, 0, 1, true).await;
+}
