@@ -350,6 +350,7 @@ impl RouteRt {
             // Validated with the config (names, weights, count); a route
             // built in code with lanes that do not check keeps one lane.
             lanes: Lanes::new(cfg.lanes.clone()).unwrap_or_default(),
+            opens_at_us: cfg.opens_at.map(|t| t.unix_us()),
         };
         let mut local_limits = limits.clone();
         local_limits.capacity = (cfg.capacity / expected_instances.max(1)).max(1);

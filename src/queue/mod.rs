@@ -132,6 +132,10 @@ pub struct Limits {
     /// The route's lanes, the first where newcomers go; one lane `main` of
     /// weight 1 unless configured.
     pub lanes: Lanes,
+    /// When the route opens (unix µs, compared with the store's clock):
+    /// before it nobody is admitted, and the first tick at or after it
+    /// shuffles the pre-queue (DESIGN §8.7). `None`: open.
+    pub opens_at_us: Option<u64>,
 }
 
 /// The name of the lane of a route without lanes configured; its waiters
