@@ -88,6 +88,9 @@ pub enum PageState {
     TooMany,
     /// The store cannot take new places right now; retries.
     StoreDown,
+    /// Before the route's opening (DESIGN §8.7): when it opens and a
+    /// countdown; polls, and turns into the waiting page at the opening.
+    PreQueue,
 }
 
 impl PageState {
@@ -99,6 +102,7 @@ impl PageState {
             PageState::Full => "full",
             PageState::TooMany => "too_many",
             PageState::StoreDown => "store_down",
+            PageState::PreQueue => "prequeue",
         }
     }
 
@@ -106,7 +110,7 @@ impl PageState {
     /// to ask again (`None` while waiting: then the page polls).
     pub fn retry_after_s(self) -> Option<u64> {
         match self {
-            PageState::Waiting => None,
+            PageState::Waiting | PageState::PreQueue => None,
             PageState::Closed => Some(60),
             PageState::Full | PageState::TooMany => Some(30),
             PageState::StoreDown => Some(10),
@@ -151,6 +155,10 @@ pub struct PageView<'a> {
     /// Whether that lane is not the route's first: the page says
     /// "priority line".
     pub priority: bool,
+    /// The route's opening, RFC 3339, when it has one.
+    pub opens_at: Option<String>,
+    /// Before the opening: how long until it, by the server's clock.
+    pub opens_in_ms: Option<u64>,
 }
 
 /// The query of the waiting page URL: `route`, `return`, and the page's own
@@ -347,7 +355,7 @@ impl Facts {
                 let _ = write!(out, "{}", self.refresh_seconds);
             }
             Slot::RefreshUrl => match view.state {
-                PageState::Waiting => escape_into(out, &self.waiting_url),
+                PageState::Waiting | PageState::PreQueue => escape_into(out, &self.waiting_url),
                 _ => escape_into(out, &self.return_path),
             },
             Slot::RetryUrl | Slot::ReturnPath => escape_into(out, &self.return_path),
@@ -402,6 +410,8 @@ impl Facts {
             "has_title": view.title.is_some(),
             "lane": view.lane,
             "priority": view.priority,
+            "opens_at": view.opens_at,
+            "opens_in_ms": view.opens_in_ms,
         });
         script_safe_json(&value.to_string())
     }
@@ -567,6 +577,8 @@ mod tests {
             updated_unix_s: 1_764_511_392,
             lane: None,
             priority: false,
+            opens_at: None,
+            opens_in_ms: None,
         }
     }
 
