@@ -381,6 +381,11 @@ impl Facts {
                     out.push_str(" hidden");
                 }
             }
+            Slot::OpensAt => escape_into(
+                out,
+                &view.opens_at.as_deref().unwrap_or("").replacen('T', " ", 1),
+            ),
+            Slot::OpensIn => out.push_str(&countdown(view.opens_in_ms)),
             Slot::Style => {
                 out.push_str("<style>");
                 out.push_str(STYLE);
@@ -449,6 +454,16 @@ fn escape_into(out: &mut String, text: &str) {
 }
 
 /// `1,234`, or an en dash when unknown.
+/// Time left to an opening as `H:MM:SS` (hours unbounded), rounded up to
+/// the second; `–` when unknown. The script counts it down the same way.
+fn countdown(ms: Option<u64>) -> String {
+    let Some(ms) = ms else {
+        return "–".to_owned();
+    };
+    let s = ms.div_ceil(1000);
+    format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
 fn count(value: Option<u64>) -> String {
     let Some(n) = value else {
         return "–".to_owned();
@@ -620,6 +635,37 @@ mod tests {
     }
 
     #[test]
+    fn the_countdown_page_says_when_it_opens_and_counts_down() {
+        for (lang, heading) in [(Lang::En, "Opening soon"), (Lang::Ko, "곧 시작합니다")] {
+            let html = render(
+                &PageView {
+                    lang,
+                    state: PageState::PreQueue,
+                    position: None,
+                    opens_at: Some("2026-12-24T10:00:00+09:00".into()),
+                    opens_in_ms: Some(3_723_001),
+                    poll_after_ms: 9_000,
+                    ..view()
+                },
+                None,
+            );
+            assert!(html.contains(r#"<body data-state="prequeue">"#));
+            assert!(html.contains(heading), "{lang:?}");
+            assert!(html.contains("2026-12-24 10:00:00+09:00"));
+            assert!(html.contains(">1:02:04<"), "rounded up to the second");
+            // Without script: back to the page itself near the opening.
+            assert!(html.contains(r#"content="9; url=/__queuegate/waiting?route=tickets"#));
+            let state = embedded_json(&html, "qg-state");
+            assert_eq!(state["state"], "prequeue");
+            assert_eq!(state["opens_in_ms"], 3_723_001);
+            assert_eq!(state["opens_at"], "2026-12-24T10:00:00+09:00");
+        }
+        assert_eq!(countdown(Some(0)), "0:00:00");
+        assert_eq!(countdown(Some(90_061_000)), "25:01:01");
+        assert_eq!(countdown(None), "–");
+    }
+
+    #[test]
     fn default_template_parses() {
         assert!(Template::parse(DEFAULT_TEMPLATE).is_ok());
         assert!(DEFAULT.is_some());
@@ -634,6 +680,7 @@ mod tests {
                 PageState::Full,
                 PageState::TooMany,
                 PageState::StoreDown,
+                PageState::PreQueue,
             ] {
                 let html = render(
                     &PageView {
