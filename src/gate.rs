@@ -387,7 +387,6 @@ impl Gate {
             // restores it or lets it go (and it joins again, losing nothing
             // before a shuffle).
             if !route.live.is_out_of_line(&ticket.id) {
-                route.metrics.poll(true);
                 return Some(self.before_opening(s, route, ticket, times, opens_at_us, moved, who));
             }
         }
