@@ -20,6 +20,9 @@
     try { var s = window.sessionStorage; s.setItem("qg-probe", "1"); s.removeItem("qg-probe"); return s; }
     catch (e) { return null; }
   })();
+  // Before the opening: when it comes by this browser's clock, from the
+  // server's time left (so a wrong clock here does not matter).
+  var opensAt = typeof view.opens_in_ms === "number" ? Date.now() + view.opens_in_ms : 0;
   var startKey = "qg-start:" + view.route;
   var unknownKey = "qg-unknown:" + view.route;
 
@@ -104,11 +107,27 @@
         bar.textContent = pct + "%";
       }
     }
+    if (state === "prequeue") { showCountdown(); }
     var lane = el("lane");
     if (lane) { lane.hidden = !(state === "waiting" && view.priority); }
     var cont = el("continue");
     if (cont) { cont.setAttribute("href", returnPath); }
     notice(noticeKey);
+  }
+  function showCountdown() {
+    var s = Math.max(0, Math.ceil((opensAt - Date.now()) / 1000));
+    var two = function (n) { return (n < 10 ? "0" : "") + n; };
+    setText("opens-in", Math.floor(s / 3600) + ":" + two(Math.floor(s / 60) % 60) + ":" + two(s % 60));
+    var at = el("opens-at");
+    if (at && view.opens_at) {
+      var d = new Date(view.opens_at);
+      if (!isNaN(d.getTime())) {
+        try {
+          at.textContent = d.toLocaleString(lang === "ko" ? "ko-KR" : "en-US",
+            { dateStyle: "medium", timeStyle: "short" });
+        } catch (err) { /* keep the server's text */ }
+      }
+    }
   }
   function showUpdated(date) {
     var e = el("updated");
@@ -216,6 +235,18 @@
       return;
     }
     if (s.state === "unknown") { failures = 0; onUnknown(); return; }
+    if (s.state === "prequeue" && typeof s.opens_in_ms === "number") {
+      failures = 0;
+      notice("");
+      view.state = "prequeue";
+      view.opens_at = s.opens_at;
+      opensAt = Date.now() + s.opens_in_ms;
+      render();
+      showUpdated(new Date());
+      var until = typeof s.poll_after_ms === "number" && s.poll_after_ms > 0 ? s.poll_after_ms : 5000;
+      schedule(Math.max(100, Math.min(60000, until)));
+      return;
+    }
     if (s.state !== "waiting") { onFailure(); return; }
     failures = 0;
     if (store) { store.removeItem(unknownKey); }
@@ -275,7 +306,8 @@
   }
 
   render();
-  if (view.state === "waiting") {
+  var polling = function () { return view.state === "waiting" || view.state === "prequeue"; };
+  if (polling()) {
     if (typeof fetch !== "function") {
       schedule(jitter(Math.max(2000, view.poll_after_ms || 5000)), function () { location.reload(); });
       return;
@@ -285,7 +317,8 @@
     schedule(Math.max(500, Math.min(60000, view.poll_after_ms || 5000)));
     // Come back at once from a background tab, a sleeping laptop or a lost
     // connection.
-    var pollNow = function () { if (view.state === "waiting" && step === poll) { poll(); } };
+    var pollNow = function () { if (polling() && step === poll) { poll(); } };
+    setInterval(function () { if (view.state === "prequeue") { showCountdown(); } }, 1000);
     document.addEventListener("visibilitychange", function () { if (!document.hidden) { pollNow(); } });
     window.addEventListener("online", pollNow);
   } else if (view.retry_after_s > 0) {

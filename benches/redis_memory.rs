@@ -94,6 +94,7 @@ fn main() {
         client_places: if client_limits { 20 } else { 0 },
         client_joins_per_minute: if client_limits { 120 } else { 0 },
         lanes: Lanes::default(),
+        opens_at_us: None,
     };
 
     runtime.block_on(async {

@@ -8,13 +8,17 @@
 --       [7] the epoch this instance saw last (µs), or '' if none
 --       [8] n, the number of configured lanes, then [9 .. 8 + n] their
 --       weights, in order
+--       [9 + n] when the route opens (µs), or '' if it has no opening
+--       [10 + n] a seed (hex of 32 random bytes from the caller's OS
+--       CSPRNG, never stored) that orders the pre-queue at the opening
 -- Returns: {ran (1|0), now µs, epoch µs, abandoned, no_shows,
 --           unconfirmed sessions freed, unconfirmed tickets dropped,
 --           unmerged (1: `lanes` names a lane neither configured nor given,
---           left for a later tick), n, admitted from each lane (n numbers),
---           waiting in each lane after the tick (n numbers),
+--           left for a later tick), opening (0: none this tick; 1 + the
+--           number of waiters it shuffled), n, admitted from each lane (n
+--           numbers), waiting in each lane after the tick (n numbers),
 --           join score of each waiter admitted, in admission order...}
---          (a tick that did not run: the first seven, then 0, 0)
+--          (a tick that did not run: the first seven, then 0, 0, 0)
 -- Invariant: at most one run per tick window floor(now_ms / tick), whichever
 -- instance comes first (the tick key holds the window last run); every
 -- no-show purged leaves a tombstone in seen for abandon_after; unconfirmed
@@ -33,6 +37,16 @@
 -- eligible weights' sum), `current` kept in wrr:NAME so the split holds
 -- across ticks and instances. A pick whose lane turns out to hold only
 -- ghosts is undone, so the sequence is the one the line without them gives.
+-- Opening (DESIGN §8.7): before the opening nobody is admitted; the first
+-- tick at or after it shuffles the pre-queue (every waiter whose score is
+-- before the opening, in each lane) once, and notes the opening it ran for
+-- in the stats hash's `opened`, so no later tick, on any instance, runs it
+-- again. The order is that of sha1(seed .. member): unpredictable without
+-- the seed, which only this call sees. The shuffled waiters take the scores
+-- just before the opening, one block per lane, so every later arrival
+-- (scored at or after the opening) stays behind them. A store created or
+-- wiped after the opening held no pre-queue: its opening shuffles nothing,
+-- so waiters restored at their scores keep them.
 
 local capacity = tonumber(ARGV[1])
 local max_admit_per_tick = tonumber(ARGV[2])
@@ -46,6 +60,8 @@ local weights = {}
 for l = 1, configured do
   weights[l] = tonumber(ARGV[8 + l]) or 1
 end
+local opens_at_us = tonumber(ARGV[9 + configured])
+local seed = ARGV[10 + configured] or ''
 -- record::HEAD: places answered by the store, never estimated.
 local RECORD_HEAD = 100
 
@@ -56,7 +72,7 @@ end
 
 local window = math.floor(now_ms / tick_ms)
 if redis.call('GET', tick_key) == int(window) then
-  return {0, now_us, epoch_us, 0, 0, 0, 0, 0, 0}
+  return {0, now_us, epoch_us, 0, 0, 0, 0, 0, 0, 0}
 end
 redis.call('SET', tick_key, int(window), 'PX', tick_ms)
 
@@ -156,12 +172,53 @@ local abandoned = ghosts + (tonumber(pending[1]) or 0)
 unconfirmed_tickets = unconfirmed_tickets + (tonumber(pending[2]) or 0)
 redis.call('HDEL', stats_key, 'pending_abandoned', 'pending_unconfirmed_tickets')
 
+-- The opening: the pre-queue of every configured lane shuffled, once.
+local before_opening = opens_at_us ~= nil and now_us < opens_at_us
+local opening = 0
+if opens_at_us and not before_opening
+    and redis.call('HGET', stats_key, 'opened') ~= int(opens_at_us) then
+  local shuffled = 0
+  if epoch_us < opens_at_us then
+    local early = {}
+    for l = 1, configured do
+      early[l] = redis.call('ZRANGEBYSCORE', lane_keys[l], '-inf',
+        '(' .. int(opens_at_us))
+      shuffled = shuffled + #early[l]
+    end
+    local next_score = opens_at_us - shuffled
+    for l = 1, configured do
+      -- Each member keyed by its hash, so a plain string sort orders them;
+      -- the member is what follows the 40 hex digits.
+      local keyed = {}
+      for i, id in ipairs(early[l]) do
+        keyed[i] = redis.sha1hex(seed .. id) .. id
+      end
+      table.sort(keyed)
+      local args = {}
+      for i = 1, #keyed do
+        args[#args + 1] = int(next_score)
+        args[#args + 1] = string.sub(keyed[i], 41)
+        next_score = next_score + 1
+        if #args >= 2000 then
+          redis.call('ZADD', lane_keys[l], unpack(args))
+          args = {}
+        end
+      end
+      if #args > 0 then
+        redis.call('ZADD', lane_keys[l], unpack(args))
+      end
+    end
+  end
+  redis.call('HSET', stats_key, 'opened', int(opens_at_us))
+  opening = 1 + shuffled
+end
+
 local scores = {}
 local lane_admitted = {}
 for l = 1, configured do
   lane_admitted[l] = 0
 end
-if now_us >= hold_until() then
+if now_us >= hold_until() and not before_opening then
   local window_now, used_now, room = tick_window(tick_ms, max_admit_per_tick)
   local want = math.min(capacity - active_count(), room)
   local admitted = 0
@@ -233,7 +290,7 @@ if now_us >= hold_until() then
   end
 end
 local reply = {1, now_us, epoch_us, abandoned, no_shows, unconfirmed_sessions,
-  unconfirmed_tickets, unmerged, configured}
+  unconfirmed_tickets, unmerged, opening, configured}
 for l = 1, configured do
   reply[#reply + 1] = lane_admitted[l]
 end

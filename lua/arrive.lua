@@ -14,6 +14,8 @@
 --            given up on this call by then
 --       [14] the epoch this instance saw last (µs), or '' if none
 --       [15] pass_ttl (ms): the hold when [14] shows a lost store
+--       [16] when the route opens (µs), or '' if it has no opening: before
+--            it nobody is admitted at once (DESIGN §8.7)
 --       then for each arrival: id (16 raw bytes), admit_now (1|0), the
 --       index of its client's key in KEYS after the lanes' (0: none), the
 --       lane it joins (1-based among the lanes' keys)
@@ -28,8 +30,9 @@
 --          {4, retry after ms, 0, 0, 0}          the client is over a limit:
 --                                                nothing was stored for it
 --          {5, 0, 0, 0, 0}                       run too late: nothing stored
--- Invariant: admit-now only when nobody waits, no hold is on, the active
--- count (expiry > now) is below capacity and the tick window has room; it
+-- Invariant: admit-now only when the route has opened, nobody waits, no
+-- hold is on, the active count (expiry > now) is below capacity and the
+-- tick window has room; it
 -- spends one from the same window budget the admitter uses; nobody waits
 -- means in no lane. Join scores are unique and increasing across lanes, so
 -- each lane is FIFO, in the batch's order within a batch; an id already in
@@ -52,7 +55,8 @@ local join_window_ms = tonumber(ARGV[12])
 local too_late_ms = tonumber(ARGV[13])
 local known_epoch_us = tonumber(ARGV[14])
 local pass_ttl_ms = tonumber(ARGV[15])
-local FIRST_ARRIVAL = 16
+local opens_at_us = tonumber(ARGV[16])
+local FIRST_ARRIVAL = 17
 
 local reply = {}
 
@@ -117,6 +121,7 @@ local function arrive_one(id, admit_now, lane)
 
   local waiting = waiting_total()
   if admit_now and waiting == 0 and now_us >= hold_until()
+      and (opens_at_us == nil or now_us >= opens_at_us)
       and active_count() < capacity then
     local window, used, room = tick_window(tick_ms, max_admit_per_tick)
     if room > 0 then

@@ -4,7 +4,9 @@
 //!
 //! A value reads `v1.<state>.<route>.<id>.<t>.<kid>.<mac>`, ASCII only:
 //!
-//! - `state`: `w` for a waiting ticket, `a` for an admission pass, `n` for
+//! - `state`: `w` for a waiting ticket, `p` for a ticket taken before the
+//!   route's opening (a pre-queue ticket, DESIGN §8.7: its holder is told the
+//!   opening time without a store call), `a` for an admission pass, `n` for
 //!   the pass of a visitor admitted at once who has not come back yet (an
 //!   unconfirmed session, DESIGN §8.3), `l` for a pass an instance granted or
 //!   renewed while the shared store could not answer (DESIGN §8.3: the store
@@ -16,8 +18,8 @@
 //!   by `-` and a second such number, `at`: for a ticket the last time the
 //!   line saw its holder (µs), for a pass when it was issued (unix ms). The
 //!   store's restore rules need them; values signed without `at` (older
-//!   ones) still verify. A ticket then carries the lane it waits in
-//!   (DESIGN §8.5) as `_` and the lane's name (`config::is_lane_name`;
+//!   ones) still verify. A ticket (`w` or `p`) then carries the lane it
+//!   waits in (DESIGN §8.5) as `_` and the lane's name (`config::is_lane_name`;
 //!   digits and `-` never hold a `_`, so the split is unambiguous); a
 //!   ticket without it waits in the route's first lane;
 //! - `kid`: the id of the key that signed it, `[A-Za-z0-9_-]{1,16}`
@@ -93,6 +95,10 @@ const KEY_URL_SAFE: GeneralPurpose = GeneralPurpose::new(
 pub enum Kind {
     /// `w`: a place in the line; `t` is the join score (store time, µs).
     Ticket,
+    /// `p`: a place taken before the route's opening (DESIGN §8.7); `t` is
+    /// the join score at arrival, which the opening's shuffle replaces in
+    /// the store. Read as a ticket wherever a ticket is.
+    PreTicket,
     /// `a`: admission; `t` is the pass's expiry (unix seconds).
     Pass,
     /// `n`: admission at once, not confirmed yet: the visitor's first return
@@ -105,9 +111,15 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Whether the value stands for a place in line (`w` or `p`), not a pass.
+    pub fn is_ticket(self) -> bool {
+        matches!(self, Kind::Ticket | Kind::PreTicket)
+    }
+
     fn state(self) -> &'static str {
         match self {
             Kind::Ticket => "w",
+            Kind::PreTicket => "p",
             Kind::Pass => "a",
             Kind::NewPass => "n",
             Kind::LocalPass => "l",
@@ -117,6 +129,7 @@ impl Kind {
     fn from_state(state: &str) -> Option<Kind> {
         match state {
             "w" => Some(Kind::Ticket),
+            "p" => Some(Kind::PreTicket),
             "a" => Some(Kind::Pass),
             "n" => Some(Kind::NewPass),
             "l" => Some(Kind::LocalPass),
@@ -435,13 +448,28 @@ impl KeyRing {
         seen_us: Option<u64>,
         lane: Option<&LaneTag>,
     ) -> String {
+        self.sign_place(Kind::Ticket, route, id, score_us, seen_us, lane)
+    }
+
+    /// [`KeyRing::sign_ticket`] for a ticket of `kind`, `w` or `p` (any
+    /// other kind signs a `w`).
+    pub fn sign_place(
+        &self,
+        kind: Kind,
+        route: &str,
+        id: &VisitorId,
+        score_us: u64,
+        seen_us: Option<u64>,
+        lane: Option<&LaneTag>,
+    ) -> String {
+        let kind = if kind.is_ticket() { kind } else { Kind::Ticket };
         let Some(lane) = lane else {
-            return self.sign_at(Kind::Ticket, route, id, score_us, seen_us);
+            return self.sign_at(kind, route, id, score_us, seen_us);
         };
         let mut out = String::with_capacity(MAX_VALUE_LEN);
         out.push_str(VERSION);
         out.push('.');
-        out.push_str(Kind::Ticket.state());
+        out.push_str(kind.state());
         out.push('.');
         out.push_str(route);
         out.push('.');
@@ -536,7 +564,7 @@ impl KeyRing {
         }
         let id = decode_fixed::<16>(id, ID_CHARS).ok_or(Reject::Malformed)?;
         let (t, lane) = match t.split_once('_') {
-            Some((t, lane)) if kind == Kind::Ticket => {
+            Some((t, lane)) if kind.is_ticket() => {
                 (t, Some(LaneTag::new(lane).ok_or(Reject::Malformed)?))
             }
             Some(_) => return Err(Reject::Malformed),
@@ -1405,6 +1433,30 @@ mod tests {
             ring.verify(&pass, ROUTE),
             Verdict::Invalid(Reject::Malformed)
         ));
+    }
+
+    #[test]
+    fn a_pre_queue_ticket_is_a_ticket_of_its_own_kind() {
+        let ring = two_keys();
+        let id = [3u8; 16];
+        let vip = LaneTag::new("vip").unwrap();
+        for lane in [None, Some(&vip)] {
+            let value = ring.sign_place(Kind::PreTicket, ROUTE, &id, 5, Some(9), lane);
+            assert!(value.starts_with("v1.p."), "{value}");
+            let claims = ring.verify(&value, ROUTE).claims().unwrap();
+            assert_eq!(claims.kind, Kind::PreTicket);
+            assert!(claims.kind.is_ticket());
+            assert_eq!(
+                (claims.t, claims.at, claims.lane),
+                (5, Some(9), lane.copied())
+            );
+            // The state letter is covered by the MAC: a `p` never reads as a `w`.
+            let forged = value.replacen("v1.p.", "v1.w.", 1);
+            assert!(ring.verify(&forged, ROUTE).claims().is_none());
+        }
+        // Only places are signed as places.
+        let value = ring.sign_place(Kind::Pass, ROUTE, &id, 5, None, None);
+        assert!(value.starts_with("v1.w."), "{value}");
     }
 
     #[test]

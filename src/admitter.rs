@@ -54,7 +54,8 @@ pub async fn run(
             interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
         }
         let live = &route.live;
-        if route.cfg.mode == Mode::Gate {
+        // Past `closes_at` the route is closed: nobody is admitted.
+        if route.cfg.mode == Mode::Gate && !route.closed_at(gate.clock().now_us()) {
             let known = live.known_epoch_us();
             // Visitors the local line let in come back to the store first.
             if live.granted_locally.load(Ordering::Relaxed)
@@ -63,9 +64,9 @@ pub async fn run(
                 live.granted_locally.store(false, Ordering::Relaxed);
                 tracing::info!(route = %name, "store back after local admissions: holding admissions for one pass_ttl");
             }
-            if gate.store().is_shared() {
-                flush_heartbeats(&gate, route).await;
-            }
+            // Polls answered without the store: from the line record (a
+            // shared store) or before the opening (any store).
+            flush_heartbeats(&gate, route).await;
             match gate.store().admit_tick(&name, &route.limits, known).await {
                 Ok(t) => {
                     live.answered_locally.store(false, Ordering::Relaxed);
@@ -77,6 +78,9 @@ pub async fn run(
                     if t.ran {
                         route.metrics.lanes(&route.limits.lanes, &t);
                         live.set_lane_waiting(&t.lane_waiting);
+                    }
+                    if let Some(shuffled) = t.opened {
+                        tracing::info!(route = %name, shuffled, "opened: the pre-queue was shuffled");
                     }
                     if !t.admitted_scores.is_empty() {
                         tracing::debug!(route = %name, admitted = t.admitted_scores.len(), "admitted from the line");

@@ -573,7 +573,7 @@ pub fn outcome_of(decision: &Decision) -> Outcome {
             Admitted::FailOpen => Outcome::FailOpen,
             Admitted::Passthrough => Outcome::Passthrough,
         },
-        Decision::Wait { .. } => Outcome::Held,
+        Decision::Wait { .. } | Decision::PreQueue { .. } => Outcome::Held,
         Decision::Full { .. } => Outcome::Full,
         Decision::TooMany { .. } => Outcome::TooMany,
         Decision::Closed => Outcome::Closed,

@@ -181,7 +181,9 @@ pub fn credentials(
                 Kind::Pass | Kind::NewPass | Kind::LocalPass if found.pass.is_none() => {
                     found.pass = Some(claims)
                 }
-                Kind::Ticket if found.ticket.is_none() => found.ticket = Some(claims),
+                Kind::Ticket | Kind::PreTicket if found.ticket.is_none() => {
+                    found.ticket = Some(claims)
+                }
                 _ => {}
             }
         }

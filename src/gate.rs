@@ -5,6 +5,8 @@
 //! It also ends sessions before they expire (DESIGN §8.6): counting a
 //! session's forwarded requests against `max_requests_per_session`, and
 //! ending one at the origin's command or on an exit path.
+//! Before a route's opening (DESIGN §8.7) it hands out pre-queue tickets
+//! and answers their polls itself, with the time left, without a store call.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -78,6 +80,16 @@ pub enum Decision {
     /// Send to the waiting room.
     Wait {
         place: Place,
+        set_cookie: Option<HeaderValue>,
+    },
+    /// Before the route's opening (DESIGN §8.7): in the pre-queue, whose
+    /// order the opening draws. `opens_in_ms` is by this instance's clock,
+    /// so a visitor's wrong clock does not matter.
+    PreQueue {
+        opens_at_us: u64,
+        opens_in_ms: u64,
+        /// The visitor's lane (an index into the route's lanes).
+        lane: usize,
         set_cookie: Option<HeaderValue>,
     },
     /// The line is full: nobody was queued.
@@ -227,6 +239,9 @@ impl Gate {
         creds: impl FnOnce() -> Credentials,
     ) -> Decision {
         let route = &s.routes[index];
+        if route.closed_at(self.clock.now_us()) {
+            return Decision::Closed;
+        }
         match route.cfg.mode {
             Mode::Passthrough => {
                 return Decision::Admit {
@@ -364,8 +379,22 @@ impl Gate {
                 moved = true;
             }
         }
+        let now_us = self.clock.now_us();
+        let opening = route.opening_ahead(now_us);
+        if let (Kind::PreTicket, Some(opens_at_us)) = (ticket.kind, opening) {
+            // Before the opening a pre-queue ticket is answered here, unless
+            // a flush found it out of the store's line: the store then
+            // restores it or lets it go (and it joins again, losing nothing
+            // before a shuffle).
+            if !route.live.is_out_of_line(&ticket.id) {
+                return Some(self.before_opening(s, route, ticket, times, opens_at_us, moved, who));
+            }
+        }
         if moved {
             // The record may not know the move yet: the store answers.
+        } else if ticket.kind == Kind::PreTicket {
+            // Its score is the arrival's, not the place the opening drew:
+            // the store answers, and the ticket is written again with it.
         } else if let Some(decision) = self.answer_from_record(s, route, ticket, times, who) {
             route.metrics.poll(true);
             return Some(decision);
@@ -411,21 +440,43 @@ impl Gate {
         };
         match polled {
             Poll::Waiting(place) => {
-                // Written again when due, or when the store holds the ticket
-                // in another lane than it names (moved, or its lane removed).
+                // Written again when due, when the store holds the ticket in
+                // another lane than it names (moved, or its lane removed),
+                // or at another score (the opening's shuffle moved it).
                 let seen = self.seen_again(route, ticket, times);
                 let relaned = route.lane_tag(place.lane) != ticket.lane;
-                let set_cookie = (seen.is_some() || relaned).then(|| {
-                    self.ticket_cookie(
+                // A pre-queue ticket stays one until the shuffle gave it its
+                // place: while the store still holds it at its arrival
+                // score, before the opening.
+                let kind = match (ticket.kind, route.limits.opens_at_us) {
+                    (Kind::PreTicket, Some(opens_at_us))
+                        if place.score_us == ticket.t && place.score_us < opens_at_us =>
+                    {
+                        Kind::PreTicket
+                    }
+                    _ => Kind::Ticket,
+                };
+                let rewritten = kind != ticket.kind || place.score_us != ticket.t;
+                let set_cookie = (seen.is_some() || relaned || rewritten).then(|| {
+                    self.place_cookie(
                         s,
                         route,
+                        kind,
                         &ticket.id,
-                        ticket.t,
+                        place.score_us,
                         seen.or(ticket.at),
                         place.lane,
                         who.tls,
                     )
                 });
+                if let (Kind::PreTicket, Some(opens_at_us)) = (kind, opening) {
+                    return Some(Decision::PreQueue {
+                        opens_at_us,
+                        opens_in_ms: (opens_at_us - now_us).div_ceil(1_000),
+                        lane: place.lane,
+                        set_cookie,
+                    });
+                }
                 Some(Decision::Wait { place, set_cookie })
             }
             Poll::Admitted => {
@@ -452,6 +503,52 @@ impl Gate {
         let refresh_us = route.limits.abandon_after.as_micros() as u64 / 4;
         let stale = !times.confirmed() || now_us.saturating_sub(times.seen_us) > refresh_us;
         stale.then_some(now_us)
+    }
+
+    /// A pre-queue ticket's poll before the opening, answered without a
+    /// store call: the time left. Its heartbeat goes to the store with the
+    /// admitter's next flush at the moments the ticket is written again
+    /// (its first poll, then every quarter of `abandon_after`), as for a
+    /// poll the line record answers, so a live waiter is not dropped as a
+    /// ghost before the opening and a silent one is.
+    #[allow(clippy::too_many_arguments)]
+    fn before_opening(
+        &self,
+        s: &Settings,
+        route: &RouteRt,
+        ticket: &Claims,
+        times: TicketTimes,
+        opens_at_us: u64,
+        moved: bool,
+        who: Requester<'_>,
+    ) -> Decision {
+        let seen = self.seen_again(route, ticket, times);
+        if seen.is_some() {
+            route.live.heartbeat(Heartbeat {
+                id: ticket.id,
+                client: who.client.to_vec(),
+            });
+        }
+        let set_cookie = (seen.is_some() || moved).then(|| {
+            self.place_cookie(
+                s,
+                route,
+                Kind::PreTicket,
+                &ticket.id,
+                ticket.t,
+                seen.or(ticket.at),
+                times.lane,
+                who.tls,
+            )
+        });
+        Decision::PreQueue {
+            opens_at_us,
+            opens_in_ms: opens_at_us
+                .saturating_sub(self.clock.now_us())
+                .div_ceil(1_000),
+            lane: times.lane,
+            set_cookie,
+        }
     }
 
     /// A poll answered from the line record, without a store call, when the
@@ -514,7 +611,10 @@ impl Gate {
         lane: usize,
     ) -> Decision {
         let id = admission::new_visitor_id();
-        let admit_now = route.cfg.mode == Mode::Gate;
+        // Before the opening nobody is let in at once (the store checks it
+        // too, by its own clock), and a place is a pre-queue ticket.
+        let opening = route.opening_ahead(self.clock.now_us());
+        let admit_now = route.cfg.mode == Mode::Gate && opening.is_none();
         // The store's epoch as this instance knows it: a store lost since
         // the last tick is noticed here too, before anyone is let in at once.
         let known_epoch_us = route.live.known_epoch_us();
@@ -589,18 +689,33 @@ impl Gate {
                     session: Some(id),
                 }
             }
-            Arrival::Waiting(place) => Decision::Wait {
-                place,
-                set_cookie: Some(self.ticket_cookie(
+            Arrival::Waiting(place) => {
+                let kind = match opening {
+                    Some(_) => Kind::PreTicket,
+                    None => Kind::Ticket,
+                };
+                let set_cookie = Some(self.place_cookie(
                     s,
                     route,
+                    kind,
                     &id,
                     place.score_us,
                     None,
                     place.lane,
                     who.tls,
-                )),
-            },
+                ));
+                match opening {
+                    Some(opens_at_us) => Decision::PreQueue {
+                        opens_at_us,
+                        opens_in_ms: opens_at_us
+                            .saturating_sub(self.clock.now_us())
+                            .div_ceil(1_000),
+                        lane: place.lane,
+                        set_cookie,
+                    },
+                    None => Decision::Wait { place, set_cookie },
+                }
+            }
             Arrival::Full { waiting_total } => Decision::Full { waiting_total },
             Arrival::TooMany { retry_after } => Decision::TooMany { retry_after },
         }
@@ -733,7 +848,25 @@ impl Gate {
         lane: usize,
         tls: bool,
     ) -> HeaderValue {
-        let value = s.ring.sign_ticket(
+        self.place_cookie(s, route, Kind::Ticket, id, score_us, seen_us, lane, tls)
+    }
+
+    /// [`Gate::ticket_cookie`] for a ticket of `kind`: `w`, or `p` before
+    /// the route's opening.
+    #[allow(clippy::too_many_arguments)]
+    pub fn place_cookie(
+        &self,
+        s: &Settings,
+        route: &RouteRt,
+        kind: Kind,
+        id: &VisitorId,
+        score_us: u64,
+        seen_us: Option<u64>,
+        lane: usize,
+        tls: bool,
+    ) -> HeaderValue {
+        let value = s.ring.sign_place(
+            kind,
             route.name(),
             id,
             score_us,

@@ -946,6 +946,7 @@ mod tests {
             no_shows: 1,
             unconfirmed_sessions: 0,
             unconfirmed_tickets: 0,
+            opened: None,
             now_us: 31_000_000,
             epoch_us: 1,
             lane_admitted: Vec::new(),

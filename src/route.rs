@@ -178,14 +178,7 @@ impl RouteLive {
             return None;
         }
         let position = read.record.position(lane, score_us)?;
-        if self.any_out_of_line.load(Ordering::Acquire)
-            && self
-                .out_of_line
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .ids
-                .contains_key(id)
-        {
+        if self.is_out_of_line(id) {
             return None;
         }
         let waiting: Vec<u64> = lanes
@@ -239,6 +232,18 @@ impl RouteLive {
         out.ids.extend(ids.into_iter().map(|id| (id, now)));
         self.any_out_of_line
             .store(!out.ids.is_empty(), Ordering::Release);
+    }
+
+    /// Whether a flush found `id` out of the store's line (see
+    /// [`RouteLive::out_of_line`]) and the store has not answered it since.
+    pub fn is_out_of_line(&self, id: &VisitorId) -> bool {
+        self.any_out_of_line.load(Ordering::Acquire)
+            && self
+                .out_of_line
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .ids
+                .contains_key(id)
     }
 
     /// The store answered a poll of `id`: the record may answer for it
@@ -350,6 +355,7 @@ impl RouteRt {
             // Validated with the config (names, weights, count); a route
             // built in code with lanes that do not check keeps one lane.
             lanes: Lanes::new(cfg.lanes.clone()).unwrap_or_default(),
+            opens_at_us: cfg.opens_at.map(|t| t.unix_us()),
         };
         let mut local_limits = limits.clone();
         local_limits.capacity = (cfg.capacity / expected_instances.max(1)).max(1);
@@ -383,6 +389,22 @@ impl RouteRt {
 
     pub fn name(&self) -> &str {
         &self.cfg.name
+    }
+
+    /// The route's opening (unix µs) while it is still ahead at `now_us`
+    /// (DESIGN §8.7): arrivals until then get pre-queue tickets.
+    pub fn opening_ahead(&self, now_us: u64) -> Option<u64> {
+        self.limits
+            .opens_at_us
+            .filter(|&opens_at_us| now_us < opens_at_us)
+    }
+
+    /// Whether the route's `closes_at` has come at `now_us`: from then on it
+    /// answers as a `closed` route does.
+    pub fn closed_at(&self, now_us: u64) -> bool {
+        self.cfg
+            .closes_at
+            .is_some_and(|closes_at| now_us >= closes_at.unix_us())
     }
 
     /// The limits of the in-process line right now: this instance's share

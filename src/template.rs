@@ -88,6 +88,8 @@ pub(crate) enum Slot {
     Script,
     Style,
     LaneHidden,
+    OpensAt,
+    OpensIn,
 }
 
 const SLOTS: &[(&str, Slot)] = &[
@@ -118,6 +120,8 @@ const SLOTS: &[(&str, Slot)] = &[
     ("script", Slot::Script),
     ("style", Slot::Style),
     ("lane_hidden", Slot::LaneHidden),
+    ("opens_at", Slot::OpensAt),
+    ("opens_in", Slot::OpensIn),
 ];
 
 /// Placeholders every template must contain exactly once (name, as written,

@@ -1,7 +1,8 @@
 //! The waiting room in a real browser: queuegate runs in-process in front of
 //! an HTML origin with a capacity-1 route `/gated`, and
 //! `tests/e2e/waiting_room.mjs` drives Debian's Chromium through it with
-//! playwright-core (`npm ci` in `tests/e2e`; `./scripts/test` does it).
+//! playwright-core (`npm ci` in `tests/e2e`; `./scripts/test` does it);
+//! `invite.mjs` follows invite links, `opening.mjs` waits for an opening.
 
 mod common;
 
@@ -187,6 +188,97 @@ async fn an_invite_link_opens_the_waiting_page_in_the_priority_line() {
     }
     for name in ["en-desktop", "en-360", "ko-desktop", "ko-360"] {
         let file = shots.join(format!("invite-{name}.png"));
+        let bytes = std::fs::read(&file).unwrap_or_default();
+        assert!(
+            bytes.starts_with(b"\x89PNG"),
+            "{} is not a PNG",
+            file.display()
+        );
+    }
+    gate.stop().await.unwrap();
+}
+
+/// Every check the opening script reports, in order.
+const OPENING_CHECKS: &[&str] = &[
+    "ok - B sees the countdown page",
+    "ok - B's page says it opens soon",
+    "ok - B's page shows the time left",
+    "ok - B's countdown counts down",
+    "ok - K sees the countdown page",
+    "ok - K's page is in Korean",
+    "ok - at the opening one of them is let in",
+    "ok - the other's page turns into the waiting page at place 1",
+    "ok - the first one leaves",
+    "ok - the other moves on when admitted",
+    "opening: all checks passed",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_countdown_page_counts_down_and_turns_into_the_waiting_page_at_the_opening() {
+    let e2e = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e");
+    assert!(
+        e2e.join("node_modules/playwright-core").is_dir(),
+        "playwright-core is not installed: run `npm ci` in tests/e2e (./scripts/test does)"
+    );
+    let origin = spawn_origin(|req: Request<Incoming>| async move {
+        let path = req.uri().to_string();
+        let mut resp = Response::new(full(format!(
+            "<!doctype html><title>Origin</title><p id=\"path\">{path}</p>"
+        )));
+        resp.headers_mut()
+            .insert("content-type", "text/html; charset=utf-8".parse().unwrap());
+        resp
+    })
+    .await;
+    let mut config = proxy_config(&origin.url());
+    let mut gated = route("gated", "/gated", 1);
+    gated.tick = Duration::from_millis(100);
+    gated.abandon_after = Duration::from_secs(60);
+    // Whole seconds, at least 8 s ahead: time to open two pages first.
+    let opens_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 9;
+    let text = time::OffsetDateTime::from_unix_timestamp(opens_at as i64)
+        .unwrap()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    gated.opens_at = Some(queuegate::config::Timestamp::parse(&text).unwrap());
+    config.routes.push(gated);
+    let gate = spawn_gate(config).await;
+
+    let shots = e2e.join("screenshots-out");
+    let base = gate.url("");
+    let shots_arg = shots.clone();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("node")
+            .arg("opening.mjs")
+            .arg(&base)
+            .arg(&shots_arg)
+            .current_dir(&e2e)
+            .output()
+    })
+    .await
+    .unwrap()
+    .expect("node runs (apt-get install nodejs)");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "browser test failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    let mut at = 0;
+    for check in OPENING_CHECKS {
+        match lines[at..].iter().position(|l| l == check) {
+            Some(i) => at += i + 1,
+            None => panic!("missing or out of order: {check:?}\n{stdout}"),
+        }
+    }
+    for name in ["en-desktop", "en-360", "ko-desktop", "ko-360"] {
+        let file = shots.join(format!("opening-{name}.png"));
         let bytes = std::fs::read(&file).unwrap_or_default();
         assert!(
             bytes.starts_with(b"\x89PNG"),

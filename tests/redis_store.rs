@@ -33,6 +33,7 @@ fn limits() -> Limits {
         client_places: 0,
         client_joins_per_minute: 0,
         lanes: Lanes::default(),
+        opens_at_us: None,
     }
 }
 

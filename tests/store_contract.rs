@@ -31,6 +31,8 @@ trait Harness {
     /// Loses everything the store held (as a restart of the store would),
     /// while time goes on.
     async fn restart(&mut self);
+    /// Another client of the same store, as a second instance has.
+    fn second_client(&self) -> Self::S;
 }
 
 /// The memory store on tokio's paused clock.
@@ -70,6 +72,11 @@ impl Harness for Memory {
     async fn restart(&mut self) {
         self.store = MemoryStore::new(self.clock);
     }
+
+    /// A clone shares the routes: in one process, that is a second client.
+    fn second_client(&self) -> MemoryStore {
+        self.store.clone()
+    }
 }
 
 #[path = "common/redis.rs"]
@@ -78,6 +85,7 @@ mod redis_harness;
 /// The Redis store on real `redis-server` processes, on real time.
 struct Redis {
     store: RedisStore,
+    config: queuegate::config::RedisConfig,
     /// Every node holding data: one standalone server, or the Cluster's masters.
     nodes: Vec<redis_harness::RedisServer>,
     routes: u32,
@@ -86,10 +94,11 @@ struct Redis {
 impl Redis {
     fn standalone() -> Redis {
         let server = redis_harness::RedisServer::start();
-        let store = RedisStore::connect(&server.config(Duration::from_secs(2)))
-            .expect("config is well formed");
+        let config = server.config(Duration::from_secs(2));
+        let store = RedisStore::connect(&config).expect("config is well formed");
         Redis {
             store,
+            config,
             nodes: vec![server],
             routes: 0,
         }
@@ -97,10 +106,11 @@ impl Redis {
 
     fn cluster() -> Redis {
         let cluster = redis_harness::RedisCluster::start();
-        let store = RedisStore::connect(&cluster.config(Duration::from_secs(2)))
-            .expect("config is well formed");
+        let config = cluster.config(Duration::from_secs(2));
+        let store = RedisStore::connect(&config).expect("config is well formed");
         Redis {
             store,
+            config,
             nodes: cluster.nodes,
             routes: 0,
         }
@@ -131,6 +141,11 @@ impl Harness for Redis {
             let _: () = node.query(&["SCRIPT", "FLUSH"]);
         }
     }
+
+    /// A connection of its own, as another instance has.
+    fn second_client(&self) -> RedisStore {
+        RedisStore::connect(&self.config).expect("config is well formed")
+    }
 }
 
 /// Limits short enough for real-time runs; checks override what they need.
@@ -149,6 +164,7 @@ fn limits() -> Limits {
         client_places: 0,
         client_joins_per_minute: 0,
         lanes: Lanes::default(),
+        opens_at_us: None,
     }
 }
 
@@ -2170,6 +2186,201 @@ async fn assert_line<H: Harness>(h: &H, route: &str, line: &[(u32, u64)], limits
     assert_eq!(stats(h, route, limits).await.waiting, total);
 }
 
+/// Limits for the opening checks: the route opens `in_ms` after the
+/// store's time now; waiters stay in line without polling meanwhile.
+async fn opening_limits<H: Harness>(h: &H, route: &str, in_ms: u64) -> Limits {
+    let base = Limits {
+        abandon_after: Duration::from_secs(20),
+        arrival_grace: Duration::from_secs(20),
+        ..limits()
+    };
+    let now_us = stats(h, route, &base).await.now_us;
+    Limits {
+        opens_at_us: Some(now_us + in_ms * 1_000),
+        ..base
+    }
+}
+
+/// Joins and confirms visitor `n` in lane `lane`; its place.
+async fn join_confirmed<H: Harness>(
+    h: &H,
+    route: &str,
+    n: u32,
+    lane: usize,
+    limits: &Limits,
+) -> Place {
+    let place = match h
+        .store()
+        .arrive(route, &visitor(n), &[], limits, true, None, lane)
+        .await
+        .expect("arrive")
+    {
+        Arrival::Waiting(place) => place,
+        other => panic!("visitor {n} should wait, got {other:?}"),
+    };
+    let ticket = TicketTimes {
+        score_us: place.score_us,
+        seen_us: place.score_us,
+        lane,
+    };
+    assert!(matches!(
+        poll_with(h, route, n, ticket, limits).await,
+        Poll::Waiting(_)
+    ));
+    place
+}
+
+/// The scores of visitors `0..n`, all still in line.
+async fn scores_in_line<H: Harness>(
+    h: &H,
+    route: &str,
+    n: u32,
+    limits: &Limits,
+) -> HashMap<u32, u64> {
+    let mut scores = HashMap::new();
+    for v in 0..n {
+        match poll(h, route, v, 0, limits).await {
+            Poll::Waiting(place) => {
+                scores.insert(v, place.score_us);
+            }
+            other => panic!("visitor {v} should still wait, got {other:?}"),
+        }
+    }
+    scores
+}
+
+/// Sleeps (store time) until the opening of `limits` has passed.
+async fn until_opened<H: Harness>(h: &H, route: &str, limits: &Limits) {
+    let opens_at_us = limits.opens_at_us.expect("an opening");
+    let now_us = stats(h, route, limits).await.now_us;
+    h.advance(Duration::from_micros(opens_at_us.saturating_sub(now_us)) + limits.tick * 2)
+        .await;
+}
+
+async fn nothing_is_admitted_before_the_opening<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = opening_limits(h, &route, 1_000).await;
+    // Room, nobody waiting, admit-now asked: still a place in line.
+    let first = join_confirmed(h, &route, 1, 0, &limits).await;
+    assert_eq!(first.position, 1);
+    let second = join_confirmed(h, &route, 2, 0, &limits).await;
+    let before = full_tick(h, &route, &limits).await;
+    assert!(before.admitted_scores.is_empty(), "{before:?}");
+    assert_eq!(before.opened, None);
+    h.advance(limits.tick * 2).await;
+    assert!(tick(h, &route, &limits).await.is_empty());
+
+    until_opened(h, &route, &limits).await;
+    let opening = full_tick(h, &route, &limits).await;
+    assert_eq!(
+        opening.opened,
+        Some(2),
+        "the pre-queue shuffled at the opening"
+    );
+    let opens_at_us = limits.opens_at_us.unwrap();
+    let mut admitted = opening.admitted_scores.clone();
+    admitted.sort_unstable();
+    assert_eq!(
+        admitted,
+        [opens_at_us - 2, opens_at_us - 1],
+        "both admitted at their shuffled scores, just before the opening"
+    );
+    assert!(first.score_us < opens_at_us && second.score_us < opens_at_us);
+    // After the opening, a newcomer is admitted at once again.
+    assert_eq!(arrive(h, &route, 3, &limits, true).await, Arrival::Admitted);
+}
+
+async fn the_opening_shuffles_once_when_two_ticks_race<H: Harness>(h: &mut H) {
+    const N: u32 = 40;
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 0,
+        max_waiting: 10_000,
+        ..opening_limits(h, &route, 1_500).await
+    };
+    let mut arrival_order = Vec::new();
+    for n in 0..N {
+        arrival_order.push(n);
+        join_confirmed(h, &route, n, 0, &limits).await;
+    }
+    until_opened(h, &route, &limits).await;
+    let other = h.second_client();
+    let (a, b) = tokio::join!(
+        h.store().admit_tick(&route, &limits, None),
+        other.admit_tick(&route, &limits, None)
+    );
+    let (a, b) = (a.expect("tick"), b.expect("tick"));
+    let openings: Vec<u64> = [a.opened, b.opened].into_iter().flatten().collect();
+    assert_eq!(openings, [u64::from(N)], "one of the two ran the opening");
+    let order = |scores: &HashMap<u32, u64>| {
+        let mut by_score: Vec<(u64, u32)> = scores.iter().map(|(&n, &s)| (s, n)).collect();
+        by_score.sort_unstable();
+        by_score.into_iter().map(|(_, n)| n).collect::<Vec<u32>>()
+    };
+    let shuffled = scores_in_line(h, &route, N, &limits).await;
+    let opens_at_us = limits.opens_at_us.unwrap();
+    let mut values: Vec<u64> = shuffled.values().copied().collect();
+    values.sort_unstable();
+    let expected: Vec<u64> = (opens_at_us - u64::from(N)..opens_at_us).collect();
+    assert_eq!(values, expected, "the scores just before the opening");
+    assert_ne!(
+        order(&shuffled),
+        arrival_order,
+        "the order is not the order of arrival (1 chance in 40! to fail)"
+    );
+    // Later ticks, on either client, leave the order alone.
+    for store in [h.store(), &other] {
+        h.advance(limits.tick * 2).await;
+        let later = store.admit_tick(&route, &limits, None).await.expect("tick");
+        assert_eq!(later.opened, None);
+    }
+    assert_eq!(scores_in_line(h, &route, N, &limits).await, shuffled);
+}
+
+async fn the_pre_queue_goes_first_in_each_lane_and_is_shuffled_within_it<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let base = opening_limits(h, &route, 1_000).await;
+    let limits = Limits {
+        capacity: 0,
+        ..with_lanes(&[("main", 1), ("vip", 1)], base)
+    };
+    let opens_at_us = limits.opens_at_us.unwrap();
+    // Five early in each lane, then three late in each.
+    for n in 0..10 {
+        join_confirmed(h, &route, n, (n % 2) as usize, &limits).await;
+    }
+    until_opened(h, &route, &limits).await;
+    for n in 10..16 {
+        let late = join_confirmed(h, &route, n, (n % 2) as usize, &limits).await;
+        assert!(late.score_us >= opens_at_us);
+    }
+    let opening = full_tick(h, &route, &limits).await;
+    assert_eq!(opening.opened, Some(10));
+    let mut main_early = Vec::new();
+    for n in 0..16u32 {
+        let Poll::Waiting(place) = poll(h, &route, n, 0, &limits).await else {
+            panic!("visitor {n} should still wait");
+        };
+        assert_eq!(
+            place.lane,
+            (n % 2) as usize,
+            "visitor {n} stays in its lane"
+        );
+        assert_eq!(place.waiting_total, 8);
+        if n < 10 {
+            assert!(place.position <= 5, "early visitor {n} at {place:?}");
+            assert!(place.score_us < opens_at_us);
+        } else {
+            assert!(place.position > 5, "late visitor {n} at {place:?}");
+        }
+        if n < 10 && n % 2 == 0 {
+            main_early.push(place.position);
+        }
+    }
+    main_early.sort_unstable();
+    assert_eq!(main_early, [1, 2, 3, 4, 5]);
+}
+
 /// One test per check for a backend: `contract_suite!(module, harness
 /// expression, #[test attribute])`.
 macro_rules! contract_suite {
@@ -2221,7 +2432,10 @@ macro_rules! contract_suite {
                 move_lane_keeps_the_score,
                 take_use_counts_an_invite_atomically,
                 a_lane_removed_is_merged_into_the_first,
-                restore_after_store_loss_goes_into_the_lane_given
+                restore_after_store_loss_goes_into_the_lane_given,
+                nothing_is_admitted_before_the_opening,
+                the_opening_shuffles_once_when_two_ticks_race,
+                the_pre_queue_goes_first_in_each_lane_and_is_shuffled_within_it
             );
         }
     };

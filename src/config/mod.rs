@@ -348,7 +348,51 @@ pub struct Route {
     /// The route's lanes (DESIGN §8.5), at least one; the first is where
     /// newcomers go. Default one lane, `main`, weight 1.
     pub lanes: Vec<Lane>,
+    /// When the route opens (DESIGN §8.7): before it, arrivals wait in a
+    /// pre-queue that is shuffled once at the opening. Default none: open.
+    pub opens_at: Option<Timestamp>,
+    /// From when the route answers as `closed`; after `opens_at`. Default none.
+    pub closes_at: Option<Timestamp>,
     pub page: PageConfig,
+}
+
+/// An instant written in RFC 3339 with its offset, such as
+/// `2026-12-24T10:00:00+09:00` (`opens_at`, `closes_at`), at or after 1970.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timestamp(time::OffsetDateTime);
+
+impl Timestamp {
+    /// Reads `text`: RFC 3339 with `Z` or a numeric offset, at or after
+    /// the Unix epoch.
+    pub fn parse(text: &str) -> Result<Timestamp, String> {
+        let at = time::OffsetDateTime::parse(
+            text.trim(),
+            &time::format_description::well_known::Rfc3339,
+        )
+        .map_err(|err| {
+            format!(
+                "invalid time {text:?} ({err}): write RFC 3339 with an offset, \
+                     e.g. 2026-12-24T10:00:00+09:00"
+            )
+        })?;
+        if at.unix_timestamp() < 0 {
+            return Err(format!("{text:?} is before 1970"));
+        }
+        Ok(Timestamp(at))
+    }
+
+    /// Microseconds since the Unix epoch, the store's scores' unit.
+    pub fn unix_us(&self) -> u64 {
+        // Not before 1970 (checked when parsed); years end at 9999.
+        u64::try_from(self.0.unix_timestamp_nanos() / 1_000).unwrap_or(0)
+    }
+
+    /// RFC 3339 with the offset it was written with.
+    pub fn rfc3339(&self) -> String {
+        self.0
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default()
+    }
 }
 
 /// A lane of a route: its own line, sharing the route's capacity with the

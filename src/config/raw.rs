@@ -171,6 +171,8 @@ pub(crate) struct RawRoute {
     pub exit_paths: Option<Vec<String>>,
     pub max_requests_per_session: Option<u64>,
     pub lanes: Option<Vec<RawLane>>,
+    pub opens_at: Option<String>,
+    pub closes_at: Option<String>,
     pub page: Option<RawPage>,
 }
 

@@ -17,8 +17,8 @@ use super::{
     is_key_id, is_lane_name, is_route_name, Admin, Backend, BypassRule, ClientIp, ClientLimits,
     Config, CookieConfig, HostPattern, KeyFrom, KeySource, Lane, Listen, Mode, OnStoreError,
     PageConfig, PageTemplate, Pool, RedisConfig, RedisMode, Route, RouteMatch, ServerLimits,
-    StoreConfig, TlsFiles, Upstream, MAX_KEY_ID_LEN, MAX_LANES, MAX_LANE_NAME_LEN, MAX_LANE_WEIGHT,
-    MAX_ROUTE_NAME_LEN,
+    StoreConfig, Timestamp, TlsFiles, Upstream, MAX_KEY_ID_LEN, MAX_LANES, MAX_LANE_NAME_LEN,
+    MAX_LANE_WEIGHT, MAX_ROUTE_NAME_LEN,
 };
 
 pub(crate) const DEFAULT_ADMIN_ADDR: SocketAddr =
@@ -923,6 +923,7 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
         );
     }
     let lanes = lanes(raw.lanes, at, problems);
+    let opening = opening(raw.opens_at, raw.closes_at, at, problems);
     let page = raw.page.unwrap_or_default();
     let template = match &page.template {
         None => Some(None),
@@ -957,12 +958,51 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
         exit_paths: exit_paths?,
         max_requests_per_session: max_requests_per_session.filter(|&n| n > 0),
         lanes: lanes?,
+        opens_at: opening?.0,
+        closes_at: opening?.1,
         page: PageConfig {
             title: page.title,
             message: page.message,
             template: template?,
         },
     })
+}
+
+/// `opens_at` and `closes_at` (DESIGN §8.7): RFC 3339 instants with an
+/// offset, `closes_at` after `opens_at`. `None` when either is wrong.
+fn opening(
+    opens_at: Option<String>,
+    closes_at: Option<String>,
+    at: &FieldPath,
+    problems: &mut Problems,
+) -> Option<(Option<Timestamp>, Option<Timestamp>)> {
+    let mut read = |text: Option<String>, field: &str| match text {
+        None => Some(None),
+        Some(text) => match Timestamp::parse(&text) {
+            Ok(t) => Some(Some(t)),
+            Err(why) => {
+                problems.report(at.key(field), why);
+                None
+            }
+        },
+    };
+    let opens = read(opens_at, "opens_at");
+    let closes = read(closes_at, "closes_at");
+    let (opens, closes) = (opens?, closes?);
+    if let (Some(opens), Some(closes)) = (opens, closes) {
+        if closes.unix_us() <= opens.unix_us() {
+            problems.report(
+                at.key("closes_at"),
+                format!(
+                    "{} is not after opens_at {}: the route would never open",
+                    closes.rfc3339(),
+                    opens.rfc3339()
+                ),
+            );
+            return None;
+        }
+    }
+    Some((opens, closes))
 }
 
 /// `confirm_within`: more than 0 and no longer than `session_ttl` or
@@ -1566,6 +1606,51 @@ keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]
         assert_eq!(
             problem_paths(&route(&format!(", lanes: [{nine}]"))),
             ["routes[0].lanes"]
+        );
+    }
+
+    #[test]
+    fn opening_times_are_rfc3339_with_an_offset_and_close_after_opening() {
+        let route = |extra: &str| {
+            format!("routes: [{{ name: a, match: {{ path_prefix: /a }}, capacity: 1{extra} }}]\n")
+        };
+        let config = parse(&route("")).unwrap();
+        assert_eq!(config.routes[0].opens_at, None);
+        assert_eq!(config.routes[0].closes_at, None);
+        let config = parse(&route(
+            ", opens_at: 2026-12-24T10:00:00+09:00, closes_at: '2026-12-24T02:00:00Z'",
+        ))
+        .unwrap();
+        let opens = config.routes[0].opens_at.unwrap();
+        assert_eq!(opens.unix_us(), 1_798_074_000_000_000);
+        assert_eq!(opens.rfc3339(), "2026-12-24T10:00:00+09:00");
+        assert_eq!(
+            config.routes[0].closes_at.unwrap().unix_us(),
+            1_798_077_600_000_000
+        );
+        for bad in [
+            "2026-12-24 10:00",
+            "2026-12-24T10:00:00",
+            "tomorrow",
+            "1969-12-31T23:59:59Z",
+        ] {
+            assert_eq!(
+                problem_paths(&route(&format!(", opens_at: '{bad}'"))),
+                ["routes[0].opens_at"],
+                "{bad}"
+            );
+        }
+        let message = message_at(
+            &route(", opens_at: 2026-12-24T10:00:00+09:00, closes_at: 2026-12-24T01:00:00Z"),
+            "routes[0].closes_at",
+        );
+        assert!(message.contains("not after opens_at"), "{message}");
+        assert_eq!(
+            problem_paths(&route(", opens_at: 12"))
+                .into_iter()
+                .filter(|p| p.contains("opens_at"))
+                .count(),
+            1
         );
     }
 

@@ -140,6 +140,7 @@ mod tests {
             client_places: 0,
             client_joins_per_minute: 0,
             lanes: Lanes::default(),
+            opens_at_us: None,
         }
     }
 

@@ -159,6 +159,14 @@ impl Now {
     }
 }
 
+/// Whether the route has an opening still to come, by store time: nobody
+/// is admitted before it (DESIGN §8.7).
+fn before_opening(now: Now, limits: &Limits) -> bool {
+    limits
+        .opens_at_us
+        .is_some_and(|opens_at_us| now.us < opens_at_us)
+}
+
 fn as_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -187,6 +195,8 @@ struct Route {
     /// Whether a loss of this epoch's predecessor was already noticed: only
     /// the first notice starts a hold.
     loss_noticed: bool,
+    /// The opening (µs) whose pre-queue was shuffled (Redis: `opened`).
+    opened_us: Option<u64>,
     /// The tick window the admitter last ran in.
     ticked_window: Option<u64>,
     /// The tick window `window_admitted` counts for.
@@ -223,6 +233,7 @@ impl Route {
             last_score_us: 0,
             hold_until_us: 0,
             loss_noticed: false,
+            opened_us: None,
             ticked_window: None,
             window: 0,
             window_admitted: 0,
@@ -331,6 +342,7 @@ impl Route {
         }
         if admit_now
             && !self.held(now)
+            && !before_opening(now, limits)
             && self.line.len(limits) == 0
             && self.sessions.len() < limits.capacity
             && self.budget_left(now, limits) > 0
@@ -597,6 +609,7 @@ impl Route {
             no_shows: 0,
             unconfirmed_sessions: 0,
             unconfirmed_tickets: 0,
+            opened: None,
             now_us: now.us,
             epoch_us: self.epoch_us,
             lane_admitted: Vec::new(),
@@ -625,7 +638,20 @@ impl Route {
         tick.unconfirmed_tickets = pending.unconfirmed_tickets;
         let slots = self.line.slots(limits);
         tick.lane_admitted = vec![0; slots.len()];
-        if !self.held(now) {
+        if let Some(opens_at_us) = limits.opens_at_us {
+            if !before_opening(now, limits) && self.opened_us != Some(opens_at_us) {
+                // A route created (or wiped) after its opening held no
+                // pre-queue: waiters restored at their scores keep them.
+                let shuffled = if self.epoch_us < opens_at_us {
+                    self.line.shuffle_before(opens_at_us, &slots)
+                } else {
+                    0
+                };
+                self.opened_us = Some(opens_at_us);
+                tick.opened = Some(shuffled);
+            }
+        }
+        if !self.held(now) && !before_opening(now, limits) {
             let free = limits.capacity.saturating_sub(self.sessions.len());
             let admit = free.min(self.budget_left(now, limits));
             let arrival_end = now.ms.saturating_add(as_ms(limits.arrival_grace));
@@ -883,6 +909,39 @@ impl Line {
         let best = best?;
         self.lanes[best].current -= total;
         Some(best)
+    }
+
+    /// The opening (DESIGN §8.7): every waiter of the lanes in `slots`
+    /// whose score is before `opens_at_us` gets a new one just before it,
+    /// in an order drawn from a CSPRNG seeded by the OS's, one block per
+    /// lane in the lanes' order, so later arrivals stay behind them.
+    /// Returns how many.
+    fn shuffle_before(&mut self, opens_at_us: u64, slots: &[usize]) -> u64 {
+        use rand::seq::SliceRandom as _;
+        use rand::SeedableRng as _;
+        let mut early: Vec<Vec<VisitorId>> = Vec::with_capacity(slots.len());
+        for &slot in slots {
+            let order = &mut self.lanes[slot].order;
+            let mut ids = Vec::new();
+            while order.first().is_some_and(|&(score, _)| score < opens_at_us) {
+                if let Some((_, id)) = order.pop_first() {
+                    ids.push(id);
+                }
+            }
+            early.push(ids);
+        }
+        let total: usize = early.iter().map(Vec::len).sum();
+        let mut score = opens_at_us.saturating_sub(total as u64);
+        let mut rng = rand::rngs::StdRng::from_seed(super::shuffle_seed());
+        for (ids, &slot) in early.iter_mut().zip(slots) {
+            ids.shuffle(&mut rng);
+            for &id in ids.iter() {
+                self.lanes[slot].order.insert((score, id));
+                self.scores.insert(id, (score, slot));
+                score += 1;
+            }
+        }
+        total as u64
     }
 
     /// Drops waiters whose last poll is before `cutoff_ms`; returns how many
@@ -1376,6 +1435,7 @@ mod tests {
             client_places: 0,
             client_joins_per_minute: 0,
             lanes: Lanes::default(),
+            opens_at_us: None,
         }
     }
 

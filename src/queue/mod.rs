@@ -77,6 +77,14 @@
 //!   counts every lane; a place's position is within its lane. A lane no
 //!   longer in `Limits` is merged into the first lane at its waiters' scores
 //!   by the next tick.
+//! - A route with an opening (`Limits::opens_at_us`, DESIGN §8.7) admits
+//!   nobody, at once or from the line, before it by store time; arrivals
+//!   join the line as usual (the pre-queue). The first tick at or after the
+//!   opening, on whichever instance, gives every waiter scored before it a
+//!   new score just before it, in an order drawn from a CSPRNG seeded by the
+//!   OS's, lane by lane; it runs once per opening (the store remembers the
+//!   opening it ran for), and a route whose epoch began after the opening
+//!   (a store wiped since) shuffles nobody.
 
 pub mod breaker;
 pub mod joins;
@@ -132,6 +140,10 @@ pub struct Limits {
     /// The route's lanes, the first where newcomers go; one lane `main` of
     /// weight 1 unless configured.
     pub lanes: Lanes,
+    /// When the route opens (unix µs, compared with the store's clock):
+    /// before it nobody is admitted, and the first tick at or after it
+    /// shuffles the pre-queue (DESIGN §8.7). `None`: open.
+    pub opens_at_us: Option<u64>,
 }
 
 /// The name of the lane of a route without lanes configured; its waiters
@@ -245,6 +257,19 @@ impl Lanes {
             .sum();
         f64::from(self.0[index].weight) / total.max(1) as f64
     }
+}
+
+/// 32 bytes from the OS's CSPRNG: the key that orders a pre-queue at its
+/// opening (DESIGN §8.7). Drawn by the instance that runs the opening and
+/// never stored, so nobody can compute the order ahead. Should the OS
+/// source fail, the thread's CSPRNG (seeded from it) stands in.
+pub(crate) fn shuffle_seed() -> [u8; 32] {
+    use rand::{RngCore as _, TryRngCore as _};
+    let mut seed = [0u8; 32];
+    if rand::rngs::OsRng.try_fill_bytes(&mut seed).is_err() {
+        rand::rng().fill_bytes(&mut seed);
+    }
+    seed
 }
 
 /// The length of the window `client_joins_per_minute` counts in.
@@ -451,6 +476,10 @@ pub struct Tick {
     pub unconfirmed_sessions: u64,
     /// Tickets never polled within `confirm_within`, dropped from the line.
     pub unconfirmed_tickets: u64,
+    /// Whether this tick ran the route's opening (DESIGN §8.7), and if so
+    /// how many waiters of the pre-queue it shuffled. At most one tick per
+    /// opening does, whichever instance runs it.
+    pub opened: Option<u64>,
     /// Store time of the tick, µs.
     pub now_us: u64,
     /// The route's epoch, µs.
@@ -654,6 +683,8 @@ pub trait QueueStore: Send + Sync {
     /// the head of the line (none during a hold) with expiry
     /// `now + arrival_grace`. `known_epoch_us` is the epoch this instance saw
     /// last: if the store's differs, the store was lost and a hold starts.
+    /// Before `limits.opens_at_us` nobody is admitted; the first tick at or
+    /// after it shuffles the pre-queue first (see the module doc).
     fn admit_tick(
         &self,
         route: &str,

@@ -362,6 +362,14 @@ fn client_keys<'a>(
         .collect()
 }
 
+/// The route's opening as a script argument: µs, or empty for none.
+fn opening_arg(limits: &Limits) -> String {
+    limits
+        .opens_at_us
+        .map(|us| us.to_string())
+        .unwrap_or_default()
+}
+
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -564,7 +572,8 @@ impl RedisStore {
             .arg(ms(JOIN_WINDOW))
             .arg(self.too_late_ms())
             .arg(known_epoch_us.map(|e| e.to_string()).unwrap_or_default())
-            .arg(ms(limits.pass_ttl));
+            .arg(ms(limits.pass_ttl))
+            .arg(opening_arg(limits));
         for (arrival, index) in arrivals.iter().zip(indexes) {
             invocation
                 .arg(&store_id(&arrival.id)[..])
@@ -812,12 +821,23 @@ impl QueueStore for RedisStore {
             for lane in limits.lanes.iter() {
                 invocation.arg(lane.weight);
             }
+            // Only a route with an opening needs the seed of its shuffle.
+            let seed = if limits.opens_at_us.is_some() {
+                super::shuffle_seed()
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect()
+            } else {
+                String::new()
+            };
+            invocation.arg(opening_arg(&limits)).arg(seed);
             let reply: Vec<u64> = self.run(&invocation).await?;
             let ran = field(&reply, 0, "admit_tick")? == 1;
-            let lanes = usize::try_from(field(&reply, 8, "admit_tick")?).unwrap_or(usize::MAX);
+            let opening = field(&reply, 8, "admit_tick")?;
+            let lanes = usize::try_from(field(&reply, 9, "admit_tick")?).unwrap_or(usize::MAX);
             let scores_at = lanes
                 .checked_mul(2)
-                .and_then(|n| n.checked_add(9))
+                .and_then(|n| n.checked_add(10))
                 .filter(|&at| at <= reply.len())
                 .ok_or_else(|| unexpected_reply("admit_tick: short reply".into()))?;
             if ran {
@@ -844,8 +864,9 @@ impl QueueStore for RedisStore {
                 no_shows: field(&reply, 4, "admit_tick")?,
                 unconfirmed_sessions: field(&reply, 5, "admit_tick")?,
                 unconfirmed_tickets: field(&reply, 6, "admit_tick")?,
-                lane_admitted: reply[9..9 + lanes].to_vec(),
-                lane_waiting: reply[9 + lanes..scores_at].to_vec(),
+                opened: opening.checked_sub(1),
+                lane_admitted: reply[10..10 + lanes].to_vec(),
+                lane_waiting: reply[10 + lanes..scores_at].to_vec(),
                 admitted_scores: reply[scores_at..].to_vec(),
             })
         }

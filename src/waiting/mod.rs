@@ -1,5 +1,6 @@
-//! The waiting room's endpoints under the reserved prefix: the waiting page,
-//! the status JSON (a poll is a heartbeat) and leave; and the answers a held
+//! The waiting room's endpoints under the reserved prefix: the waiting page
+//! (a countdown before a route's opening), the status JSON (a poll is a
+//! heartbeat) and leave; and the answers a held
 //! back request (or one whose session made its `max_requests_per_session`
 //! requests) gets: `302` to the page for a navigation, JSON for the rest.
 
@@ -59,10 +60,33 @@ pub fn poll_after_ms(route: &RouteRt, position: u64) -> u64 {
     } else {
         (1_000 + position.saturating_sub(1) * 40).min(8_000)
     };
-    let patience = route.limits.abandon_after.min(route.limits.arrival_grace);
-    let cap = (patience.as_millis() as u64 / 3).max(250);
+    let cap = poll_cap_ms(route);
     let jitter = rand::rng().random_range(0.8..1.2);
     (((base as f64) * jitter) as u64).min(cap)
+}
+
+/// How long a pre-queue waiter should wait before polling again, the
+/// opening `opens_in_ms` away (DESIGN §8.7): until a random 0.1 to 2 s
+/// after the opening, so the crowd does not poll in step at the opening
+/// and everyone has polled within about 2 s after it; while the opening is
+/// further off than [`poll_after_ms`]'s cap, about that cap, so the waiter
+/// is never taken for a ghost.
+pub fn prequeue_poll_after_ms(route: &RouteRt, opens_in_ms: u64) -> u64 {
+    let cap = poll_cap_ms(route);
+    let mut rng = rand::rng();
+    let after_opening = opens_in_ms.saturating_add(rng.random_range(100..2_000));
+    if after_opening <= cap {
+        after_opening
+    } else {
+        ((cap as f64) * rng.random_range(0.8..1.0)) as u64
+    }
+}
+
+/// The longest a waiter is told to wait before polling: a third of
+/// `abandon_after` or `arrival_grace`, whichever is shorter (at least 250 ms).
+fn poll_cap_ms(route: &RouteRt) -> u64 {
+    let patience = route.limits.abandon_after.min(route.limits.arrival_grace);
+    (patience.as_millis() as u64 / 3).max(250)
 }
 
 /// The waiting page's query for a request to `route` held back: it brings
@@ -97,7 +121,9 @@ pub fn held_back(
     decision: Decision,
 ) -> Response<Body> {
     let set_cookie = match &decision {
-        Decision::Wait { set_cookie, .. } => set_cookie.clone(),
+        Decision::Wait { set_cookie, .. } | Decision::PreQueue { set_cookie, .. } => {
+            set_cookie.clone()
+        }
         _ => None,
     };
     let mut resp = if is_navigation(req.method(), req.headers()) {
@@ -153,7 +179,7 @@ fn api_answer(s: &Settings, route: &RouteRt, decision: &Decision) -> Response<Bo
     });
     let poll = fill_decision(&mut body, route, decision);
     let (status, retry) = match (decision, poll) {
-        (Decision::Wait { .. }, Some(poll)) => {
+        (Decision::Wait { .. } | Decision::PreQueue { .. }, Some(poll)) => {
             (route.cfg.waiting_status, poll.div_ceil(1000).max(1))
         }
         (Decision::Full { .. }, _) => (StatusCode::SERVICE_UNAVAILABLE, 30),
@@ -180,6 +206,9 @@ fn fill_decision(
     let state = match decision {
         Decision::Admit { .. } => "admitted",
         Decision::Wait { place, .. } => return Some(fill_place(body, route, place)),
+        &Decision::PreQueue {
+            opens_in_ms, lane, ..
+        } => return Some(fill_prequeue(body, route, opens_in_ms, lane)),
         Decision::Full { .. } => "full",
         Decision::TooMany { .. } => "too_many",
         Decision::Closed => "closed",
@@ -240,6 +269,7 @@ async fn waiting_page(
             s.credentials(index, req.headers(), who.tls, cookies)
         })
         .await;
+    let mut opens_in_ms = None;
     let (state, place, set_cookie) = match decision {
         Decision::Admit { set_cookie, .. } => {
             let mut resp = response::redirect("admitted", &query.return_path);
@@ -249,6 +279,14 @@ async fn waiting_page(
             return resp;
         }
         Decision::Wait { place, set_cookie } => (PageState::Waiting, Some(place), set_cookie),
+        Decision::PreQueue {
+            opens_in_ms: left,
+            set_cookie,
+            ..
+        } => {
+            opens_in_ms = Some(left);
+            (PageState::PreQueue, None, set_cookie)
+        }
         Decision::Full { .. } => (PageState::Full, None, None),
         Decision::TooMany { .. } => (PageState::TooMany, None, None),
         Decision::Closed => (PageState::Closed, None, None),
@@ -275,7 +313,11 @@ async fn waiting_page(
         ahead: place.map(|p| p.position - 1),
         waiting_total: place.map(|p| p.waiting_total),
         eta_seconds: place.and_then(|p| route.eta_in_lane(p.position, p.lane)),
-        poll_after_ms: place.map_or(5_000, |p| poll_after_ms(route, p.position)),
+        poll_after_ms: match (place, opens_in_ms) {
+            (Some(p), _) => poll_after_ms(route, p.position),
+            (None, Some(left)) => prequeue_poll_after_ms(route, left),
+            (None, None) => 5_000,
+        },
         return_path: &query.return_path,
         waiting_path: &waiting_path,
         status_url: &status_url,
@@ -286,10 +328,12 @@ async fn waiting_page(
         updated_unix_s: gate.clock().now_s(),
         lane: place.map(|p| route.limits.lanes.get(p.lane).name.as_str()),
         priority: place.is_some_and(|p| p.lane > 0),
+        opens_at: route.cfg.opens_at.map(|t| t.rfc3339()),
+        opens_in_ms,
     };
     let html = page::render(&view, route.template.as_deref());
     let status = match state {
-        PageState::Waiting => StatusCode::OK,
+        PageState::Waiting | PageState::PreQueue => StatusCode::OK,
         PageState::TooMany => StatusCode::TOO_MANY_REQUESTS,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };
@@ -346,8 +390,9 @@ async fn status(
         // The credentials just read, not read again.
         let decision = gate.decide(s, index, who, || creds).await;
         fill_decision(&mut body, route, &decision);
-        if let Decision::Admit { set_cookie: c, .. } | Decision::Wait { set_cookie: c, .. } =
-            decision
+        if let Decision::Admit { set_cookie: c, .. }
+        | Decision::Wait { set_cookie: c, .. }
+        | Decision::PreQueue { set_cookie: c, .. } = decision
         {
             set_cookie = c;
         }
@@ -356,6 +401,25 @@ async fn status(
         body["poll_after_ms"] = json!(5_000);
     }
     status_json(body, set_cookie)
+}
+
+/// Writes a pre-queue waiter's answer into `body` (DESIGN §8.7): the
+/// opening and the time left to it by this instance's clock. Returns the
+/// poll interval written.
+fn fill_prequeue(
+    body: &mut serde_json::Value,
+    route: &RouteRt,
+    opens_in_ms: u64,
+    lane: usize,
+) -> u64 {
+    let poll = prequeue_poll_after_ms(route, opens_in_ms);
+    body["state"] = json!("prequeue");
+    body["opens_at"] = json!(route.cfg.opens_at.map(|t| t.rfc3339()));
+    body["opens_in_ms"] = json!(opens_in_ms);
+    body["poll_after_ms"] = json!(poll);
+    body["lane"] = json!(route.limits.lanes.get(lane).name);
+    body["priority"] = json!(lane > 0);
+    poll
 }
 
 /// Writes a waiter's place into `body`; returns the poll interval written.

@@ -88,6 +88,9 @@ pub enum PageState {
     TooMany,
     /// The store cannot take new places right now; retries.
     StoreDown,
+    /// Before the route's opening (DESIGN §8.7): when it opens and a
+    /// countdown; polls, and turns into the waiting page at the opening.
+    PreQueue,
 }
 
 impl PageState {
@@ -99,6 +102,7 @@ impl PageState {
             PageState::Full => "full",
             PageState::TooMany => "too_many",
             PageState::StoreDown => "store_down",
+            PageState::PreQueue => "prequeue",
         }
     }
 
@@ -106,7 +110,7 @@ impl PageState {
     /// to ask again (`None` while waiting: then the page polls).
     pub fn retry_after_s(self) -> Option<u64> {
         match self {
-            PageState::Waiting => None,
+            PageState::Waiting | PageState::PreQueue => None,
             PageState::Closed => Some(60),
             PageState::Full | PageState::TooMany => Some(30),
             PageState::StoreDown => Some(10),
@@ -151,6 +155,10 @@ pub struct PageView<'a> {
     /// Whether that lane is not the route's first: the page says
     /// "priority line".
     pub priority: bool,
+    /// The route's opening, RFC 3339, when it has one.
+    pub opens_at: Option<String>,
+    /// Before the opening: how long until it, by the server's clock.
+    pub opens_in_ms: Option<u64>,
 }
 
 /// The query of the waiting page URL: `route`, `return`, and the page's own
@@ -347,7 +355,7 @@ impl Facts {
                 let _ = write!(out, "{}", self.refresh_seconds);
             }
             Slot::RefreshUrl => match view.state {
-                PageState::Waiting => escape_into(out, &self.waiting_url),
+                PageState::Waiting | PageState::PreQueue => escape_into(out, &self.waiting_url),
                 _ => escape_into(out, &self.return_path),
             },
             Slot::RetryUrl | Slot::ReturnPath => escape_into(out, &self.return_path),
@@ -373,6 +381,11 @@ impl Facts {
                     out.push_str(" hidden");
                 }
             }
+            Slot::OpensAt => escape_into(
+                out,
+                &view.opens_at.as_deref().unwrap_or("").replacen('T', " ", 1),
+            ),
+            Slot::OpensIn => out.push_str(&countdown(view.opens_in_ms)),
             Slot::Style => {
                 out.push_str("<style>");
                 out.push_str(STYLE);
@@ -402,6 +415,8 @@ impl Facts {
             "has_title": view.title.is_some(),
             "lane": view.lane,
             "priority": view.priority,
+            "opens_at": view.opens_at,
+            "opens_in_ms": view.opens_in_ms,
         });
         script_safe_json(&value.to_string())
     }
@@ -439,6 +454,16 @@ fn escape_into(out: &mut String, text: &str) {
 }
 
 /// `1,234`, or an en dash when unknown.
+/// Time left to an opening as `H:MM:SS` (hours unbounded), rounded up to
+/// the second; `–` when unknown. The script counts it down the same way.
+fn countdown(ms: Option<u64>) -> String {
+    let Some(ms) = ms else {
+        return "–".to_owned();
+    };
+    let s = ms.div_ceil(1000);
+    format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
 fn count(value: Option<u64>) -> String {
     let Some(n) = value else {
         return "–".to_owned();
@@ -567,6 +592,8 @@ mod tests {
             updated_unix_s: 1_764_511_392,
             lane: None,
             priority: false,
+            opens_at: None,
+            opens_in_ms: None,
         }
     }
 
@@ -608,6 +635,37 @@ mod tests {
     }
 
     #[test]
+    fn the_countdown_page_says_when_it_opens_and_counts_down() {
+        for (lang, heading) in [(Lang::En, "Opening soon"), (Lang::Ko, "곧 시작합니다")] {
+            let html = render(
+                &PageView {
+                    lang,
+                    state: PageState::PreQueue,
+                    position: None,
+                    opens_at: Some("2026-12-24T10:00:00+09:00".into()),
+                    opens_in_ms: Some(3_723_001),
+                    poll_after_ms: 9_000,
+                    ..view()
+                },
+                None,
+            );
+            assert!(html.contains(r#"<body data-state="prequeue">"#));
+            assert!(html.contains(heading), "{lang:?}");
+            assert!(html.contains("2026-12-24 10:00:00+09:00"));
+            assert!(html.contains(">1:02:04<"), "rounded up to the second");
+            // Without script: back to the page itself near the opening.
+            assert!(html.contains(r#"content="9; url=/__queuegate/waiting?route=tickets"#));
+            let state = embedded_json(&html, "qg-state");
+            assert_eq!(state["state"], "prequeue");
+            assert_eq!(state["opens_in_ms"], 3_723_001);
+            assert_eq!(state["opens_at"], "2026-12-24T10:00:00+09:00");
+        }
+        assert_eq!(countdown(Some(0)), "0:00:00");
+        assert_eq!(countdown(Some(90_061_000)), "25:01:01");
+        assert_eq!(countdown(None), "–");
+    }
+
+    #[test]
     fn default_template_parses() {
         assert!(Template::parse(DEFAULT_TEMPLATE).is_ok());
         assert!(DEFAULT.is_some());
@@ -622,6 +680,7 @@ mod tests {
                 PageState::Full,
                 PageState::TooMany,
                 PageState::StoreDown,
+                PageState::PreQueue,
             ] {
                 let html = render(
                     &PageView {

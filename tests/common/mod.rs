@@ -292,6 +292,8 @@ pub fn route(name: &str, prefix: &str, capacity: u64) -> Route {
         exit_paths: Vec::new(),
         max_requests_per_session: None,
         lanes: vec![queuegate::config::Lane::main()],
+        opens_at: None,
+        closes_at: None,
         page: PageConfig::default(),
     }
 }
