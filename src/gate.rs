@@ -656,6 +656,9 @@ impl Gate {
             Err(err) => match route.cfg.on_store_error {
                 OnStoreError::Local => {
                     route.live.answered_locally.store(true, Ordering::Relaxed);
+                    // Just after an opening the store may be busy with the
+                    // shuffle: the local line lets nobody in at once.
+                    let admit_now = admit_now && !route.just_opened(self.clock.now_us());
                     let local = self
                         .local
                         .arrive(

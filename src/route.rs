@@ -305,6 +305,14 @@ pub fn eta_seconds(position: u64, admit_rate: f64) -> Option<u64> {
     (admit_rate > 0.0).then(|| (position as f64 / admit_rate).ceil() as u64)
 }
 
+/// How long after a route's opening an instance's local line admits nobody
+/// at once: the store may be busy shuffling the pre-queue (a second for
+/// 100,000 waiters), and a local line that cannot see the pre-queue would
+/// let a latecomer in ahead of it. Latecomers wait in the local line
+/// instead, behind the pre-queue waiters whose polls it takes in at their
+/// drawn scores.
+pub const OPENING_SETTLE: Duration = Duration::from_secs(60);
+
 /// A route ready for requests: its config, the store limits derived from it,
 /// its cookie names and its live numbers.
 #[derive(Debug)]
@@ -397,6 +405,14 @@ impl RouteRt {
         self.limits
             .opens_at_us
             .filter(|&opens_at_us| now_us < opens_at_us)
+    }
+
+    /// Whether the route opened less than [`OPENING_SETTLE`] before `now_us`:
+    /// the local line then lets nobody in at once (see `Gate::arrive`).
+    pub fn just_opened(&self, now_us: u64) -> bool {
+        self.limits.opens_at_us.is_some_and(|opens_at_us| {
+            (opens_at_us..opens_at_us + OPENING_SETTLE.as_micros() as u64).contains(&now_us)
+        })
     }
 
     /// Whether the route's `closes_at` has come at `now_us`: from then on it

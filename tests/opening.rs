@@ -28,11 +28,9 @@ fn now_s() -> u64 {
 
 /// `unix_s` as RFC 3339 in UTC.
 fn rfc3339(unix_s: u64) -> String {
-    let out = std::process::Command::new("date")
-        .args(["-u", "-d", &format!("@{unix_s}"), "+%Y-%m-%dT%H:%M:%SZ"])
-        .output()
-        .expect("date runs");
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    queuegate::config::Timestamp::from_unix_s(unix_s)
+        .expect("a time after 1970")
+        .rfc3339()
 }
 
 /// Three instances with route `tickets` opening at `opens_at_s`; capacity

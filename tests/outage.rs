@@ -436,6 +436,42 @@ async fn under_local_a_ticket_never_polled_before_a_pause_keeps_its_place() {
     gate.stop().await.unwrap();
 }
 
+/// Under `local`, a store that stops answering just after a route's
+/// opening (busy shuffling a large pre-queue, say) does not let a latecomer
+/// in at once ahead of the pre-queue: the local line, which cannot see it,
+/// puts latecomers in line instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_local_a_pause_just_after_an_opening_lets_nobody_in_at_once() {
+    let mut redis = RedisServer::start();
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let mut opening = outage_route("opening", 5, OnStoreError::Local);
+    opening.opens_at = queuegate::config::Timestamp::from_unix_s(now_s + 1);
+    let (gate, _origin) = one_instance(&redis, vec![opening]).await;
+    let mut early = Visitor::new();
+    let a = answered("early", early.navigate(&gate.url("/opening"))).await;
+    assert_eq!(a.status, StatusCode::FOUND, "before the opening: {a:?}");
+    let mut opened = false;
+    for _ in 0..100 {
+        let s = answered("poll", early.status(&gate, "opening")).await;
+        if s["state"] == "waiting" || s["state"] == "admitted" {
+            opened = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(opened, "the route opened");
+    redis.pause();
+    let mut late = Visitor::new();
+    let a = answered("latecomer", late.navigate(&gate.url("/opening"))).await;
+    assert_eq!(a.status, StatusCode::FOUND, "not let in at once: {a:?}");
+    assert!(!a.reached_origin(), "{a:?}");
+    redis.resume();
+    gate.stop().await.unwrap();
+}
+
 /// Polls `cond` until it holds (a failure guard of 10 s, not a timing check).
 async fn eventually_async<F, Fut>(what: &str, mut cond: F)
 where

@@ -381,6 +381,14 @@ impl Timestamp {
         Ok(Timestamp(at))
     }
 
+    /// The instant `unix_s` seconds after the Unix epoch, in UTC.
+    pub fn from_unix_s(unix_s: u64) -> Option<Timestamp> {
+        let s = i64::try_from(unix_s).ok()?;
+        time::OffsetDateTime::from_unix_timestamp(s)
+            .ok()
+            .map(Timestamp)
+    }
+
     /// Microseconds since the Unix epoch, the store's scores' unit.
     pub fn unix_us(&self) -> u64 {
         // Not before 1970 (checked when parsed); years end at 9999.
