@@ -196,3 +196,72 @@ async fn an_invite_link_opens_the_waiting_page_in_the_priority_line() {
     }
     gate.stop().await.unwrap();
 }
+
+/// Every check the event stream script reports, in order.
+const EVENTS_CHECKS: &[&str] = &[
+    "ok - A is admitted and sees the origin",
+    "ok - B lands on the waiting page",
+    "ok - B opens the event stream",
+    "ok - B does not poll while the stream is open",
+    "ok - A leaves",
+    "ok - B is back at /gated/b?x=1",
+    "ok - B asked status once, when admitted",
+    "ok - C tried the event stream",
+    "ok - C falls back to polling",
+    "ok - C reaches the origin by polling",
+    "ok - no Content-Security-Policy violations",
+    "events: all checks passed",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_follows_the_event_stream_and_polls_when_it_is_blocked() {
+    let e2e = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e");
+    assert!(
+        e2e.join("node_modules/playwright-core").is_dir(),
+        "playwright-core is not installed: run `npm ci` in tests/e2e (./scripts/test does)"
+    );
+    let origin = spawn_origin(|req: Request<Incoming>| async move {
+        let path = req.uri().to_string();
+        let mut resp = Response::new(full(format!(
+            "<!doctype html><title>Origin</title><p id=\"path\">{path}</p>"
+        )));
+        resp.headers_mut()
+            .insert("content-type", "text/html; charset=utf-8".parse().unwrap());
+        resp
+    })
+    .await;
+    let mut config = proxy_config(&origin.url());
+    let mut gated = route("gated", "/gated", 1);
+    gated.tick = Duration::from_millis(100);
+    gated.abandon_after = Duration::from_secs(60);
+    config.routes.push(gated);
+    let gate = spawn_gate(config).await;
+
+    let base = gate.url("");
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("node")
+            .arg("events.mjs")
+            .arg(&base)
+            .current_dir(&e2e)
+            .output()
+    })
+    .await
+    .unwrap()
+    .expect("node runs (apt-get install nodejs)");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "browser test failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    let mut at = 0;
+    for check in EVENTS_CHECKS {
+        match lines[at..].iter().position(|l| l == check) {
+            Some(i) => at += i + 1,
+            None => panic!("missing or out of order: {check:?}\n{stdout}"),
+        }
+    }
+    gate.stop().await.unwrap();
+}
