@@ -653,6 +653,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn event_streams_stop_at_the_cap_and_give_their_places_back() {
+        let live = RouteLive::default();
+        let first = live.open_stream(2).expect("room for one");
+        let second = live.open_stream(2).expect("room for two");
+        assert!(live.open_stream(2).is_none());
+        assert_eq!(live.event_streams(), 2);
+        drop(first);
+        assert_eq!(live.event_streams(), 1);
+        let third = live.open_stream(2).expect("a place given back");
+        assert!(live.open_stream(0).is_none());
+        drop((second, third));
+        assert_eq!(live.event_streams(), 0);
+    }
+
+    #[test]
+    fn a_tick_wakes_those_waiting_on_it() {
+        let live = RouteLive::default();
+        let mut ticks = live.ticks();
+        assert!(!ticks.has_changed().unwrap());
+        live.ticked();
+        live.ticked();
+        assert!(ticks.has_changed().unwrap());
+        ticks.borrow_and_update();
+        assert!(!ticks.has_changed().unwrap());
+    }
+
+    #[test]
     fn eta_is_whole_seconds_at_the_measured_rate() {
         assert_eq!(eta_seconds(0, 0.0), Some(0));
         assert_eq!(eta_seconds(5, 0.0), None);

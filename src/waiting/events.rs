@@ -16,6 +16,7 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
+use rand::Rng;
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
@@ -234,14 +235,17 @@ impl Stream {
     /// How often this stream may look at its place: [`MOST_OFTEN`], or a
     /// quarter of the route's patience (the smaller of `abandon_after` and
     /// `arrival_grace`) when that is shorter, so that heartbeats go out in
-    /// time and an admission is noticed before the arrival grace runs out.
+    /// time and an admission is noticed before the arrival grace runs out;
+    /// with ±20 % jitter, as polls have, so that streams opened together do
+    /// not all look (and go to the store) at the same tick.
     fn pace(&self) -> Duration {
         let settings = self.settings.load();
         match self.route_in(&settings) {
             Some(index) => {
                 let limits = &settings.routes[index].limits;
                 let patience = limits.abandon_after.min(limits.arrival_grace);
-                (patience / 4).clamp(Duration::from_millis(100), MOST_OFTEN)
+                let pace = (patience / 4).clamp(Duration::from_millis(100), MOST_OFTEN);
+                pace.mul_f64(rand::rng().random_range(0.8..1.2))
             }
             None => Duration::ZERO,
         }
