@@ -2,7 +2,9 @@
 //! Redis: N waiters (default 10,000) hold `GET /__queuegate/events` open,
 //! then, on a fresh instance and Redis, the same N waiters poll
 //! `/__queuegate/status` as the page does. For each crowd: queuegate's
-//! resident memory before and after the crowd is in place (per waiter), its
+//! resident memory before and after the crowd is in place, each waiter on
+//! a connection of its own (per waiter: a stream and its connection, or a
+//! polling keep-alive connection, parked between polls), its
 //! CPU time over the measured window per update it sent (event or poll
 //! answer), and the delay from each admission in the store (seen by a
 //! watcher reading the route's `active` set every 5 ms) to the client
@@ -138,15 +140,24 @@ async fn run(crowd: Crowd, waiters: usize, window: Duration, origin: &Origin) ->
     let port = gate.port();
     let pid = gate.pid();
 
-    // The slots are taken at once; their holders leave when the window opens.
+    // The slots are taken first, and held (a request a second keeps a
+    // session); their holders leave when the window opens.
+    let holding = Arc::new(AtomicBool::new(true));
     let mut holders = Vec::new();
     for _ in 0..CAPACITY {
-        let mut c = Client::connect(port).await.expect("a holder connects");
-        let r = c.get("/bench/x").await.expect("a holder gets in");
-        assert_eq!(r.status, 200, "the first visitors are admitted at once");
-        holders.push(c);
+        let c = hold(port).await.expect("a holder gets in");
+        let holding = holding.clone();
+        holders.push(tokio::spawn(async move {
+            let mut c = c;
+            while holding.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let _ = c.get("/bench/x").await;
+            }
+            c
+        }));
     }
-    // The line: each joins and polls once (which confirms its ticket).
+    // The line: each joins and polls once (which confirms its ticket), then
+    // closes its connection; the crowd comes back on new ones.
     let mut line = Vec::with_capacity(waiters);
     let mut errors = 0u64;
     while line.len() + (errors as usize) < waiters {
@@ -159,7 +170,8 @@ async fn run(crowd: Crowd, waiters: usize, window: Duration, origin: &Origin) ->
             }
         }
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The joins' connections are gone; what they left is freed.
+    tokio::time::sleep(queuegate::idle::PARK_AFTER * 2 + Duration::from_secs(1)).await;
     let rss_before_kb = fleet::rss_kb(pid);
 
     let seen = Arc::new(Mutex::new(HashMap::<[u8; 12], Instant>::new()));
@@ -169,7 +181,7 @@ async fn run(crowd: Crowd, waiters: usize, window: Duration, origin: &Origin) ->
     let failures = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::with_capacity(line.len());
     let ready = Arc::new(AtomicU64::new(0));
-    for c in line {
+    for cookie in line {
         let (updates, failures, stop, ready) = (
             updates.clone(),
             failures.clone(),
@@ -177,6 +189,11 @@ async fn run(crowd: Crowd, waiters: usize, window: Duration, origin: &Origin) ->
             ready.clone(),
         );
         tasks.push(tokio::spawn(async move {
+            let Ok(mut c) = Client::connect(port).await else {
+                failures.fetch_add(1, Ordering::Relaxed);
+                return None;
+            };
+            c.cookie = Some(cookie);
             let id = c.store_id();
             let admitted = match crowd {
                 Crowd::Streams => c.stream(&updates, &stop, &ready).await,
@@ -196,14 +213,19 @@ async fn run(crowd: Crowd, waiters: usize, window: Duration, origin: &Origin) ->
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Polling connections park between polls, as they would between a
+    // browser's.
+    tokio::time::sleep(queuegate::idle::PARK_AFTER * 2 + Duration::from_secs(1)).await;
     let rss_after_kb = fleet::rss_kb(pid);
 
     // The window: admissions begin as the holders leave.
     let updates_before = updates.load(Ordering::Relaxed);
     let cpu_before = cpu_s(pid);
-    for c in &mut holders {
-        let _ = c.post("/__queuegate/leave?route=bench").await;
+    holding.store(false, Ordering::Relaxed);
+    for h in holders {
+        if let Ok(mut c) = h.await {
+            let _ = c.post("/__queuegate/leave?route=bench").await;
+        }
     }
     tokio::time::sleep(window).await;
     let cpu = cpu_s(pid) - cpu_before;
@@ -268,8 +290,22 @@ fn watch_admissions(
     })
 }
 
-/// A waiter who joined and polled once.
-async fn join(port: u16) -> std::io::Result<Client> {
+/// A visitor who got in: at once, or through the line.
+async fn hold(port: u16) -> std::io::Result<Client> {
+    let mut c = Client::connect(port).await?;
+    let mut r = c.get("/bench/x").await?;
+    while r.status != 200 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        r = c.get("/__queuegate/status?route=bench").await?;
+        if r.status == 200 && r.body.windows(10).any(|w| w == b"\"admitted\"") {
+            r = c.get("/bench/x").await?;
+        }
+    }
+    Ok(c)
+}
+
+/// A waiter who joined and polled once: its ticket.
+async fn join(port: u16) -> std::io::Result<String> {
     let mut c = Client::connect(port).await?;
     let r = c.get("/bench/x").await?;
     if r.status != 503 {
@@ -282,7 +318,7 @@ async fn join(port: u16) -> std::io::Result<Client> {
     if r.status != 200 || !r.body.windows(9).any(|w| w == b"\"waiting\"") {
         return Err(std::io::Error::other("the first poll did not say waiting"));
     }
-    Ok(c)
+    c.cookie.ok_or_else(|| std::io::Error::other("no ticket"))
 }
 
 /// One client connection, keep-alive, with the route's cookie.
