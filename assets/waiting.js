@@ -203,6 +203,7 @@
     schedule(backoff());
   }
   function go(path) {
+    closeStream();
     view.state = "admitted";
     render();
     setText("live", t("heading_admitted"));
@@ -248,6 +249,13 @@
       return;
     }
     if (s.state !== "waiting") { onFailure(); return; }
+    showPlace(s);
+    // While the event stream is live, it says when the place moves.
+    if (streaming) { return; }
+    var wait = typeof s.poll_after_ms === "number" && s.poll_after_ms > 0 ? s.poll_after_ms : 5000;
+    schedule(Math.max(500, Math.min(60000, wait)));
+  }
+  function showPlace(s) {
     failures = 0;
     if (store) { store.removeItem(unknownKey); }
     notice("");
@@ -260,8 +268,6 @@
     showUpdated(new Date());
     announce(false);
     if (view.start_position > 0) { rememberInUrl({ start: view.start_position }); }
-    var wait = typeof s.poll_after_ms === "number" && s.poll_after_ms > 0 ? s.poll_after_ms : 5000;
-    schedule(Math.max(500, Math.min(60000, wait)));
   }
   var inFlight = false;
   function poll() {
@@ -287,6 +293,80 @@
       inFlight = false;
       onFailure();
     });
+  }
+
+  // Pushed updates: where the browser has EventSource, the page follows its
+  // place on the server's event stream, which is also its heartbeat, and
+  // polls only when the stream cannot be had. Each event is the status
+  // answer; one that is not "waiting" ends the stream, and the page then
+  // makes one status request (it sets the pass when admitted, which a
+  // stream cannot). A stream that fails, or sends nothing within a few
+  // seconds, leaves the page polling as before, and is tried again later
+  // with backoff.
+  var eventsUrl = typeof view.status_url === "string" ? view.status_url.replace("/status?", "/events?") : "";
+  var source = null;
+  var streaming = false;
+  var streamFailures = 0;
+  var streamRetry = null;
+  var streamQuiet = null;
+  function stopPolling() {
+    clearTimeout(timer);
+    stepId += 1;
+    step = null;
+    nextAt = 0;
+  }
+  function closeStream() {
+    clearTimeout(streamQuiet);
+    streaming = false;
+    if (source) {
+      source.onmessage = null;
+      source.onerror = null;
+      try { source.close(); } catch (e) { /* already closed */ }
+      source = null;
+    }
+  }
+  function retryStream() {
+    streamFailures += 1;
+    clearTimeout(streamRetry);
+    streamRetry = setTimeout(openStream,
+      jitter(Math.min(300000, 5000 * Math.pow(2, Math.min(streamFailures - 1, 6)))));
+  }
+  function streamFailed() {
+    var was = streaming;
+    closeStream();
+    if (view.state !== "waiting") { return; }
+    retryStream();
+    // Polling takes over: at once if the stream was the only thing keeping
+    // the place fresh, else when the running poll timer says.
+    if (was || step === null) { poll(); }
+  }
+  function quietFor(ms) {
+    clearTimeout(streamQuiet);
+    streamQuiet = setTimeout(streamFailed, ms);
+  }
+  function openStream() {
+    clearTimeout(streamRetry);
+    if (source || view.state !== "waiting" || typeof EventSource !== "function" || eventsUrl.indexOf("/events?") < 0) { return; }
+    try { source = new EventSource(eventsUrl); } catch (e) { source = null; retryStream(); return; }
+    source.onmessage = function (ev) {
+      var s;
+      try { s = JSON.parse(ev.data); } catch (e) { return; }
+      if (!s || typeof s !== "object") { return; }
+      // A live stream sends at least every 15 seconds.
+      quietFor(45000);
+      if (s.state === "waiting") {
+        streaming = true;
+        streamFailures = 0;
+        stopPolling();
+        showPlace(s);
+        return;
+      }
+      closeStream();
+      if (s.state !== "admitted") { retryStream(); }
+      poll();
+    };
+    source.onerror = streamFailed;
+    quietFor(5000);
   }
 
   var sw = el("lang-switch");
@@ -321,6 +401,10 @@
     setInterval(function () { if (view.state === "prequeue") { showCountdown(); } }, 1000);
     document.addEventListener("visibilitychange", function () { if (!document.hidden) { pollNow(); } });
     window.addEventListener("online", pollNow);
+    // A stream over a lost network may say nothing for a long while: the
+    // browser knows sooner.
+    window.addEventListener("offline", function () { if (source) { streamFailed(); } });
+    openStream();
   } else if (view.retry_after_s > 0) {
     var retry = el("retry");
     var target = retry ? retry.getAttribute("href") : returnPath;

@@ -1,6 +1,7 @@
 //! The per-route tick loop: every `tick` it asks the store to admit from the
 //! head of the line, and it keeps the route's live numbers (epoch, counts,
-//! admission rate) fresh for the gate and the waiting room.
+//! admission rate, the line record) fresh for the gate and the waiting
+//! room, whose open event streams it wakes after each tick.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -109,6 +110,8 @@ pub async fn run(
                 }
             }
         }
+        // Open event streams look at the record (or the store) again.
+        live.ticked();
         if last_stats.is_none_or(|at| at.elapsed() >= STATS_EVERY) {
             last_stats = Some(Instant::now());
             if let Ok(stats) = gate.store().stats(&name, &route.limits).await {

@@ -31,6 +31,7 @@ use crate::queue::{BreakerConfig, Counted, Guarded, Store};
 use crate::response::{self, Body, RequestError};
 use crate::route::RouteRt;
 use crate::route::Settings;
+use crate::waiting::events::Streams;
 use crate::waiting::{self, return_to};
 use crate::{host, path};
 
@@ -47,6 +48,8 @@ pub struct App {
     allowed_hosts: Vec<HostPattern>,
     /// Whose forwarding headers name the client (`client_ip`).
     client_ip: ClientIp,
+    /// The open event streams' cap and their end at the drain.
+    streams: Streams,
     draining: AtomicBool,
 }
 
@@ -66,14 +69,20 @@ impl App {
             config.limits.worker_count(),
             metrics.connections().clone(),
         )?;
-        let settings = Settings::new(config, ring, &HashMap::new(), &metrics);
+        let settings = Arc::new(ArcSwap::from_pointee(Settings::new(
+            config,
+            ring,
+            &HashMap::new(),
+            &metrics,
+        )));
         Ok(App {
             upstream,
             gate: Gate::new(
                 Guarded::new(store, BreakerConfig::for_store(&config.store)),
                 clock,
             ),
-            settings: Arc::new(ArcSwap::from_pointee(settings)),
+            streams: Streams::new(config.limits.max_event_streams, settings.clone()),
+            settings,
             metrics,
             ambiguous_paths: config.limits.ambiguous_paths,
             allowed_hosts: config.limits.allowed_hosts.clone(),
@@ -92,9 +101,12 @@ impl App {
         ))
     }
 
-    /// Marks the process as draining (readiness turns false).
+    /// Marks the process as draining (readiness turns false) and ends the
+    /// open event streams, which would otherwise hold their connections
+    /// to the drain deadline.
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
+        self.streams.end_all();
     }
 
     /// Whether the process is draining.
@@ -170,7 +182,7 @@ impl App {
                         invite: invite.as_deref(),
                         lane: None,
                     };
-                    waiting::serve(&self.gate, s, req, who, &conn.cookies).await
+                    waiting::serve(&self.gate, s, req, who, &conn.cookies, &self.streams).await
                 })
                 .await,
             );

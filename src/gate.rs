@@ -239,19 +239,8 @@ impl Gate {
         creds: impl FnOnce() -> Credentials,
     ) -> Decision {
         let route = &s.routes[index];
-        if route.closed_at(self.clock.now_us()) {
-            return Decision::Closed;
-        }
-        match route.cfg.mode {
-            Mode::Passthrough => {
-                return Decision::Admit {
-                    how: Admitted::Passthrough,
-                    set_cookie: None,
-                    session: None,
-                }
-            }
-            Mode::Closed => return Decision::Closed,
-            Mode::Gate | Mode::QueueAll => {}
+        if let Some(decision) = by_mode(route, self.clock.now_us()) {
+            return decision;
         }
         let creds = creds();
         let lane = who.lane.unwrap_or_else(|| {
@@ -261,16 +250,47 @@ impl Gate {
                 None => 0,
             }
         });
-        if let Some(pass) = creds.pass {
-            if let Some(decision) = self.check_pass(s, route, &pass, who).await {
-                return decision;
-            }
-        } else if let Some(ticket) = creds.ticket {
-            if let Some(decision) = Box::pin(self.check_ticket(s, route, &ticket, who)).await {
-                return decision;
-            }
+        if let Some(decision) = self.held(s, route, &creds, who).await {
+            return decision;
         }
         Box::pin(self.arrive(s, route, who, lane)).await
+    }
+
+    /// What [`Gate::decide`] answers a visitor for what it holds, without
+    /// ever joining the line: `None` where `decide` would admit at once or
+    /// queue (no credential, or its session or place is gone). An event
+    /// stream (DESIGN §8.8) asks this, since it cannot set the cookie a
+    /// new ticket or pass would need.
+    pub async fn recheck(
+        &self,
+        s: &Settings,
+        index: usize,
+        who: Requester<'_>,
+        creds: &Credentials,
+    ) -> Option<Decision> {
+        let route = &s.routes[index];
+        if let Some(decision) = by_mode(route, self.clock.now_us()) {
+            return Some(decision);
+        }
+        self.held(s, route, creds, who).await
+    }
+
+    /// The decision for the pass or ticket in `creds`; `None`: there is
+    /// neither, or it is no longer good.
+    async fn held(
+        &self,
+        s: &Settings,
+        route: &RouteRt,
+        creds: &Credentials,
+        who: Requester<'_>,
+    ) -> Option<Decision> {
+        if let Some(pass) = creds.pass {
+            self.check_pass(s, route, &pass, who).await
+        } else if let Some(ticket) = creds.ticket {
+            Box::pin(self.check_ticket(s, route, &ticket, who)).await
+        } else {
+            None
+        }
     }
 
     /// A pass: forward while fresh; past half its life, or on the first
@@ -883,6 +903,24 @@ impl Gate {
             tls,
             s.cookie_domain.as_deref(),
         )
+    }
+}
+
+/// The decision a route's mode makes alone: a passthrough route admits and
+/// a closed one refuses, whatever the visitor holds.
+fn by_mode(route: &RouteRt, now_us: u64) -> Option<Decision> {
+    // From `closes_at` on, the route answers as a closed one (DESIGN §8.7).
+    if route.closed_at(now_us) {
+        return Some(Decision::Closed);
+    }
+    match route.cfg.mode {
+        Mode::Passthrough => Some(Decision::Admit {
+            how: Admitted::Passthrough,
+            set_cookie: None,
+            session: None,
+        }),
+        Mode::Closed => Some(Decision::Closed),
+        Mode::Gate | Mode::QueueAll => None,
     }
 }
 

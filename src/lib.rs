@@ -14,7 +14,7 @@
 //!   checks, queuegate's own paths, bypass, route, gate, forward.
 //! - `framing`: watches raw HTTP/1 heads for ambiguous framing hyper would resolve.
 //! - `admitter`: the per-route tick loop.
-//! - `waiting`: the waiting page, status JSON and leave.
+//! - `waiting`: the waiting page, status JSON, its event stream and leave.
 //! - `gate`: the per-request decision (`Decision`), no socket I/O.
 //! - `route`: routes ready for requests (`Settings`, `RouteRt`, `RouteLive`):
 //!   matching, live numbers, the ETA.

@@ -3,10 +3,12 @@
 //! Responses made here carry an `x-queuegate` header naming why queuegate
 //! answered, so operators can tell the gate's answers from the app's.
 
+use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use futures_util::Stream;
 use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 use http_body::{Frame, SizeHint};
@@ -25,6 +27,23 @@ pub enum Body {
     Full(Option<Bytes>),
     /// The origin's body, streamed as it arrives.
     Upstream(UpstreamBody),
+    /// A body made here piece by piece as things happen (an event stream).
+    Pieces(Pieces),
+}
+
+/// The pieces of a body made here over time; the body ends with them.
+pub struct Pieces(Pin<Box<dyn Stream<Item = Bytes> + Send>>);
+
+impl Pieces {
+    pub fn new(stream: impl Stream<Item = Bytes> + Send + 'static) -> Pieces {
+        Pieces(Box::pin(stream))
+    }
+}
+
+impl fmt::Debug for Pieces {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Pieces")
+    }
 }
 
 impl Body {
@@ -45,6 +64,10 @@ impl http_body::Body for Body {
             Body::Empty => Poll::Ready(None),
             Body::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             Body::Upstream(incoming) => Pin::new(incoming).poll_frame(cx),
+            Body::Pieces(Pieces(stream)) => stream
+                .as_mut()
+                .poll_next(cx)
+                .map(|piece| piece.map(|b| Ok(Frame::data(b)))),
         }
     }
 
@@ -53,6 +76,7 @@ impl http_body::Body for Body {
             Body::Empty => true,
             Body::Full(bytes) => bytes.is_none(),
             Body::Upstream(incoming) => incoming.is_end_stream(),
+            Body::Pieces(_) => false,
         }
     }
 
@@ -61,6 +85,7 @@ impl http_body::Body for Body {
             Body::Empty => SizeHint::with_exact(0),
             Body::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
             Body::Upstream(incoming) => incoming.size_hint(),
+            Body::Pieces(_) => SizeHint::default(),
         }
     }
 }
@@ -179,6 +204,17 @@ pub fn html(status: StatusCode, reason: &'static str, body: String) -> Response<
         "text/html; charset=utf-8",
         Bytes::from(body),
     )
+}
+
+/// A `200` Server-Sent Events stream tagged with `reason`, its events
+/// `pieces`: never cached, and not buffered by a proxy in front
+/// (`X-Accel-Buffering: no`), so each event reaches the browser when sent.
+pub fn event_stream(reason: &'static str, pieces: Pieces) -> Response<Body> {
+    let mut resp = made(StatusCode::OK, reason, "text/event-stream", Bytes::new());
+    *resp.body_mut() = Body::Pieces(pieces);
+    resp.headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
 }
 
 /// A `302` to a same-site `location` (already sanitised by the caller).

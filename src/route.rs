@@ -5,11 +5,12 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
+use tokio::sync::watch;
 
 use http::header::{HeaderMap, HeaderValue};
 use http::Method;
@@ -64,6 +65,23 @@ pub struct RouteLive {
     /// Waiters per lane after the admitter's last tick that ran, for each
     /// lane's share of the admission rate (DESIGN §8.5).
     lane_waiting: RwLock<Vec<u64>>,
+    /// Counts the admitter's ticks: it moves on after each one (after the
+    /// line record was read), and every open event stream wakes on it
+    /// (DESIGN §8.8).
+    ticks: watch::Sender<u64>,
+    /// Event streams open on this route at this instance.
+    event_streams: Arc<AtomicUsize>,
+}
+
+/// One open event stream's place in its route's count, given back when
+/// dropped.
+#[derive(Debug)]
+pub struct StreamSlot(Arc<AtomicUsize>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Waiters out of the store's line, by when that was found, and when
@@ -265,7 +283,32 @@ impl RouteLive {
         }
     }
 
-    /// Admissions per second measured by the store.
+    /// The admitter finished a tick (and read the line record, on a
+    /// shared store): open event streams look again.
+    pub fn ticked(&self) {
+        self.ticks.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// What an event stream waits on for the next tick.
+    pub fn ticks(&self) -> watch::Receiver<u64> {
+        self.ticks.subscribe()
+    }
+
+    /// A place for one more event stream, unless `max` are open already.
+    pub fn open_stream(&self, max: usize) -> Option<StreamSlot> {
+        self.event_streams
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()?;
+        Some(StreamSlot(self.event_streams.clone()))
+    }
+
+    /// Event streams open on this route at this instance.
+    pub fn event_streams(&self) -> usize {
+        self.event_streams.load(Ordering::Relaxed)
+    }
+
     /// Waiters per lane after the last tick that ran (empty before one).
     pub fn lane_waiting(&self) -> Vec<u64> {
         self.lane_waiting
@@ -284,6 +327,7 @@ impl RouteLive {
         kept.extend_from_slice(waiting);
     }
 
+    /// Admissions per second measured by the store.
     pub fn admit_rate(&self) -> f64 {
         self.admit_rate_milli.load(Ordering::Relaxed) as f64 / 1000.0
     }
@@ -645,6 +689,33 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn event_streams_stop_at_the_cap_and_give_their_places_back() {
+        let live = RouteLive::default();
+        let first = live.open_stream(2).expect("room for one");
+        let second = live.open_stream(2).expect("room for two");
+        assert!(live.open_stream(2).is_none());
+        assert_eq!(live.event_streams(), 2);
+        drop(first);
+        assert_eq!(live.event_streams(), 1);
+        let third = live.open_stream(2).expect("a place given back");
+        assert!(live.open_stream(0).is_none());
+        drop((second, third));
+        assert_eq!(live.event_streams(), 0);
+    }
+
+    #[test]
+    fn a_tick_wakes_those_waiting_on_it() {
+        let live = RouteLive::default();
+        let mut ticks = live.ticks();
+        assert!(!ticks.has_changed().unwrap());
+        live.ticked();
+        live.ticked();
+        assert!(ticks.has_changed().unwrap());
+        ticks.borrow_and_update();
+        assert!(!ticks.has_changed().unwrap());
+    }
 
     #[test]
     fn eta_is_whole_seconds_at_the_measured_rate() {

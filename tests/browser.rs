@@ -1,17 +1,109 @@
 //! The waiting room in a real browser: queuegate runs in-process in front of
-//! an HTML origin with a capacity-1 route `/gated`, and
-//! `tests/e2e/waiting_room.mjs` drives Debian's Chromium through it with
-//! playwright-core (`npm ci` in `tests/e2e`; `./scripts/test` does it);
-//! `invite.mjs` follows invite links, `opening.mjs` waits for an opening.
+//! an HTML origin with a capacity-1 route `/gated`, and scripts in
+//! `tests/e2e` drive Debian's Chromium through it with playwright-core
+//! (`npm ci` in `tests/e2e`; `./scripts/test` does it): `waiting_room.mjs`
+//! waits and survives a network cut, `invite.mjs` follows invite links,
+//! `opening.mjs` waits for an opening, `events.mjs` follows the event stream.
 
 mod common;
 
-use std::path::PathBuf;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::*;
 use http::{Request, Response};
 use hyper::body::Incoming;
+
+/// `tests/e2e`, once playwright-core and Chromium are there.
+fn e2e_dir() -> PathBuf {
+    let e2e = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e");
+    assert!(
+        e2e.join("node_modules/playwright-core").is_dir(),
+        "playwright-core is not installed: run `npm ci` in tests/e2e (./scripts/test does)"
+    );
+    assert!(
+        Path::new("/usr/bin/chromium").exists(),
+        "/usr/bin/chromium is missing: apt-get install chromium"
+    );
+    e2e
+}
+
+/// An HTML origin that shows the target it got in `#path`.
+async fn html_origin() -> Origin {
+    spawn_origin(|req: Request<Incoming>| async move {
+        let path = req.uri().to_string();
+        let mut resp = Response::new(full(format!(
+            "<!doctype html><title>Origin</title><h1>The origin</h1><p id=\"path\">{path}</p>"
+        )));
+        resp.headers_mut()
+            .insert("content-type", "text/html; charset=utf-8".parse().unwrap());
+        resp
+    })
+    .await
+}
+
+/// The capacity-1 route `/gated` the scripts drive: long enough an
+/// `abandon_after` that a waiter whose network is cut for 10 s keeps its
+/// place.
+fn gated() -> queuegate::config::Route {
+    let mut gated = route("gated", "/gated", 1);
+    gated.tick = Duration::from_millis(100);
+    gated.abandon_after = Duration::from_secs(60);
+    gated
+}
+
+/// Runs `node <script> <args>` in `e2e` and checks that it passed and
+/// printed each of `checks`, in order.
+async fn run_script(e2e: &Path, script: &str, args: Vec<String>, checks: &[&str]) {
+    let dir = e2e.to_path_buf();
+    let name = script.to_owned();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("node")
+            .arg(&name)
+            .args(&args)
+            .current_dir(&dir)
+            .output()
+    })
+    .await
+    .unwrap()
+    .expect("node runs (apt-get install nodejs)");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "browser test {script} failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    let mut at = 0;
+    for check in checks {
+        match lines[at..].iter().position(|l| l == check) {
+            Some(i) => at += i + 1,
+            None => panic!("missing or out of order: {check:?}\n{stdout}"),
+        }
+    }
+    assert!(!stdout.contains("not ok"), "{stdout}");
+}
+
+/// The screenshots `<prefix>-{en,ko}-{desktop,360}.png` in `shots` are PNGs.
+fn assert_screenshots(shots: &Path, prefix: &str) {
+    for name in ["en-desktop", "en-360", "ko-desktop", "ko-360"] {
+        let file = shots.join(format!("{prefix}-{name}.png"));
+        let bytes = std::fs::read(&file).unwrap_or_default();
+        assert!(
+            bytes.starts_with(b"\x89PNG"),
+            "{} is not a PNG",
+            file.display()
+        );
+    }
+}
+
+fn now_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
 
 /// Every check the script reports, in order.
 const CHECKS: &[&str] = &[
@@ -35,74 +127,15 @@ const CHECKS: &[&str] = &[
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_waits_comes_back_by_itself_and_survives_a_network_cut() {
-    let e2e = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e");
-    assert!(
-        e2e.join("node_modules/playwright-core").is_dir(),
-        "playwright-core is not installed: run `npm ci` in tests/e2e (./scripts/test does)"
-    );
-    assert!(
-        std::path::Path::new("/usr/bin/chromium").exists(),
-        "/usr/bin/chromium is missing: apt-get install chromium"
-    );
-
-    let origin = spawn_origin(|req: Request<Incoming>| async move {
-        let path = req.uri().to_string();
-        let mut resp = Response::new(full(format!(
-            "<!doctype html><title>Origin</title><h1>The origin</h1><p id=\"path\">{path}</p>"
-        )));
-        resp.headers_mut()
-            .insert("content-type", "text/html; charset=utf-8".parse().unwrap());
-        resp
-    })
-    .await;
+    let e2e = e2e_dir();
+    let origin = html_origin().await;
     let mut config = proxy_config(&origin.url());
-    let mut gated = route("gated", "/gated", 1);
-    gated.tick = Duration::from_millis(100);
-    // Long enough that a waiter whose network is cut for 10 s keeps its place.
-    gated.abandon_after = Duration::from_secs(60);
-    config.routes.push(gated);
+    config.routes.push(gated());
     let gate = spawn_gate(config).await;
-
     let shots = e2e.join("screenshots-out");
-    let base = gate.url("");
-    let script_dir = e2e.clone();
-    let shots_arg = shots.clone();
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("node")
-            .arg("waiting_room.mjs")
-            .arg(&base)
-            .arg(&shots_arg)
-            .current_dir(&script_dir)
-            .output()
-    })
-    .await
-    .unwrap()
-    .expect("node runs (apt-get install nodejs)");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "browser test failed ({}):\n{stdout}\n{stderr}",
-        output.status
-    );
-    let lines: Vec<&str> = stdout.lines().collect();
-    let mut at = 0;
-    for check in CHECKS {
-        match lines[at..].iter().position(|l| l == check) {
-            Some(i) => at += i + 1,
-            None => panic!("missing or out of order: {check:?}\n{stdout}"),
-        }
-    }
-    assert!(!stdout.contains("not ok"), "{stdout}");
-    for name in ["en-desktop", "en-360", "ko-desktop", "ko-360"] {
-        let file = shots.join(format!("waiting-{name}.png"));
-        let bytes = std::fs::read(&file).unwrap_or_default();
-        assert!(
-            bytes.starts_with(b"\x89PNG"),
-            "{} is not a PNG",
-            file.display()
-        );
-    }
+    let args = vec![gate.url(""), shots.display().to_string()];
+    run_script(&e2e, "waiting_room.mjs", args, CHECKS).await;
+    assert_screenshots(&shots, "waiting");
     gate.stop().await.unwrap();
 }
 
@@ -121,80 +154,25 @@ const INVITE_CHECKS: &[&str] = &[
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invite_link_opens_the_waiting_page_in_the_priority_line() {
-    let e2e = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e");
-    assert!(
-        e2e.join("node_modules/playwright-core").is_dir(),
-        "playwright-core is not installed: run `npm ci` in tests/e2e (./scripts/test does)"
-    );
-    let origin = spawn_origin(|req: Request<Incoming>| async move {
-        let path = req.uri().to_string();
-        let mut resp = Response::new(full(format!(
-            "<!doctype html><title>Origin</title><p id=\"path\">{path}</p>"
-        )));
-        resp.headers_mut()
-            .insert("content-type", "text/html; charset=utf-8".parse().unwrap());
-        resp
-    })
-    .await;
+    let e2e = e2e_dir();
+    let origin = html_origin().await;
     let mut config = proxy_config(&origin.url());
-    let mut gated = route("gated", "/gated", 1);
-    gated.tick = Duration::from_millis(100);
-    gated.abandon_after = Duration::from_secs(60);
-    gated.lanes = vec![
+    let mut route = gated();
+    route.lanes = vec![
         queuegate::config::Lane::main(),
         queuegate::config::Lane {
             name: "vip".to_owned(),
             weight: 3,
         },
     ];
-    config.routes.push(gated);
+    config.routes.push(route);
     let gate = spawn_gate(config).await;
     let vip = queuegate::lane_grant::Lane::new("vip").unwrap();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let token = queuegate::lane_grant::sign_invite(&ring("k1"), "gated", &vip, now + 3600, 0);
-
+    let token = queuegate::lane_grant::sign_invite(&ring("k1"), "gated", &vip, now_s() + 3600, 0);
     let shots = e2e.join("screenshots-out");
-    let base = gate.url("");
-    let shots_arg = shots.clone();
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("node")
-            .arg("invite.mjs")
-            .arg(&base)
-            .arg(&token)
-            .arg(&shots_arg)
-            .current_dir(&e2e)
-            .output()
-    })
-    .await
-    .unwrap()
-    .expect("node runs (apt-get install nodejs)");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "browser test failed ({}):\n{stdout}\n{stderr}",
-        output.status
-    );
-    let lines: Vec<&str> = stdout.lines().collect();
-    let mut at = 0;
-    for check in INVITE_CHECKS {
-        match lines[at..].iter().position(|l| l == check) {
-            Some(i) => at += i + 1,
-            None => panic!("missing or out of order: {check:?}\n{stdout}"),
-        }
-    }
-    for name in ["en-desktop", "en-360", "ko-desktop", "ko-360"] {
-        let file = shots.join(format!("invite-{name}.png"));
-        let bytes = std::fs::read(&file).unwrap_or_default();
-        assert!(
-            bytes.starts_with(b"\x89PNG"),
-            "{} is not a PNG",
-            file.display()
-        );
-    }
+    let args = vec![gate.url(""), token, shots.display().to_string()];
+    run_script(&e2e, "invite.mjs", args, INVITE_CHECKS).await;
+    assert_screenshots(&shots, "invite");
     gate.stop().await.unwrap();
 }
 
@@ -215,76 +193,44 @@ const OPENING_CHECKS: &[&str] = &[
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_countdown_page_counts_down_and_turns_into_the_waiting_page_at_the_opening() {
-    let e2e = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/e2e");
-    assert!(
-        e2e.join("node_modules/playwright-core").is_dir(),
-        "playwright-core is not installed: run `npm ci` in tests/e2e (./scripts/test does)"
-    );
-    let origin = spawn_origin(|req: Request<Incoming>| async move {
-        let path = req.uri().to_string();
-        let mut resp = Response::new(full(format!(
-            "<!doctype html><title>Origin</title><p id=\"path\">{path}</p>"
-        )));
-        resp.headers_mut()
-            .insert("content-type", "text/html; charset=utf-8".parse().unwrap());
-        resp
-    })
-    .await;
+    let e2e = e2e_dir();
+    let origin = html_origin().await;
     let mut config = proxy_config(&origin.url());
-    let mut gated = route("gated", "/gated", 1);
-    gated.tick = Duration::from_millis(100);
-    gated.abandon_after = Duration::from_secs(60);
+    let mut route = gated();
     // Whole seconds, at least 8 s ahead: time to open two pages first.
-    let opens_at = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        + 9;
-    let text = time::OffsetDateTime::from_unix_timestamp(opens_at as i64)
-        .unwrap()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap();
-    gated.opens_at = Some(queuegate::config::Timestamp::parse(&text).unwrap());
-    config.routes.push(gated);
+    route.opens_at = queuegate::config::Timestamp::from_unix_s(now_s() + 9);
+    config.routes.push(route);
     let gate = spawn_gate(config).await;
-
     let shots = e2e.join("screenshots-out");
-    let base = gate.url("");
-    let shots_arg = shots.clone();
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("node")
-            .arg("opening.mjs")
-            .arg(&base)
-            .arg(&shots_arg)
-            .current_dir(&e2e)
-            .output()
-    })
-    .await
-    .unwrap()
-    .expect("node runs (apt-get install nodejs)");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "browser test failed ({}):\n{stdout}\n{stderr}",
-        output.status
-    );
-    let lines: Vec<&str> = stdout.lines().collect();
-    let mut at = 0;
-    for check in OPENING_CHECKS {
-        match lines[at..].iter().position(|l| l == check) {
-            Some(i) => at += i + 1,
-            None => panic!("missing or out of order: {check:?}\n{stdout}"),
-        }
-    }
-    for name in ["en-desktop", "en-360", "ko-desktop", "ko-360"] {
-        let file = shots.join(format!("opening-{name}.png"));
-        let bytes = std::fs::read(&file).unwrap_or_default();
-        assert!(
-            bytes.starts_with(b"\x89PNG"),
-            "{} is not a PNG",
-            file.display()
-        );
-    }
+    let args = vec![gate.url(""), shots.display().to_string()];
+    run_script(&e2e, "opening.mjs", args, OPENING_CHECKS).await;
+    assert_screenshots(&shots, "opening");
+    gate.stop().await.unwrap();
+}
+
+/// Every check the event stream script reports, in order.
+const EVENTS_CHECKS: &[&str] = &[
+    "ok - A is admitted and sees the origin",
+    "ok - B lands on the waiting page",
+    "ok - B opens the event stream",
+    "ok - B does not poll while the stream is open",
+    "ok - A leaves",
+    "ok - B is back at /gated/b?x=1",
+    "ok - B asked status once, when admitted",
+    "ok - C tried the event stream",
+    "ok - C falls back to polling",
+    "ok - C reaches the origin by polling",
+    "ok - no Content-Security-Policy violations",
+    "events: all checks passed",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_follows_the_event_stream_and_polls_when_it_is_blocked() {
+    let e2e = e2e_dir();
+    let origin = html_origin().await;
+    let mut config = proxy_config(&origin.url());
+    config.routes.push(gated());
+    let gate = spawn_gate(config).await;
+    run_script(&e2e, "events.mjs", vec![gate.url("")], EVENTS_CHECKS).await;
     gate.stop().await.unwrap();
 }

@@ -173,6 +173,10 @@ pub struct ServerLimits {
     pub ambiguous_paths: AmbiguousPaths,
     /// Hosts served; others get `421` (DESIGN §8.2). Empty: any host.
     pub allowed_hosts: Vec<HostPattern>,
+    /// Event streams (DESIGN §8.8) open at once per route on this
+    /// instance, at most (default 100000; `0`: none, everyone polls).
+    /// Beyond, a page is told to poll.
+    pub max_event_streams: usize,
 }
 
 /// What a request whose path an origin could read as another route gets

@@ -65,6 +65,7 @@ pub(crate) struct RawLimits {
     pub workers: Option<RawWorkers>,
     pub ambiguous_paths: Option<AmbiguousPaths>,
     pub allowed_hosts: Option<Vec<String>>,
+    pub max_event_streams: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -30,6 +30,7 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_HEADER_BYTES: u64 = 16384;
 const MAX_HEADER_BYTES_RANGE: std::ops::RangeInclusive<u64> = 1024..=1_048_576;
 const MAX_CONNECTIONS: u64 = 10_000;
+const MAX_EVENT_STREAMS: u64 = 100_000;
 /// More worker threads than this is a typo, not a machine.
 const MAX_WORKERS: u64 = 1024;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -299,6 +300,7 @@ fn limits(raw: RawLimits, at: &FieldPath, problems: &mut Problems) -> ServerLimi
         workers,
         ambiguous_paths: raw.ambiguous_paths.unwrap_or_default(),
         allowed_hosts,
+        max_event_streams: to_usize(raw.max_event_streams.unwrap_or(MAX_EVENT_STREAMS)),
     }
 }
 

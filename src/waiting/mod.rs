@@ -1,9 +1,10 @@
 //! The waiting room's endpoints under the reserved prefix: the waiting page
 //! (a countdown before a route's opening), the status JSON (a poll is a
-//! heartbeat) and leave; and the answers a held
+//! heartbeat), its event stream (`events`) and leave; and the answers a held
 //! back request (or one whose session made its `max_requests_per_session`
 //! requests) gets: `302` to the page for a navigation, JSON for the rest.
 
+pub mod events;
 pub mod page;
 pub mod return_to;
 
@@ -20,7 +21,11 @@ use crate::gate::{Decision, Gate, Requester};
 use crate::queue::Place;
 use crate::response::{self, Body};
 use crate::route::{RouteRt, Settings};
+use events::Streams;
 use page::{Lang, PageState, PageView, WaitingQuery};
+
+/// The poll interval an answer without a place suggests.
+const IDLE_POLL_MS: u64 = 5_000;
 
 /// A navigation gets the waiting page; anything else gets JSON.
 pub fn is_navigation(method: &Method, headers: &HeaderMap) -> bool {
@@ -225,6 +230,7 @@ pub async fn serve(
     req: Request<Incoming>,
     who: Requester<'_>,
     cookies: &CookieMemo,
+    streams: &Streams,
 ) -> Response<Body> {
     let rest = &req.uri().path()[s.reserved_prefix.len()..];
     match (rest, req.method()) {
@@ -232,8 +238,9 @@ pub async fn serve(
             waiting_page(gate, s, &req, who, cookies).await
         }
         ("/status", &Method::GET) => status(gate, s, &req, who, cookies).await,
+        ("/events", &Method::GET) => events::serve(gate, streams, s, &req, who, cookies),
         ("/leave", &Method::POST) => leave(gate, s, &req, who.tls, cookies).await,
-        ("/waiting" | "/status" | "/leave", _) => response::plain(
+        ("/waiting" | "/status" | "/events" | "/leave", _) => response::plain(
             StatusCode::METHOD_NOT_ALLOWED,
             "method-not-allowed",
             "405 method not allowed\n",
@@ -398,7 +405,7 @@ async fn status(
         }
     }
     if body.get("poll_after_ms").is_none() {
-        body["poll_after_ms"] = json!(5_000);
+        body["poll_after_ms"] = json!(IDLE_POLL_MS);
     }
     status_json(body, set_cookie)
 }

@@ -136,6 +136,7 @@ pub fn proxy_config(upstream: &str) -> Config {
             workers: None,
             ambiguous_paths: AmbiguousPaths::Reject,
             allowed_hosts: vec![],
+            max_event_streams: 100_000,
         },
         client_ip: ClientIp::default(),
         upstream: Upstream {

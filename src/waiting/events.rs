@@ -1,0 +1,342 @@
+//! `GET <reserved>/events?route=NAME` (DESIGN §8.8): the status JSON pushed
+//! as Server-Sent Events, one `data:` line each, from the same code the
+//! status endpoint answers with. A waiter's stream sends its place at once,
+//! then whenever its state or place changes (looked at no more than about
+//! once a second, after the admitter's tick), and at least every 15 s; an
+//! answer other than `waiting` is sent and ends the stream, since no cookie
+//! can ride an open stream: the page then makes one status request. It
+//! does not own the place itself (the gate's `recheck`, answered from the
+//! line record or the store as a poll is) nor the heartbeats (queued by the
+//! gate, flushed by the admitter).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use rand::Rng;
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::time::{sleep_until, Instant};
+
+use super::{fill_decision, fill_place, page::WaitingQuery, query_param, return_to, IDLE_POLL_MS};
+use crate::admission::Claims;
+use crate::cookie::{CookieMemo, Credentials};
+use crate::gate::{Decision, Gate, Requester};
+use crate::response::{self, Body, Pieces};
+use crate::route::{RouteLive, RouteRt, Settings, StreamSlot};
+
+/// A stream that has nothing new sends its state again after this long:
+/// the page sees it is alive, and proxies do not cut a silent connection.
+pub const KEEPALIVE: Duration = Duration::from_secs(15);
+
+/// A stream looks at its place at most this often: the pace a waiter near
+/// the head polls at, so a stream that the line record cannot answer costs
+/// the store no more than a poll would.
+const MOST_OFTEN: Duration = Duration::from_secs(1);
+
+/// What every event stream of a running queuegate shares: the cap on open
+/// streams per route (`limits.max_event_streams`), the running settings
+/// (looked up again at each update, so a reload applies), and the signal
+/// that ends them all when the server drains.
+pub struct Streams {
+    max_per_route: usize,
+    settings: Arc<ArcSwap<Settings>>,
+    ending: watch::Sender<bool>,
+}
+
+impl Streams {
+    pub fn new(max_per_route: usize, settings: Arc<ArcSwap<Settings>>) -> Streams {
+        Streams {
+            max_per_route,
+            settings,
+            ending: watch::channel(false).0,
+        }
+    }
+
+    /// Ends every open stream (and every stream opened later) at its next
+    /// turn: the server is draining.
+    pub fn end_all(&self) {
+        self.ending.send_replace(true);
+    }
+}
+
+/// `GET /events?route=NAME`: always `200`, `text/event-stream`.
+pub fn serve(
+    gate: &Gate,
+    streams: &Streams,
+    s: &Settings,
+    req: &Request<Incoming>,
+    who: Requester<'_>,
+    cookies: &CookieMemo,
+) -> Response<Body> {
+    let route_name = query_param(req, "route").unwrap_or("");
+    let return_path =
+        return_to::sanitize(&WaitingQuery::parse(req.uri().query().unwrap_or("")).return_path);
+    let Some(index) = s.route_named(route_name) else {
+        let body = json!({
+            "state": "unknown",
+            "route": route_name,
+            "return": return_path,
+            "poll_after_ms": IDLE_POLL_MS,
+        });
+        return one_event(&body);
+    };
+    let route = &s.routes[index];
+    let creds = s.credentials(index, req.headers(), who.tls, cookies);
+    let Some(ticket) = creds.ticket else {
+        // Nothing to follow: a pass, or nothing at all. The status
+        // endpoint says which (and renews or queues, with a cookie).
+        let state = if creds.pass.is_some() {
+            "poll"
+        } else {
+            "unknown"
+        };
+        let body = json!({
+            "state": state,
+            "route": route.name(),
+            "return": return_path,
+            "poll_after_ms": IDLE_POLL_MS,
+        });
+        return one_event(&body);
+    };
+    let Some(slot) = route.live.open_stream(streams.max_per_route) else {
+        // Enough streams here: this page polls.
+        let body = json!({
+            "state": "poll",
+            "route": route.name(),
+            "return": return_path,
+            "poll_after_ms": super::poll_after_ms(route, 1),
+        });
+        return one_event(&body);
+    };
+    let stream = Stream {
+        gate: gate.clone(),
+        settings: streams.settings.clone(),
+        ticks: route.live.ticks(),
+        live: route.live.clone(),
+        ending: streams.ending.subscribe(),
+        ticket,
+        client: who.client.into(),
+        tls: who.tls,
+        return_path: return_path.into(),
+        shown: None,
+        sent_at: None,
+        checked_at: Instant::now(),
+        over: false,
+        _slot: slot,
+    };
+    let pieces = futures_util::stream::unfold(stream, |mut stream| async move {
+        let piece = stream.next().await?;
+        Some((piece, stream))
+    });
+    response::event_stream("events", Pieces::new(pieces))
+}
+
+/// A stream of one event, `body`.
+fn one_event(body: &serde_json::Value) -> Response<Body> {
+    let piece = event(body);
+    response::event_stream(
+        "events",
+        Pieces::new(futures_util::stream::once(async move { piece })),
+    )
+}
+
+/// `body` as one Server-Sent Event.
+fn event(body: &serde_json::Value) -> Bytes {
+    // Serialised JSON has no raw line breaks: one `data:` line holds it.
+    Bytes::from(format!("data: {body}\n\n"))
+}
+
+/// One waiter's open stream: what it follows, and what it last said.
+struct Stream {
+    gate: Gate,
+    settings: Arc<ArcSwap<Settings>>,
+    /// The route's live numbers (kept across reloads): the route is found
+    /// again by them, and their tick counter wakes the stream.
+    live: Arc<RouteLive>,
+    ticks: watch::Receiver<u64>,
+    ending: watch::Receiver<bool>,
+    /// The waiter's ticket as its cookie would read had each of the
+    /// stream's answers been able to write it again: `at` is the last
+    /// heartbeat the stream sent (see [`Stream::check`]).
+    ticket: Claims,
+    client: Box<[u8]>,
+    tls: bool,
+    return_path: Box<str>,
+    /// The place the last event showed.
+    shown: Option<Shown>,
+    /// When the last event was sent; `None` before the first.
+    sent_at: Option<Instant>,
+    /// When the place was last looked at.
+    checked_at: Instant,
+    /// The last event was sent: the stream ends.
+    over: bool,
+    _slot: StreamSlot,
+}
+
+/// What an event showed of a place; another event goes out when it moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Shown {
+    position: u64,
+    waiting_total: u64,
+    lane: usize,
+}
+
+/// Why a stream woke.
+enum Wake {
+    Ending,
+    Keepalive,
+    Ticked,
+}
+
+impl Stream {
+    /// The next event, when it is due; `None`: the stream ends.
+    async fn next(&mut self) -> Option<Bytes> {
+        if self.over || *self.ending.borrow() {
+            return None;
+        }
+        let Some(sent_at) = self.sent_at else {
+            return Some(self.check(true).await);
+        };
+        loop {
+            let look_at = self.checked_at + self.pace();
+            let (ending, ticks) = (&mut self.ending, &mut self.ticks);
+            let wake = tokio::select! {
+                biased;
+                _ = ending.wait_for(|ending| *ending) => Wake::Ending,
+                () = sleep_until(sent_at + KEEPALIVE) => Wake::Keepalive,
+                ticked = async {
+                    sleep_until(look_at).await;
+                    ticks.changed().await
+                } => match ticked {
+                    Ok(()) => Wake::Ticked,
+                    // The route's live numbers are gone with their route.
+                    Err(_) => Wake::Ending,
+                },
+            };
+            match wake {
+                Wake::Ending => return None,
+                Wake::Keepalive => return Some(self.check(true).await),
+                Wake::Ticked => {
+                    // Every tick since is taken in by this look.
+                    self.ticks.borrow_and_update();
+                    let event = self.check(false).await;
+                    if !event.is_empty() {
+                        return Some(event);
+                    }
+                }
+            }
+        }
+    }
+
+    /// How often this stream may look at its place: [`MOST_OFTEN`], or a
+    /// quarter of the route's patience (the smaller of `abandon_after` and
+    /// `arrival_grace`) when that is shorter, so that heartbeats go out in
+    /// time and an admission is noticed before the arrival grace runs out;
+    /// with ±20 % jitter, as polls have, so that streams opened together do
+    /// not all look (and go to the store) at the same tick.
+    fn pace(&self) -> Duration {
+        let settings = self.settings.load();
+        match self.route_in(&settings) {
+            Some(index) => {
+                let limits = &settings.routes[index].limits;
+                let patience = limits.abandon_after.min(limits.arrival_grace);
+                let pace = (patience / 4).clamp(Duration::from_millis(100), MOST_OFTEN);
+                pace.mul_f64(rand::rng().random_range(0.8..1.2))
+            }
+            None => Duration::ZERO,
+        }
+    }
+
+    /// The index of the stream's route in `s`, if it is still there.
+    fn route_in(&self, s: &Settings) -> Option<usize> {
+        s.routes
+            .iter()
+            .position(|r| Arc::ptr_eq(&r.live, &self.live))
+    }
+
+    /// Looks at the waiter's place as a poll would, without a cookie to
+    /// write: the event to send, or nothing when the place is as last shown
+    /// and `always` is false. An answer other than `waiting` ends the
+    /// stream.
+    ///
+    /// The gate would write the ticket again now and then, recording the
+    /// heartbeat (its `at`); the stream cannot, so it keeps the ticket as
+    /// rewritten itself and the next poll it makes reads that. A waiter
+    /// who only holds the stream open therefore looks to the store (and the
+    /// line record) exactly like one who polls: never silent for
+    /// `abandon_after`, and restored at its place after a store loss.
+    async fn check(&mut self, always: bool) -> Bytes {
+        self.checked_at = Instant::now();
+        let settings = self.settings.load_full();
+        let Some(index) = self.route_in(&settings) else {
+            self.over = true;
+            return self.sent(&json!({
+                "state": "unknown",
+                "return": &*self.return_path,
+                "poll_after_ms": IDLE_POLL_MS,
+            }));
+        };
+        let route = &settings.routes[index];
+        let who = Requester {
+            tls: self.tls,
+            client: &self.client,
+            invite: None,
+            lane: None,
+        };
+        let creds = Credentials {
+            ticket: Some(self.ticket),
+            ..Credentials::default()
+        };
+        // Boxed: the store call's future is large, and only lives while it runs.
+        let decision = Box::pin(self.gate.recheck(&settings, index, who, &creds)).await;
+        let mut body = json!({"route": route.name(), "return": &*self.return_path});
+        match decision {
+            Some(Decision::Wait { place, set_cookie }) => {
+                if set_cookie.is_some() {
+                    self.rewrite_ticket(route, place.lane);
+                }
+                let shown = Shown {
+                    position: place.position,
+                    waiting_total: place.waiting_total,
+                    lane: place.lane,
+                };
+                if !always && self.shown == Some(shown) {
+                    return Bytes::new();
+                }
+                self.shown = Some(shown);
+                fill_place(&mut body, route, &place);
+            }
+            Some(decision) => {
+                fill_decision(&mut body, route, &decision);
+                self.over = true;
+            }
+            None => {
+                // The place is gone: the status endpoint puts the visitor
+                // back in line, with the cookie a stream cannot set.
+                body["state"] = json!("poll");
+                self.over = true;
+            }
+        }
+        if body.get("poll_after_ms").is_none() {
+            body["poll_after_ms"] = json!(IDLE_POLL_MS);
+        }
+        self.sent(&body)
+    }
+
+    /// The ticket as the cookie the gate just wrote would hold it: seen
+    /// now, in lane `lane`.
+    fn rewrite_ticket(&mut self, route: &RouteRt, lane: usize) {
+        let now_us = self.gate.clock().now_us().max(self.ticket.t + 1);
+        self.ticket.at = Some(now_us);
+        self.ticket.lane = route.lane_tag(lane);
+    }
+
+    fn sent(&mut self, body: &serde_json::Value) -> Bytes {
+        self.sent_at = Some(Instant::now());
+        event(body)
+    }
+}
