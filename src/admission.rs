@@ -421,19 +421,7 @@ impl KeyRing {
                 + MAC_CHARS
                 + 6,
         );
-        out.push_str(VERSION);
-        out.push('.');
-        out.push_str(kind.state());
-        out.push('.');
-        out.push_str(route);
-        out.push('.');
-        URL_SAFE_NO_PAD.encode_string(id, &mut out);
-        out.push('.');
-        push_decimal(&mut out, t);
-        if let Some(at) = at {
-            out.push('-');
-            push_decimal(&mut out, at);
-        }
+        self.start_value(&mut out, kind, route, id, t, at);
         self.seal(&mut out);
         out
     }
@@ -467,23 +455,37 @@ impl KeyRing {
             return self.sign_at(kind, route, id, score_us, seen_us);
         };
         let mut out = String::with_capacity(MAX_VALUE_LEN);
+        self.start_value(&mut out, kind, route, id, score_us, seen_us);
+        out.push('_');
+        out.push_str(lane.as_str());
+        self.seal(&mut out);
+        out
+    }
+
+    /// `v1.<state>.<route>.<id>.<t>[-<at>]`, the part of a ticket or pass
+    /// before its lane and seal.
+    fn start_value(
+        &self,
+        out: &mut String,
+        kind: Kind,
+        route: &str,
+        id: &VisitorId,
+        t: u64,
+        at: Option<u64>,
+    ) {
         out.push_str(VERSION);
         out.push('.');
         out.push_str(kind.state());
         out.push('.');
         out.push_str(route);
         out.push('.');
-        URL_SAFE_NO_PAD.encode_string(id, &mut out);
+        URL_SAFE_NO_PAD.encode_string(id, out);
         out.push('.');
-        push_decimal(&mut out, score_us);
-        if let Some(at) = seen_us {
+        push_decimal(out, t);
+        if let Some(at) = at {
             out.push('-');
-            push_decimal(&mut out, at);
+            push_decimal(out, at);
         }
-        out.push('_');
-        out.push_str(lane.as_str());
-        self.seal(&mut out);
-        out
     }
 
     /// Signs `out` in place with the first key: appends `.<kid>.<mac>`,

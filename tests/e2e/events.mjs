@@ -8,7 +8,7 @@
 //
 // Prints one "ok - …" line per check and exits 0, or prints "not ok - …"
 // with the reason and exits 1.
-import { chromium } from "playwright-core";
+import { check, run, DESKTOP, PHONE } from "./lib.mjs";
 
 const base = process.argv[2];
 if (!base) {
@@ -19,13 +19,6 @@ if (!base) {
 const SETTLE = 20_000;
 const EVENTS = "/__queuegate/events";
 const STATUS = "/__queuegate/status";
-
-function check(cond, what, detail) {
-  if (!cond) {
-    throw new Error(`${what}${detail === undefined ? "" : `: ${JSON.stringify(detail)}`}`);
-  }
-  console.log(`ok - ${what}`);
-}
 
 const text = (page, name) =>
   page.locator(`[data-qg="${name}"]`).first().textContent({ timeout: 5_000 });
@@ -52,23 +45,7 @@ async function open(browser) {
 
 const count = (asked, path) => asked.filter((p) => p === path).length;
 
-let browser;
-let failed = false;
-try {
-  browser = await chromium.launch({
-    executablePath: "/usr/bin/chromium",
-    headless: true,
-    args: [
-      "--headless",
-      "--no-sandbox",
-      "--disable-gpu",
-      "--disable-quic",
-      "--no-first-run",
-      "--disable-background-networking",
-      "--disable-component-update",
-      "--disable-sync",
-    ],
-  });
+await run(async (browser) => {
 
   // A takes the one slot.
   const a = await open(browser);
@@ -111,10 +88,4 @@ try {
 
   check(policyErrors.length === 0, "no Content-Security-Policy violations", policyErrors);
   console.log("events: all checks passed");
-} catch (err) {
-  failed = true;
-  console.log(`not ok - ${err && err.message ? err.message : err}`);
-} finally {
-  if (browser) await browser.close().catch(() => {});
-}
-process.exit(failed ? 1 : 0);
+});

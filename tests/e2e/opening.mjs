@@ -6,7 +6,7 @@
 //
 // Prints one "ok - …" line per check and exits 0, or prints "not ok - …"
 // with the reason and exits 1.
-import { chromium } from "playwright-core";
+import { check, run, DESKTOP, PHONE } from "./lib.mjs";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 
@@ -16,15 +16,6 @@ if (!base || !shots) {
   process.exit(2);
 }
 
-const DESKTOP = { width: 1280, height: 900 };
-const PHONE = { width: 360, height: 780 };
-
-function check(cond, what, detail) {
-  if (!cond) {
-    throw new Error(`${what}${detail === undefined ? "" : `: ${JSON.stringify(detail)}`}`);
-  }
-  console.log(`ok - ${what}`);
-}
 
 const state = (page) => page.getAttribute("body", "data-state");
 const text = (page, name) => page.textContent(`[data-qg="${name}"]`);
@@ -47,16 +38,8 @@ async function screenshot(page, name) {
   await page.setViewportSize(DESKTOP);
 }
 
-let browser;
-let failed = false;
-try {
+await run(async (browser) => {
   mkdirSync(shots, { recursive: true });
-  browser = await chromium.launch({
-    executablePath: "/usr/bin/chromium",
-    headless: true,
-    args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-      "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-  });
 
   // Before the opening: the countdown, in English and in Korean.
   const b = await open(browser, "en-US");
@@ -102,10 +85,4 @@ try {
   const path = await other.page.textContent("#path");
   check(path === (other === b ? "/gated/b?x=1" : "/gated/k"), "the other moves on when admitted", path);
   console.log("opening: all checks passed");
-} catch (err) {
-  failed = true;
-  console.log(`not ok - ${err && err.message ? err.message : err}`);
-} finally {
-  if (browser) await browser.close().catch(() => {});
-}
-process.exit(failed ? 1 : 0);
+});

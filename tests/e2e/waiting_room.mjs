@@ -5,7 +5,7 @@
 //
 // Prints one "ok - …" line per check and exits 0, or prints "not ok - …"
 // with the reason and exits 1.
-import { chromium } from "playwright-core";
+import { check, run, DESKTOP, PHONE } from "./lib.mjs";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 
@@ -16,16 +16,7 @@ if (!base) {
   process.exit(2);
 }
 
-const DESKTOP = { width: 1280, height: 900 };
-const PHONE = { width: 360, height: 780 };
 const SETTLE = 20_000;
-
-function check(cond, what, detail) {
-  if (!cond) {
-    throw new Error(`${what}${detail === undefined ? "" : `: ${JSON.stringify(detail)}`}`);
-  }
-  console.log(`ok - ${what}`);
-}
 
 const text = (page, name) =>
   page.locator(`[data-qg="${name}"]`).first().textContent({ timeout: 5_000 });
@@ -53,25 +44,8 @@ async function screenshot(page, name) {
   console.log(`ok - screenshots of the ${name} page`);
 }
 
-let browser;
-let failed = false;
-try {
+await run(async (browser) => {
   if (shots) mkdirSync(shots, { recursive: true });
-  // launch() starts Chromium on a fresh temporary profile and removes it on close.
-  browser = await chromium.launch({
-    executablePath: "/usr/bin/chromium",
-    headless: true,
-    args: [
-      "--headless",
-      "--no-sandbox",
-      "--disable-gpu",
-      "--disable-quic",
-      "--no-first-run",
-      "--disable-background-networking",
-      "--disable-component-update",
-      "--disable-sync",
-    ],
-  });
 
   // A takes the one slot.
   const a = await open(browser, "en-US");
@@ -133,10 +107,4 @@ try {
 
   check(policyErrors.length === 0, "no Content-Security-Policy violations", policyErrors);
   console.log("waiting room: all checks passed");
-} catch (err) {
-  failed = true;
-  console.log(`not ok - ${err && err.message ? err.message : err}`);
-} finally {
-  if (browser) await browser.close().catch(() => {});
-}
-process.exit(failed ? 1 : 0);
+});
