@@ -21,7 +21,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
 
-use super::{fill_decision, fill_place, page::WaitingQuery, query_param, return_to, IDLE_POLL_MS};
+use super::{fill_decision, fill_place, status_target, IDLE_POLL_MS};
 use crate::admission::Claims;
 use crate::cookie::{CookieMemo, Credentials};
 use crate::gate::{Decision, Gate, Requester};
@@ -72,10 +72,8 @@ pub fn serve(
     who: Requester<'_>,
     cookies: &CookieMemo,
 ) -> Response<Body> {
-    let route_name = query_param(req, "route").unwrap_or("");
-    let return_path =
-        return_to::sanitize(&WaitingQuery::parse(req.uri().query().unwrap_or("")).return_path);
-    let Some(index) = s.route_named(route_name) else {
+    let (route_name, return_path, index) = status_target(s, req);
+    let Some(index) = index else {
         let body = json!({
             "state": "unknown",
             "route": route_name,

@@ -370,6 +370,15 @@ fn page_query_value(path: &str) -> String {
     .map_or_else(|| "%2F".to_owned(), |(_, v)| v.to_owned())
 }
 
+/// What a status request or event stream is about: the route it names,
+/// the sanitized `return` path, and the route's index if it exists.
+fn status_target<'r>(s: &Settings, req: &'r Request<Incoming>) -> (&'r str, String, Option<usize>) {
+    let route_name = query_param(req, "route").unwrap_or("");
+    let return_path =
+        return_to::sanitize(&WaitingQuery::parse(req.uri().query().unwrap_or("")).return_path);
+    (route_name, return_path, s.route_named(route_name))
+}
+
 /// `GET /status?route=NAME`: always `200` with JSON.
 async fn status(
     gate: &Gate,
@@ -378,10 +387,8 @@ async fn status(
     who: Requester<'_>,
     cookies: &CookieMemo,
 ) -> Response<Body> {
-    let route_name = query_param(req, "route").unwrap_or("");
-    let return_path =
-        return_to::sanitize(&WaitingQuery::parse(req.uri().query().unwrap_or("")).return_path);
-    let Some(index) = s.route_named(route_name) else {
+    let (route_name, return_path, index) = status_target(s, req);
+    let Some(index) = index else {
         return status_json(
             json!({"state": "unknown", "route": route_name, "return": return_path}),
             None,
