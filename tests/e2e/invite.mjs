@@ -6,9 +6,8 @@
 //
 // Prints one "ok - …" line per check and exits 0, or prints "not ok - …"
 // with the reason and exits 1.
-import { check, run, DESKTOP, PHONE } from "./lib.mjs";
+import { check, open, run, screenshots } from "./lib.mjs";
 import { mkdirSync } from "node:fs";
-import { join } from "node:path";
 
 const [base, token, shots] = process.argv.slice(2);
 if (!base || !token || !shots) {
@@ -20,18 +19,7 @@ if (!base || !token || !shots) {
 const lane = (page) => page.locator('[data-qg="lane"]').first();
 const isWaitingPage = (page) => new URL(page.url()).pathname === "/__queuegate/waiting";
 
-async function open(browser, locale) {
-  const context = await browser.newContext({ locale, viewport: DESKTOP });
-  return { context, page: await context.newPage() };
-}
-
-async function screenshot(page, name) {
-  for (const [size, viewport] of [["desktop", DESKTOP], ["360", PHONE]]) {
-    await page.setViewportSize(viewport);
-    await page.screenshot({ path: join(shots, `invite-${name}-${size}.png`), fullPage: true });
-  }
-  await page.setViewportSize(DESKTOP);
-}
+const screenshot = (page, name) => screenshots(page, shots, "invite", name);
 
 await run(async (browser) => {
   mkdirSync(shots, { recursive: true });

@@ -6,9 +6,8 @@
 //
 // Prints one "ok - …" line per check and exits 0, or prints "not ok - …"
 // with the reason and exits 1.
-import { check, run, DESKTOP, PHONE } from "./lib.mjs";
+import { check, open, run, screenshots } from "./lib.mjs";
 import { mkdirSync } from "node:fs";
-import { join } from "node:path";
 
 const [base, shots] = process.argv.slice(2);
 if (!base || !shots) {
@@ -25,18 +24,7 @@ const seconds = (shown) => {
 };
 const atOrigin = (page) => new URL(page.url()).pathname.startsWith("/gated/");
 
-async function open(browser, locale) {
-  const context = await browser.newContext({ locale, viewport: DESKTOP });
-  return { context, page: await context.newPage() };
-}
-
-async function screenshot(page, name) {
-  for (const [size, viewport] of [["desktop", DESKTOP], ["360", PHONE]]) {
-    await page.setViewportSize(viewport);
-    await page.screenshot({ path: join(shots, `opening-${name}-${size}.png`), fullPage: true });
-  }
-  await page.setViewportSize(DESKTOP);
-}
+const screenshot = (page, name) => screenshots(page, shots, "opening", name);
 
 await run(async (browser) => {
   mkdirSync(shots, { recursive: true });
