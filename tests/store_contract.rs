@@ -2290,6 +2290,45 @@ async fn nothing_is_admitted_before_the_opening<H: Harness>(h: &mut H) {
     assert_eq!(arrive(h, &route, 3, &limits, true).await, Arrival::Admitted);
 }
 
+/// A reload that moves the opening before it comes (later, then sooner
+/// than at first) keeps the pre-queue: nobody is admitted before the
+/// opening in force, and everyone is shuffled and placed at it.
+async fn moving_the_opening_before_it_keeps_the_pre_queue<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let first = Limits {
+        capacity: 1,
+        ..opening_limits(h, &route, 600).await
+    };
+    for n in 0..4 {
+        join_confirmed(h, &route, n, 0, &first).await;
+    }
+    // Moved later: the first opening passes and nothing happens.
+    let later = Limits {
+        opens_at_us: first.opens_at_us.map(|at| at + 60_000_000),
+        ..first.clone()
+    };
+    until_opened(h, &route, &first).await;
+    let t = full_tick(h, &route, &later).await;
+    assert!(t.admitted_scores.is_empty() && t.opened.is_none(), "{t:?}");
+    assert_eq!(
+        stats(h, &route, &later).await.waiting,
+        4,
+        "the pre-queue stays"
+    );
+    // Moved sooner, to now: the whole pre-queue is shuffled and one admitted.
+    let now_us = stats(h, &route, &later).await.now_us;
+    let sooner = Limits {
+        opens_at_us: Some(now_us),
+        ..first
+    };
+    h.advance(sooner.tick * 2).await;
+    let t = full_tick(h, &route, &sooner).await;
+    assert_eq!(t.opened, Some(4), "{t:?}");
+    assert_eq!(t.admitted_scores.len(), 1, "{t:?}");
+    let s = stats(h, &route, &sooner).await;
+    assert_eq!((s.waiting, s.active), (3, 1), "nobody lost");
+}
+
 async fn the_opening_shuffles_once_when_two_ticks_race<H: Harness>(h: &mut H) {
     const N: u32 = 40;
     let route = h.fresh_route();
@@ -2435,6 +2474,7 @@ macro_rules! contract_suite {
                 restore_after_store_loss_goes_into_the_lane_given,
                 nothing_is_admitted_before_the_opening,
                 the_opening_shuffles_once_when_two_ticks_race,
+                moving_the_opening_before_it_keeps_the_pre_queue,
                 the_pre_queue_goes_first_in_each_lane_and_is_shuffled_within_it
             );
         }
