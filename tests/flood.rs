@@ -305,17 +305,11 @@ async fn behind_a_trusted_proxy_each_forwarded_client_is_limited_on_its_own() {
             &format!("X-Forwarded-For: 198.51.100.{n}\r\n"),
         )
         .await;
-        let admitted = statuses.iter().filter(|&&s| s == 200).count();
-        let refused = statuses.iter().filter(|&&s| s == 429).count();
-        assert_eq!(
-            (admitted, refused),
-            (PLACES, 20 - PLACES),
-            "198.51.100.{n}: {statuses:?}"
-        );
+        assert_eq!(placed(&statuses), PLACES, "198.51.100.{n}: {statuses:?}");
     }
     // The proxy's own requests are one more client.
     let statuses = flood(&instances, Ipv4Addr::LOCALHOST, 20, "").await;
-    assert_eq!(statuses.iter().filter(|&&s| s == 200).count(), PLACES);
+    assert_eq!(placed(&statuses), PLACES, "{statuses:?}");
 
     // A peer that is not trusted names no one: whatever it puts in
     // X-Forwarded-For, it is one client.
@@ -330,14 +324,19 @@ async fn behind_a_trusted_proxy_each_forwarded_client_is_limited_on_its_own() {
                 .status,
         );
     }
-    assert_eq!(
-        statuses.iter().filter(|&&s| s == 200).count(),
-        PLACES,
+    assert_eq!(placed(&statuses), PLACES, "{statuses:?}");
+}
+
+/// How many of a client's 20 arrivals got a place: `PLACES`, and the others
+/// `429`. A place is a slot at once (`200`) or, once the route's admissions
+/// for the tick window are used up (20 per 50 ms, which a fast machine
+/// reaches with these sequential arrivals), a place in line (`503`).
+fn placed(statuses: &[u16]) -> usize {
+    assert!(
+        statuses.iter().all(|s| [200, 503, 429].contains(s)),
         "{statuses:?}"
     );
-    assert_eq!(
-        statuses.iter().filter(|&&s| s == 429).count(),
-        20 - PLACES,
-        "{statuses:?}"
-    );
+    let refused = statuses.iter().filter(|&&s| s == 429).count();
+    assert_eq!(refused, statuses.len() - PLACES, "{statuses:?}");
+    statuses.len() - refused
 }
