@@ -531,32 +531,7 @@ impl KeyRing {
     }
 
     fn check(&self, value: &str, route: &str) -> Result<Claims, Reject> {
-        if value.len() > MAX_VALUE_LEN {
-            return Err(Reject::Oversize);
-        }
-        if !value.is_ascii() {
-            return Err(Reject::Malformed);
-        }
-        let version = value.split_once('.').map_or(value, |(version, _)| version);
-        if version != VERSION {
-            return Err(if is_version(version) {
-                Reject::WrongVersion
-            } else {
-                Reject::Malformed
-            });
-        }
-
-        let mut fields = [""; 7];
-        let mut count = 0;
-        for field in value.split('.') {
-            let slot = fields.get_mut(count).ok_or(Reject::Malformed)?;
-            *slot = field;
-            count += 1;
-        }
-        if count != fields.len() {
-            return Err(Reject::Malformed);
-        }
-        let [_, state, value_route, id, t, kid, mac] = fields;
+        let [_, state, value_route, id, t, kid, mac] = split_value::<7>(value)?;
 
         // Syntax of every field first, so a malformed value is always
         // reported as such whatever else is wrong with it.
@@ -593,6 +568,37 @@ impl KeyRing {
             lane,
         })
     }
+}
+
+/// The `N` dot-separated fields of a signed value: bounded in length before
+/// anything else, ASCII, version `v1`, exactly `N` fields. Every kind of
+/// value queuegate signs is read through this (`lane_grant` too).
+pub(crate) fn split_value<const N: usize>(value: &str) -> Result<[&str; N], Reject> {
+    if value.len() > MAX_VALUE_LEN {
+        return Err(Reject::Oversize);
+    }
+    if !value.is_ascii() {
+        return Err(Reject::Malformed);
+    }
+    let version = value.split_once('.').map_or(value, |(version, _)| version);
+    if version != VERSION {
+        return Err(if is_version(version) {
+            Reject::WrongVersion
+        } else {
+            Reject::Malformed
+        });
+    }
+    let mut fields = [""; N];
+    let mut count = 0;
+    for field in value.split('.') {
+        let slot = fields.get_mut(count).ok_or(Reject::Malformed)?;
+        *slot = field;
+        count += 1;
+    }
+    if count != N {
+        return Err(Reject::Malformed);
+    }
+    Ok(fields)
 }
 
 /// The last two fields of a signed value, `<kid>.<mac>`, read but not yet

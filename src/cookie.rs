@@ -314,6 +314,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_lane_cookie_names_its_lane_only_before_it_expires() {
+        let lane = LaneCookie {
+            lane: LaneTag::new("vip").unwrap(),
+            expires_unix: 1_000,
+        };
+        assert_eq!(lane.lane_at(999).map(LaneTag::as_str), Some("vip"));
+        assert_eq!(lane.lane_at(1_000), None);
+        assert_eq!(lane.lane_at(u64::MAX), None);
+    }
+
+    #[test]
     fn own_cookies_are_stripped_and_others_kept() {
         let mut h = HeaderMap::new();
         h.append(

@@ -239,10 +239,15 @@ impl Gate {
         creds: impl FnOnce() -> Credentials,
     ) -> Decision {
         let route = &s.routes[index];
-        if let Some(decision) = by_mode(route, self.clock.now_us()) {
+        if let Some(decision) = by_mode(route, self.clock) {
             return decision;
         }
         let creds = creds();
+        if let Some(decision) = self.held(s, route, &creds, who).await {
+            return decision;
+        }
+        // Only an arrival reads its lane (and the clock for the cookie's
+        // expiry): the admitted path does not.
         let lane = who.lane.unwrap_or_else(|| {
             let now = self.clock.now_s();
             match creds.lane.as_ref().and_then(|c| c.lane_at(now)) {
@@ -250,9 +255,6 @@ impl Gate {
                 None => 0,
             }
         });
-        if let Some(decision) = self.held(s, route, &creds, who).await {
-            return decision;
-        }
         Box::pin(self.arrive(s, route, who, lane)).await
     }
 
@@ -269,7 +271,7 @@ impl Gate {
         creds: &Credentials,
     ) -> Option<Decision> {
         let route = &s.routes[index];
-        if let Some(decision) = by_mode(route, self.clock.now_us()) {
+        if let Some(decision) = by_mode(route, self.clock) {
             return Some(decision);
         }
         self.held(s, route, creds, who).await
@@ -908,9 +910,10 @@ impl Gate {
 
 /// The decision a route's mode makes alone: a passthrough route admits and
 /// a closed one refuses, whatever the visitor holds.
-fn by_mode(route: &RouteRt, now_us: u64) -> Option<Decision> {
-    // From `closes_at` on, the route answers as a closed one (DESIGN §8.7).
-    if route.closed_at(now_us) {
+fn by_mode(route: &RouteRt, clock: Clock) -> Option<Decision> {
+    // From `closes_at` on, the route answers as a closed one (DESIGN §8.7);
+    // the clock is read only on a route that has one.
+    if route.cfg.closes_at.is_some() && route.closed_at(clock.now_us()) {
         return Some(Decision::Closed);
     }
     match route.cfg.mode {

@@ -65,7 +65,7 @@ use percent_encoding::percent_decode;
 use rand::RngCore as _;
 
 use crate::admission::{
-    decode_fixed, is_version, parse_decimal, push_decimal, KeyRing, Seal, MAX_VALUE_LEN, VERSION,
+    decode_fixed, parse_decimal, push_decimal, split_value, KeyRing, Seal, MAX_VALUE_LEN, VERSION,
 };
 use crate::config::{is_lane_name, is_route_name, Config};
 
@@ -271,31 +271,10 @@ fn check_grant(ring: &KeyRing, value: &str, route: &str, now_unix: u64) -> Resul
     })
 }
 
-/// The `N` dot-separated fields of a value of state `state`: bounded in
-/// length, ASCII, version `v1`, exactly `N` fields.
+/// The `N` fields of a value of state `state` ([`split_value`]).
 fn fields<'v, const N: usize>(value: &'v str, state: &str) -> Result<[&'v str; N], Reject> {
-    if value.len() > MAX_VALUE_LEN {
-        return Err(Reject::Oversize);
-    }
-    if !value.is_ascii() {
-        return Err(Reject::Malformed);
-    }
-    let version = value.split_once('.').map_or(value, |(version, _)| version);
-    if version != VERSION {
-        return Err(if is_version(version) {
-            Reject::WrongVersion
-        } else {
-            Reject::Malformed
-        });
-    }
-    let mut fields = [""; N];
-    let mut count = 0;
-    for field in value.split('.') {
-        let slot = fields.get_mut(count).ok_or(Reject::Malformed)?;
-        *slot = field;
-        count += 1;
-    }
-    if count != N || fields.get(1) != Some(&state) {
+    let fields = split_value::<N>(value)?;
+    if fields.get(1) != Some(&state) {
         return Err(Reject::Malformed);
     }
     Ok(fields)
