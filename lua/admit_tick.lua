@@ -3,7 +3,8 @@
 -- KEYS: the route's six keys, its configured lanes' (see route.lua), then
 --       the keys of lanes no longer configured that may hold waiters (the
 --       names the stats hash's `lanes` field lists, read before).
--- ARGV: [1] capacity  [2] max_admit_per_tick  [3] tick (ms)
+-- ARGV: [1] capacity ('': the sub-line's share, see route.lua)
+--       [2] max_admit_per_tick  [3] tick (ms)
 --       [4] arrival_grace (ms)  [5] abandon_after (ms)  [6] pass_ttl (ms)
 --       [7] the epoch this instance saw last (µs), or '' if none
 --       [8] n, the number of configured lanes, then [9 .. 8 + n] their
@@ -48,7 +49,7 @@
 -- wiped after the opening held no pre-queue: its opening shuffles nothing,
 -- so waiters restored at their scores keep them.
 
-local capacity = tonumber(ARGV[1])
+local capacity = capacity_of(ARGV[1])
 local max_admit_per_tick = tonumber(ARGV[2])
 local tick_ms = tonumber(ARGV[3])
 local arrival_grace_ms = tonumber(ARGV[4])

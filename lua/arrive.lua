@@ -5,7 +5,8 @@
 -- KEYS: the route's six keys and its lanes' (see route.lua), then the keys
 --       of the clients the arrivals came from that the limits count, each
 --       once (any number, all under the route's hash tag).
--- ARGV: [1] capacity  [2] max_admit_per_tick  [3] tick (ms)
+-- ARGV: [1] capacity ('': the sub-line's share, see route.lua)
+--       [2] max_admit_per_tick  [3] tick (ms)
 --       [4] session_ttl (ms)  [5] abandon_after (ms)  [6] max_waiting
 --       [7] unconfirmed session life (ms)  [8] unconfirmed ticket life (ms)
 --       [9] client places (0 = off)  [10] client joins per minute (0 = off)
@@ -40,7 +41,7 @@
 -- beat). An id already in line or active is not a new place and is never
 -- refused.
 
-local capacity = tonumber(ARGV[1])
+local capacity = capacity_of(ARGV[1])
 local max_admit_per_tick = tonumber(ARGV[2])
 local tick_ms = tonumber(ARGV[3])
 local session_ttl_ms = tonumber(ARGV[4])

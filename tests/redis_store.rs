@@ -34,6 +34,7 @@ fn limits() -> Limits {
         client_joins_per_minute: 0,
         lanes: Lanes::default(),
         opens_at_us: None,
+        shards: 1,
     }
 }
 

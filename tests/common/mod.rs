@@ -295,6 +295,7 @@ pub fn route(name: &str, prefix: &str, capacity: u64) -> Route {
         lanes: vec![queuegate::config::Lane::main()],
         opens_at: None,
         closes_at: None,
+        shards: 1,
         page: PageConfig::default(),
     }
 }
