@@ -10,7 +10,8 @@
 --         [7] the sub-line's epoch the caller saw last (µs), or ''
 --         [8] pass_ttl (ms): the hold when [7] shows a lost store
 --   give: [3] capacity wanted back   add: [3] capacity given
---   peek: [3], [4] as look's [7], [8] (an instance not coordinating)
+--   peek: [3], [4] as look's [7], [8], [5] as look's [4] (an instance not
+--         coordinating)
 -- Returns:
 --   look: {1, has a share (1|0), share, active, held (1|0), epoch µs,
 --          now µs, admissions in this tick window, waiting (every lane),
@@ -19,7 +20,7 @@
 --         {0} a later generation looked already: this coordinator is stale
 --         {2, n} the store holds the route in n sub-lines, not ARGV[4]
 --   give: {1, given}   add: {1, share after}   {0, 0}: stale generation
---   peek: {1, epoch µs, now µs, waiting in each lane...}
+--   peek: {1, epoch µs, now µs, waiting in each lane...}, or {2, n} as look
 -- Invariant: a look stamps the generation, and give and add are refused
 -- unless the stamp is still theirs, so a coordinator that stalled past its
 -- lease moves nothing once a later one has looked. Give never takes a share
@@ -39,7 +40,20 @@ local function notice(known, pass_ttl)
   end
 end
 
+-- The split this sub-line was last looked at as, if other than `shards`.
+local function other_split(shards)
+  local recorded = tonumber(redis.call('HGET', stats_key, 'shards'))
+  if recorded and recorded ~= shards then
+    return recorded
+  end
+  return nil
+end
+
 if op == 'peek' then
+  local other = other_split(tonumber(ARGV[5]))
+  if other then
+    return {2, other}
+  end
   notice(ARGV[3], ARGV[4])
   local reply = {1, epoch_us, now_us}
   for l = 1, #lane_keys do
@@ -56,14 +70,11 @@ if op == 'look' then
   end
   local wanted = tonumber(ARGV[3])
   local shards = tonumber(ARGV[4])
-  -- A sub-line records the split it belongs to; a line from before the
-  -- route was split (waiters or sessions, no record) is a split of one.
-  local recorded = tonumber(redis.call('HGET', stats_key, 'shards'))
-  if not recorded and (waiting_total() > 0 or active_count() > 0) then
-    recorded = 1
-  end
-  if recorded and recorded ~= shards then
-    return {2, recorded}
+  -- A sub-line records the split it belongs to (an unsplit route's tick
+  -- records a split of one: admit_tick.lua).
+  local other = other_split(shards)
+  if other then
+    return {2, other}
   end
   redis.call('HSET', stats_key, 'share_gen', int(gen), 'shards', int(shards))
   notice(ARGV[7], ARGV[8])

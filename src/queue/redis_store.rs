@@ -1135,7 +1135,17 @@ impl QueueStore for RedisStore {
         if limits.shards > 1 {
             return self.split_tick(route, limits, known_epoch_us).await;
         }
-        self.admit_tick_on(route, limits, known_epoch_us).await
+        let tick = self.admit_tick_on(route, limits, known_epoch_us).await;
+        if let Err(StoreError::Unavailable(e)) = &tick {
+            if e.code() == Some("SPLIT") {
+                let held = e
+                    .detail()
+                    .and_then(|d| d.split_whitespace().find_map(|w| w.parse().ok()))
+                    .unwrap_or(0);
+                self.refuse_split(route, held, 1);
+            }
+        }
+        tick
     }
 
     async fn hold(&self, route: &str, limits: &Limits) -> Result<(), StoreError> {

@@ -20,6 +20,16 @@ use crate::queue::record;
 use crate::queue::shards::{self, Look};
 use crate::queue::Limits;
 
+/// A flag that answers true the first time it is asked only.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Once(bool);
+
+impl Once {
+    fn not_yet(&mut self) -> bool {
+        !std::mem::replace(&mut self.0, true)
+    }
+}
+
 /// What this store saw of a split route's sub-lines, by the last tick.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Seen {
@@ -32,7 +42,7 @@ pub(super) struct Seen {
     /// the other sub-lines' waiters ahead of it.
     lane_waiting: Vec<Vec<u64>>,
     /// A refusal to tick (another split in the store) was logged.
-    refusal_logged: bool,
+    refusal_logged: Once,
 }
 
 /// The limits of one sub-line's calls: capacity is its share (`shards` 0,
@@ -68,7 +78,7 @@ impl RedisStore {
                 names: shards::sub_routes(route, limits.shards),
                 epochs: vec![None; limits.shards as usize],
                 lane_waiting: vec![Vec::new(); limits.shards as usize],
-                refusal_logged: false,
+                refusal_logged: seen.refusal_logged,
             };
         }
         seen.clone()
@@ -231,8 +241,12 @@ impl RedisStore {
                 .arg("peek")
                 .arg(0)
                 .arg(epoch_arg(known_epoch_us.and(seen.epochs[k])))
-                .arg(ms(limits.pass_ttl));
+                .arg(ms(limits.pass_ttl))
+                .arg(limits.shards);
             match self.run::<Vec<u64>>(&invocation).await {
+                Ok(reply) if reply.first() == Some(&2) => {
+                    return Err(self.split_refused(route, &reply, limits));
+                }
                 Ok(reply) if reply.len() == 3 + limits.lanes.len() && reply[0] == 1 => {
                     epochs[k] = Some(reply[1]);
                     now_us = now_us.max(reply[2]);
@@ -310,14 +324,7 @@ impl RedisStore {
                         heads: reply[9..].to_vec(),
                     });
                 }
-                Some(2) => {
-                    let held = field(&reply, 1, "look")?;
-                    self.refuse_split(route, held, limits.shards);
-                    return Err(unexpected_reply(format!(
-                        "route {route} is split in {held} sub-lines in the store, not {}",
-                        limits.shards
-                    )));
-                }
+                Some(2) => return Err(self.split_refused(route, &reply, limits)),
                 // A later coordinator looked: this one is stale.
                 _ => return self.split_peek(route, seen, limits, known_epoch_us).await,
             }
@@ -446,13 +453,29 @@ impl RedisStore {
         }
     }
 
-    fn refuse_split(&self, route: &str, held: u64, configured: u32) {
-        let mut log = false;
-        self.remember(route, |s| {
-            log = !s.refusal_logged;
-            s.refusal_logged = true;
-        });
-        if log {
+    /// The error for a sub-line that answered it belongs to another split
+    /// (`{2, held}`), logged once.
+    fn split_refused(&self, route: &str, reply: &[u64], limits: &Limits) -> StoreError {
+        let held = reply.get(1).copied().unwrap_or(0);
+        self.refuse_split(route, held, limits.shards);
+        unexpected_reply(format!(
+            "route {route} is split in {held} sub-lines in the store, not {}",
+            limits.shards
+        ))
+    }
+
+    /// Logs, once per route, that the store holds the route split another
+    /// way than configured (`held` sub-lines, `configured` by `shards`).
+    pub(super) fn refuse_split(&self, route: &str, held: u64, configured: u32) {
+        let first = self
+            .splits
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(route.to_owned())
+            .or_default()
+            .refusal_logged
+            .not_yet();
+        if first {
             tracing::error!(
                 route,
                 held,
