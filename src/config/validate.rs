@@ -771,7 +771,7 @@ fn routes(
                 );
             }
             if let (Some(reserved), Some(prefix)) = (reserved_prefix, &route.matcher.path_prefix) {
-                if prefix == reserved || prefix.starts_with(&format!("{reserved}/")) {
+                if crate::path::prefix_matches(prefix, reserved) {
                     problems.report(
                         at.key("match").key("path_prefix"),
                         format!("{prefix} is inside reserved_prefix {reserved}, which queuegate serves itself"),
@@ -804,7 +804,7 @@ fn covers(earlier: &RouteMatch, later: &RouteMatch) -> bool {
             } else {
                 (a.clone(), b.clone())
             };
-            b == a || b.starts_with(&format!("{a}/"))
+            crate::path::prefix_matches(&b, &a)
         }
     };
     host_covered && path_covered
