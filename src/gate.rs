@@ -224,8 +224,8 @@ impl Gate {
 
     /// Decides a request to gated route `index` of `s` (DESIGN §1 step 4).
     /// `creds` reads the request's credentials for that route (usually
-    /// [`CookieMemo::read`]); it is not called for a passthrough or closed
-    /// route, which needs none.
+    /// [`Settings::credentials`], through the connection's cookie memo); it
+    /// is not called for a passthrough or closed route, which needs none.
     ///
     /// Every branch that calls the store is boxed: a store call's future is
     /// kilobytes, and unboxed it would be the size of every request's
