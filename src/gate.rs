@@ -148,6 +148,14 @@ impl Gate {
                 .live
                 .out_of_line([ticket.id], route.limits.abandon_after);
         }
+        if let Some(pass) = creds.pass {
+            // A pass given up is refused here at once, even in the first
+            // half of its life, as for a session the origin ended: the slot
+            // goes to someone else now. On a shared store the other
+            // instances learn it within a tick; on the memory store this is
+            // the only instance.
+            route.live.end(&pass.id, self.clock.now_s(), &route.limits);
+        }
         for claims in [creds.pass, creds.ticket].into_iter().flatten() {
             if let Err(err) = self
                 .store
