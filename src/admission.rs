@@ -50,7 +50,7 @@ use rand::RngCore as _;
 use sha2::Sha256;
 
 use crate::config::{
-    is_key_id, is_lane_name, is_route_name, KeyFrom, KeySource, MAX_LANE_NAME_LEN,
+    is_key_id, is_lane_name, is_route_name, KeyFrom, KeySource, MAX_KEY_ID_LEN, MAX_LANE_NAME_LEN,
 };
 
 /// A visitor's random identity; the same type as the store's `VisitorId`.
@@ -256,7 +256,7 @@ pub enum Verdict {
 pub enum KeyError {
     #[error("no keys configured: the key ring needs at least one key")]
     NoKeys,
-    #[error("key id {id:?} is invalid: use 1 to 16 characters of A-Z a-z 0-9 _ -")]
+    #[error("key id {id:?} is invalid: use 1 to {MAX_KEY_ID_LEN} characters of A-Z a-z 0-9 _ -")]
     InvalidId { id: String },
     #[error("key id {id:?} is listed more than once")]
     DuplicateId { id: String },

@@ -148,6 +148,14 @@ impl Gate {
                 .live
                 .out_of_line([ticket.id], route.limits.abandon_after);
         }
+        if let Some(pass) = creds.pass {
+            // A pass given up is refused here at once, even in the first
+            // half of its life, as for a session the origin ended: the slot
+            // goes to someone else now. On a shared store the other
+            // instances learn it within a tick; on the memory store this is
+            // the only instance.
+            route.live.end(&pass.id, self.clock.now_s(), &route.limits);
+        }
         for claims in [creds.pass, creds.ticket].into_iter().flatten() {
             if let Err(err) = self
                 .store
@@ -224,8 +232,8 @@ impl Gate {
 
     /// Decides a request to gated route `index` of `s` (DESIGN §1 step 4).
     /// `creds` reads the request's credentials for that route (usually
-    /// [`CookieMemo::read`]); it is not called for a passthrough or closed
-    /// route, which needs none.
+    /// [`Settings::credentials`], through the connection's cookie memo); it
+    /// is not called for a passthrough or closed route, which needs none.
     ///
     /// Every branch that calls the store is boxed: a store call's future is
     /// kilobytes, and unboxed it would be the size of every request's

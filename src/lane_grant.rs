@@ -67,7 +67,7 @@ use rand::RngCore as _;
 use crate::admission::{
     decode_fixed, parse_decimal, push_decimal, split_value, KeyRing, Seal, MAX_VALUE_LEN, VERSION,
 };
-use crate::config::{is_lane_name, is_route_name, Config};
+use crate::config::{is_lane_name, is_route_name, Config, MAX_LANE_NAME_LEN};
 
 /// The query parameter an invite link carries its token in.
 pub const INVITE_PARAM: &str = "qg_invite";
@@ -445,7 +445,7 @@ pub struct InviteSpec {
 pub enum InviteInputError {
     #[error("--route {route:?}: no such route in the config (routes: {known})")]
     UnknownRoute { route: String, known: String },
-    #[error("--lane {lane:?}: a lane name is 1 to 16 characters of a-z 0-9 _ -")]
+    #[error("--lane {lane:?}: a lane name is 1 to {MAX_LANE_NAME_LEN} characters of a-z 0-9 _ -")]
     BadLane { lane: String },
     #[error("--lane {lane:?}: route {route:?} has no such lane (lanes: {known})")]
     UnknownLane {

@@ -3,7 +3,10 @@
 //! # Layout
 //!
 //! Modules are listed from the top down: each imports only modules listed
-//! below it, never one above (nor one that imports it back).
+//! below it, never one above (nor one that imports it back). A module's own
+//! files are named with it. The binary, `main.rs`, reads the command line
+//! (`cli`), sets up logging and runs the command (`run` through
+//! [`run_file`]).
 //!
 //! - `demo`: the embedded demo origin, with queuegate in front of it.
 //! - `server`: accept loops, connection limit, HTTP/1.1 and HTTP/2, drain.
@@ -14,7 +17,8 @@
 //!   checks, queuegate's own paths, bypass, route, gate, forward.
 //! - `framing`: watches raw HTTP/1 heads for ambiguous framing hyper would resolve.
 //! - `admitter`: the per-route tick loop.
-//! - `waiting`: the waiting page, status JSON, its event stream and leave.
+//! - `waiting`: the waiting page (rendered by `page`), status JSON, its event
+//!   stream (`events`) and leave; the `return` path (`return_to`).
 //! - `gate`: the per-request decision (`Decision`), no socket I/O.
 //! - `route`: routes ready for requests (`Settings`, `RouteRt`, `RouteLive`):
 //!   matching, live numbers, the ETA.
@@ -29,9 +33,14 @@
 //! - `tls`: the TLS listeners' server config and certificate reload.
 //! - `file_watch`: notices changed files (config, certificates) by their directories.
 //! - `metrics`: every exported Prometheus metric, one `Metrics` struct.
-//! - `queue`: the `QueueStore` trait and its memory and Redis backends; the
-//!   line record polls are answered from; arrivals gathered into batches.
-//! - `config`: the YAML file, parsed and validated into a typed `Config`.
+//! - `queue`: the `QueueStore` trait and its memory (`memory`, its line a
+//!   `memory::ranked_set`) and Redis (`redis_store`) backends; the circuit
+//!   breaker around them (`breaker`); the line record polls are answered
+//!   from (`record`); arrivals gathered into batches (`joins`).
+//! - `config`: the YAML file, parsed and validated into a typed `Config`:
+//!   text to a node tree with positions (`node`), serde structs mirroring it
+//!   (`raw`, filled by `document`), validation (`validate`), lines of field
+//!   paths (`locate`), the problems (`error`), enum names (`names`).
 //! - `template`: the waiting page's template language and phrase table.
 //! - `path`: every reading of a request path, and the segment-boundary prefix match.
 //! - `response`: the one body type and every response queuegate makes.

@@ -1,8 +1,8 @@
 //! Request paths as the gate reads them: the normalised path (DESIGN §1
 //! step 3), the other readings an origin may make of the same bytes
-//! (§8.1), whether they disagree in a way that could change the route, and
-//! the segment-boundary prefix match. Every reading of a path the gate makes
-//! is written here, once.
+//! (§8.1), whether they disagree in a way that could change the route, the
+//! segment-boundary prefix match, and what counts as a percent escape.
+//! Every reading of a path the gate makes is written here, once.
 //!
 //! The origin is not ours, and origins disagree: WSGI servers decode `%2F`
 //! to `/`, Java containers drop `;params` from segments (and read `..;` as
@@ -250,6 +250,13 @@ pub fn prefix_matches(path: &str, prefix: &str) -> bool {
     }
 }
 
+/// Whether `bytes` starts with a percent escape: `%` and two hex digits.
+/// A `%` not followed by two is no escape (the `percent-encoding` crate
+/// leaves it as it is).
+pub fn starts_with_escape(bytes: &[u8]) -> bool {
+    matches!(bytes, [b'%', high, low, ..] if high.is_ascii_hexdigit() && low.is_ascii_hexdigit())
+}
+
 /// Decodes the escapes of unreserved characters (RFC 3986 §2.3: they mean
 /// the same encoded or not); every other escape stays encoded, in one
 /// spelling (upper-case hex).
@@ -258,9 +265,7 @@ fn decode_unreserved(raw: &str) -> String {
     let mut out = String::with_capacity(raw.len());
     let mut i = 0;
     while i < bytes.len() {
-        let escape = bytes
-            .get(i..i + 3)
-            .filter(|e| e[0] == b'%' && e[1].is_ascii_hexdigit() && e[2].is_ascii_hexdigit());
+        let escape = bytes.get(i..i + 3).filter(|e| starts_with_escape(e));
         if let Some(escape) = escape {
             let c = percent_decode(escape).next().unwrap_or(b'%');
             if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~') {
@@ -307,6 +312,16 @@ mod tests {
         assert!(prefix_matches("/tickets/1", "/tickets"));
         assert!(!prefix_matches("/ticketsale", "/tickets"));
         assert!(prefix_matches("/anything", "/"));
+    }
+
+    #[test]
+    fn an_escape_is_a_percent_and_two_hex_digits() {
+        for escape in ["%2F", "%2f", "%00", "%aB/x"] {
+            assert!(starts_with_escape(escape.as_bytes()), "{escape}");
+        }
+        for not in ["", "%", "%2", "%G0", "%0G", "x%20", "%%20"] {
+            assert!(!starts_with_escape(not.as_bytes()), "{not}");
+        }
     }
 
     #[test]

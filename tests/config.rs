@@ -157,6 +157,53 @@ fn a_redis_sentinel_section_parses_to_sentinel_mode() {
 }
 
 #[test]
+fn anchors_and_merge_keys_read_as_if_written_out() {
+    let shared = Config::load(&fixture("good/anchors.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    let written_out = Config::from_yaml(
+        "listen: [{ addr: 127.0.0.1:8080 }]
+upstream: { url: http://127.0.0.1:3000 }
+keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]
+routes:
+  - { name: tickets, match: { path_prefix: /tickets }, capacity: 100, tick: 2s,
+      pass_ttl: 10m, mode: queue_all, client_limits: { places: 4, joins_per_minute: 30 } }
+  - { name: merch, match: { path_prefix: /merch }, capacity: 20, tick: 2s,
+      pass_ttl: 10m, mode: queue_all, client_limits: { places: 4, joins_per_minute: 30 } }
+  - { name: help, match: { path_prefix: /help }, capacity: 5,
+      client_limits: { places: 4, joins_per_minute: 30 } }
+",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(shared, written_out);
+    assert_eq!(shared.routes[1].tick, Duration::from_secs(2));
+    assert_eq!(shared.routes[1].mode, Mode::QueueAll);
+}
+
+#[test]
+fn a_bad_field_shared_by_an_anchor_is_named_where_it_is_used() {
+    let errors = Config::from_yaml(
+        "listen: [{ addr: 127.0.0.1:8080 }]
+upstream: { url: http://127.0.0.1:3000 }
+keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]
+routes:
+  - &sale
+    name: tickets
+    match: { path_prefix: /tickets }
+    capacity: 100
+    tick: 2
+  - <<: *sale
+    name: merch
+    match: { path_prefix: /merch }
+",
+    )
+    .unwrap_err();
+    // The first route's line is its own; the second's is where it merges it.
+    assert_eq!(
+        places(&errors),
+        [("routes[0].tick", Some(9)), ("routes[1].tick", Some(10))]
+    );
+}
+
+#[test]
 fn an_unknown_field_is_named_with_its_line() {
     let errors = load_bad("bad/unknown_field.yaml");
     assert_eq!(places(&errors), [("upstream.retries", Some(5))]);

@@ -127,6 +127,8 @@ struct Held {
     _origin: Origin,
     /// The holder's first pass (`n`: admitted at once, not yet confirmed).
     first_pass: String,
+    /// The visitor holding the slot, with its confirmed pass.
+    holder: Visitor,
 }
 
 /// The config of the corpus: `/tickets` (capacity 1), `/elsewhere`, a
@@ -177,6 +179,7 @@ async fn held(store: &StoreConfig, tweak: impl FnOnce(&mut Config)) -> Held {
         seen,
         _origin: origin,
         first_pass,
+        holder,
     }
 }
 
@@ -550,6 +553,30 @@ async fn cookie_cases(held: &Held) -> Vec<Case> {
     ]
 }
 
+/// The holder's pass, kept after it left and someone else took the slot:
+/// the instance that took the leave refuses it at once, before the pass is
+/// half through its life (on a shared store other instances learn it within
+/// a tick; on the memory store nothing else would tell).
+async fn given_up_cases(held: &mut Held) -> Vec<Case> {
+    let Held {
+        gate, seen, holder, ..
+    } = held;
+    let pass = holder.cookie("qg_tickets").unwrap().to_owned();
+    assert!(pass.starts_with("v1.a.tickets."), "{pass}");
+    assert_eq!(holder.leave(gate, "tickets").await.status, StatusCode::OK);
+    let mut next = Visitor::new();
+    assert!(
+        next.navigate(&gate.url("/tickets")).await.reached_origin(),
+        "the freed slot is taken"
+    );
+    seen.lock().unwrap().clear();
+    vec![case(
+        "the pass of a holder who left",
+        get("/tickets/seat", &format!("Cookie: qg_tickets={pass}\r\n")),
+        Expect::Held,
+    )]
+}
+
 /// Runs every store-dependent corpus on a gate with `store`; `reset`
 /// empties the store between gates.
 async fn corpus(store: StoreConfig, reset: impl Fn()) {
@@ -565,6 +592,12 @@ async fn corpus(store: StoreConfig, reset: impl Fn()) {
     h.run("hosts", &host_cases()).await;
     let cases = cookie_cases(&h).await;
     h.run("cookies", &cases).await;
+    h.gate.stop().await.unwrap();
+
+    reset();
+    let mut h = held(&store, |_| {}).await;
+    let cases = given_up_cases(&mut h).await;
+    h.run("given up", &cases).await;
     h.gate.stop().await.unwrap();
 
     reset();

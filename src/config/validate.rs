@@ -771,7 +771,7 @@ fn routes(
                 );
             }
             if let (Some(reserved), Some(prefix)) = (reserved_prefix, &route.matcher.path_prefix) {
-                if prefix == reserved || prefix.starts_with(&format!("{reserved}/")) {
+                if crate::path::prefix_matches(prefix, reserved) {
                     problems.report(
                         at.key("match").key("path_prefix"),
                         format!("{prefix} is inside reserved_prefix {reserved}, which queuegate serves itself"),
@@ -804,7 +804,7 @@ fn covers(earlier: &RouteMatch, later: &RouteMatch) -> bool {
             } else {
                 (a.clone(), b.clone())
             };
-            b == a || b.starts_with(&format!("{a}/"))
+            crate::path::prefix_matches(&b, &a)
         }
     };
     host_covered && path_covered
@@ -1189,14 +1189,11 @@ pub(crate) fn normalise_prefix(prefix: &str) -> Result<String, String> {
     {
         return Err("no spaces, `?` or `#` (paths are matched without the query)".to_owned());
     }
-    if let Some(at) = prefix.find('%') {
-        let well_formed = prefix[at..]
-            .split('%')
-            .skip(1)
-            .all(|rest| rest.len() >= 2 && rest.as_bytes()[..2].iter().all(u8::is_ascii_hexdigit));
-        if !well_formed {
-            return Err("`%` must be followed by two hex digits".to_owned());
-        }
+    let well_formed = prefix
+        .match_indices('%')
+        .all(|(at, _)| crate::path::starts_with_escape(&prefix.as_bytes()[at..]));
+    if !well_formed {
+        return Err("`%` must be followed by two hex digits".to_owned());
     }
     // Normalised exactly as request paths are, so the two always compare.
     let normalized = crate::path::normalize(prefix);

@@ -103,7 +103,7 @@ pub use record::{LaneRecord, LineRecord};
 pub use redis_store::RedisStore;
 
 use crate::clock::Clock;
-use crate::config::{Backend, StoreConfig};
+use crate::config::{Backend, StoreConfig, MAX_LANE_NAME_LEN};
 
 /// A visitor's id: 128 random bits, decoded from the cookie. Never part of a key.
 pub type VisitorId = [u8; 16];
@@ -164,7 +164,7 @@ pub enum LaneError {
     None,
     #[error("at most {MAX_LANES} lanes per route")]
     TooMany,
-    #[error("lane name {0:?} is not 1 to 16 of a-z 0-9 _ -")]
+    #[error("lane name {0:?} is not 1 to {MAX_LANE_NAME_LEN} of a-z 0-9 _ -")]
     Name(String),
     #[error("lane {name:?}: weight {weight} is not between 1 and {MAX_LANE_WEIGHT}")]
     Weight { name: String, weight: u32 },

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 
 use percent_encoding::{percent_decode, percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
-use crate::lane_grant;
+use crate::{lane_grant, path};
 
 /// Longest `return` accepted, before and after encoding.
 pub const MAX_LEN: usize = 2048;
@@ -133,10 +133,7 @@ fn encode(bytes: &[u8]) -> String {
     let mut rest = bytes;
     while let Some(at) = memchr::memchr(b'%', rest) {
         out.extend(percent_encode(&rest[..at], ENCODED));
-        let starts_escape = rest
-            .get(at + 1..at + 3)
-            .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit));
-        if starts_escape {
+        if path::starts_with_escape(&rest[at..]) {
             out.push('%');
         } else {
             out.push_str("%25");
