@@ -20,7 +20,8 @@
 --           numbers), waiting in each lane after the tick (n numbers),
 --           join score of each waiter admitted, in admission order...}
 --          (a tick that did not run: the first seven, then 0, 0, 0)
--- Errors: SPLIT when the route's line is split into sub-lines (`shards`).
+-- Errors: SPLIT when the route's line is split into sub-lines (`shards`)
+-- and this slot is not empty.
 -- Invariant: at most one run per tick window floor(now_ms / tick), whichever
 -- instance comes first (the tick key holds the window last run); every
 -- no-show purged leaves a tombstone in seen for abandon_after; unconfirmed
@@ -68,16 +69,16 @@ local seed = ARGV[10 + configured] or ''
 local RECORD_HEAD = 100
 
 -- A route ticked as one line records it; one whose line the store holds
--- split into sub-lines (shares.lua) is refused, since its visitors are in
--- the sub-lines. (A sub-line's own tick, capacity '', was checked by the
+-- split into sub-lines (shares.lua) is refused while this slot holds
+-- waiters or sessions, since its visitors are in the sub-lines. (A sub-line's own tick, capacity '', was checked by the
 -- coordinator's look.)
 if ARGV[1] ~= '' then
   local split = tonumber(redis.call('HGET', stats_key, 'shards'))
-  if split and split ~= 1 then
+  if split and split ~= 1 and (waiting_total() > 0 or active_count() > 0) then
     return redis.error_reply('SPLIT the store holds this route split in '
       .. int(split) .. ' sub-lines')
   end
-  if not split then
+  if split ~= 1 then
     redis.call('HSET', stats_key, 'shards', 1)
   end
 end

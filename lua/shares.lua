@@ -18,7 +18,8 @@
 --          the join scores of the first heads-wanted waiters of every lane
 --          together, ascending...}
 --         {0} a later generation looked already: this coordinator is stale
---         {2, n} the store holds the route in n sub-lines, not ARGV[4]
+--         {2, n} the store holds the route in n sub-lines, not ARGV[4],
+--         and this sub-line holds waiters or sessions
 --   give: {1, given}   add: {1, share after}   {0, 0}: stale generation
 --   peek: {1, epoch µs, now µs, waiting in each lane...}, or {2, n} as look
 -- Invariant: a look stamps the generation, and give and add are refused
@@ -40,10 +41,12 @@ local function notice(known, pass_ttl)
   end
 end
 
--- The split this sub-line was last looked at as, if other than `shards`.
+-- The split this sub-line was last looked at as, if other than `shards`
+-- while it holds waiters or sessions (an empty one takes the new split).
 local function other_split(shards)
   local recorded = tonumber(redis.call('HGET', stats_key, 'shards'))
-  if recorded and recorded ~= shards then
+  if recorded and recorded ~= shards
+      and (waiting_total() > 0 or active_count() > 0) then
     return recorded
   end
   return nil
