@@ -256,10 +256,12 @@ fn log_start(config: &config::Config, listeners: &Listeners) -> std::io::Result<
 }
 
 /// Validates a config file as `queuegate check` does: every problem at once.
-/// Returns warnings (such as keys not readable on this machine) on success.
+/// Returns warnings on success: the config's own, in file order, then keys
+/// not readable on this machine.
 pub fn check(path: &Path) -> Result<Vec<String>, config::ConfigErrors> {
-    let config = config::Config::load(path)?;
-    let mut warnings = Vec::new();
+    let loaded = config::Config::load_with_warnings(path)?;
+    let config = loaded.config;
+    let mut warnings: Vec<String> = loaded.warnings.iter().map(ToString::to_string).collect();
     if let Err(err) = KeyRing::load(&config.keys) {
         warnings.push(format!("keys: {err} (needed at run time)"));
     }

@@ -41,8 +41,13 @@ fn main() -> ExitCode {
             }
         },
         Command::Run { config: path } => {
-            let config = match Config::load(&path) {
-                Ok(c) => c,
+            let config = match Config::load_with_warnings(&path) {
+                Ok(loaded) => {
+                    for warning in &loaded.warnings {
+                        tracing::warn!(path = %path.display(), "config: {warning}");
+                    }
+                    loaded.config
+                }
                 Err(errors) => {
                     eprintln!("{}: invalid configuration", path.display());
                     eprintln!("{errors}");

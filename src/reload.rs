@@ -142,8 +142,8 @@ impl Reloader {
             }
         };
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-        let config = match Config::from_yaml(&text) {
-            Ok(config) => config,
+        let (config, warnings) = match Config::from_yaml_with_warnings(&text) {
+            Ok(loaded) => (loaded.config, loaded.warnings),
             Err(errors) => return self.rejected(ReloadError::Invalid(errors)),
         };
         if cause == Cause::FileChanged && *running == config {
@@ -187,6 +187,9 @@ impl Reloader {
         self.app.settings.store(Arc::new(settings));
         self.admitters.start_missing();
         self.app.metrics.config_reload(true);
+        for warning in &warnings {
+            tracing::warn!(path = %self.path.display(), "config: {warning}");
+        }
         tracing::info!(
             path = %self.path.display(),
             routes = config.routes.len(),

@@ -43,6 +43,48 @@ fn check_names_every_bad_field_and_exits_64() {
     assert_eq!(missing.status.code(), Some(64));
 }
 
+/// Runs `queuegate check` on `config` with its key set; returns how it
+/// ended, its stdout and its stderr.
+fn check(config: &str) -> (std::process::ExitStatus, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("queuegate.yaml");
+    std::fs::write(&path, config).unwrap();
+    let out = Command::new(BIN)
+        .args(["check", "-c"])
+        .arg(&path)
+        .env("QG_TEST_KEY", queuegate::admission::keygen())
+        .output()
+        .unwrap();
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn check_warns_about_a_host_route_without_allowed_hosts_and_exits_0() {
+    let base = "listen: [{ addr: \"127.0.0.1:0\" }]\n\
+                upstream: { url: \"http://127.0.0.1:9\" }\n\
+                keys: [{ id: k1, env: QG_TEST_KEY }]\n";
+    let routes = "routes:\n  - name: shop\n    match: { host: shop.example }\n    capacity: 1\n";
+    let (status, stdout, stderr) = check(&format!("{base}{routes}"));
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.contains("ok"), "{stdout}");
+    let warning = stderr
+        .lines()
+        .find(|line| line.starts_with("warning: routes[0].match.host (line 6): "))
+        .unwrap_or_else(|| panic!("no warning naming the field: {stderr}"));
+    assert!(warning.contains("limits.allowed_hosts"), "{warning}");
+    assert!(warning.contains("HTTP/1.0"), "{warning}");
+
+    let (status, _, stderr) = check(&format!(
+        "{base}limits: {{ allowed_hosts: [shop.example] }}\n{routes}"
+    ));
+    assert!(status.success(), "{stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+}
+
 #[test]
 fn keygen_prints_a_fresh_key_each_time() {
     let one = Command::new(BIN).arg("keygen").output().unwrap();

@@ -1,5 +1,7 @@
 //! Configuration problems: where each one is (field path, line) and what is
-//! wrong, gathered so that all of them are reported at once.
+//! wrong, gathered so that all of them are reported at once; and warnings,
+//! written the same way, about a valid config an operator likely did not
+//! mean.
 
 use std::fmt;
 
@@ -77,12 +79,41 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (self.path.is_empty(), self.line) {
-            (false, Some(line)) => write!(f, "{} (line {line}): {}", self.path, self.message),
-            (false, None) => write!(f, "{}: {}", self.path, self.message),
-            (true, Some(line)) => write!(f, "line {line}: {}", self.message),
-            (true, None) => f.write_str(&self.message),
-        }
+        write_located(f, &self.path, self.line, &self.message)
+    }
+}
+
+/// A valid config that an operator likely did not mean as written: it is
+/// loaded all the same, and the warning is shown (`queuegate check`) or
+/// logged (`run`, reload).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigWarning {
+    /// Field path such as `routes[0].match.host`.
+    pub path: String,
+    /// 1-based line in the file, when known.
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+/// Written as a [`ConfigError`] is: `path (line N): message`.
+impl fmt::Display for ConfigWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_located(f, &self.path, self.line, &self.message)
+    }
+}
+
+/// `path (line N): message`, leaving out what is not known.
+fn write_located(
+    f: &mut fmt::Formatter<'_>,
+    path: &str,
+    line: Option<usize>,
+    message: &str,
+) -> fmt::Result {
+    match (path.is_empty(), line) {
+        (false, Some(line)) => write!(f, "{path} (line {line}): {message}"),
+        (false, None) => write!(f, "{path}: {message}"),
+        (true, Some(line)) => write!(f, "line {line}: {message}"),
+        (true, None) => f.write_str(message),
     }
 }
 
@@ -153,6 +184,19 @@ mod tests {
         assert_eq!(
             errors.to_string(),
             "routes[1].tick (line 23): invalid duration \"10 parsecs\"\nupstream: missing"
+        );
+    }
+
+    #[test]
+    fn warnings_are_written_like_errors() {
+        let warning = ConfigWarning {
+            path: "routes[0].match.host".into(),
+            line: Some(7),
+            message: "set limits.allowed_hosts".into(),
+        };
+        assert_eq!(
+            warning.to_string(),
+            "routes[0].match.host (line 7): set limits.allowed_hosts"
         );
     }
 }

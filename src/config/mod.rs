@@ -1,7 +1,8 @@
 //! Configuration: the YAML file of DESIGN §5 parsed into serde structs that
 //! mirror it (`raw`), then validated into the typed `Config` below. Every
 //! problem is reported at once, each with its field path (and line where the
-//! YAML parser gives one).
+//! YAML parser gives one). A valid config may come with warnings, written
+//! the same way, about what an operator likely did not mean.
 //!
 //! - `node`: YAML text → a node tree with positions (`serde-saphyr`, chosen
 //!   there for being maintained and for its spans), read back through serde.
@@ -9,7 +10,8 @@
 //! - `document`: node tree → raw structs, every unreadable field recorded.
 //! - `validate`: raw → `Config`, defaults filled in, every rule checked.
 //! - `locate`: the line of a field path, from the tree's positions.
-//! - `error`: `ConfigError` / `ConfigErrors`, one problem per line.
+//! - `error`: `ConfigError` / `ConfigErrors`, one problem per line;
+//!   `ConfigWarning`.
 //! - `names`: the names of the config's enums (`Mode`, ...), as serde reads
 //!   them, so each name is written once, in the enum's `rename_all`.
 
@@ -28,19 +30,29 @@ use std::time::Duration;
 pub use crate::host::HostPattern;
 use serde::Deserialize;
 
-pub use error::{ConfigError, ConfigErrors};
+pub use error::{ConfigError, ConfigErrors, ConfigWarning};
 
 impl Config {
     /// Parses and validates a YAML config. A syntax error is reported alone,
     /// with its line; otherwise every problem in the file is reported.
+    /// Warnings are dropped: see [`Config::from_yaml_with_warnings`].
     pub fn from_yaml(text: &str) -> Result<Config, ConfigErrors> {
+        Config::from_yaml_with_warnings(text).map(|loaded| loaded.config)
+    }
+
+    /// [`Config::from_yaml`], keeping the warnings about the valid config
+    /// (for `check` to show and `run` to log), in file order.
+    pub fn from_yaml_with_warnings(text: &str) -> Result<Loaded, ConfigErrors> {
         let mut problems = validate::Problems::default();
         let document = document::Document::parse(text)?;
         let config = document
             .read(&mut problems)
             .and_then(|raw| validate::validate(raw, &mut problems));
         match config {
-            Some(config) if problems.is_empty() => Ok(config),
+            Some(config) if problems.is_empty() => Ok(Loaded {
+                config,
+                warnings: problems.into_warnings(&document),
+            }),
             Some(_) | None => {
                 let errors = problems.into_errors(&document);
                 if errors.errors.is_empty() {
@@ -56,16 +68,30 @@ impl Config {
     /// Reads `path` and parses it with [`Config::from_yaml`]. A file that
     /// cannot be read is a `ConfigErrors` too.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        Config::load_with_warnings(path).map(|loaded| loaded.config)
+    }
+
+    /// [`Config::load`], keeping the warnings as
+    /// [`Config::from_yaml_with_warnings`] does.
+    pub fn load_with_warnings(path: &Path) -> Result<Loaded, ConfigErrors> {
         let text = std::fs::read_to_string(path).map_err(|err| {
             ConfigErrors::whole_file(None, format!("cannot read {}: {err}", path.display()))
         })?;
-        Config::from_yaml(&text)
+        Config::from_yaml_with_warnings(&text)
     }
 }
 
 /// The most sub-lines a route's line may be split into (`shards`): each is
 /// one store call per admitter tick.
 pub const MAX_SHARDS: u32 = 16;
+
+/// A config that validates, with the warnings about it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Loaded {
+    pub config: Config,
+    /// In file order; empty when there is nothing to point out.
+    pub warnings: Vec<ConfigWarning>,
+}
 
 /// Longest route name, in characters.
 pub const MAX_ROUTE_NAME_LEN: usize = 32;

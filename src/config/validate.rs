@@ -1,5 +1,6 @@
 //! Raw → typed: fills in the documented defaults and checks every value and
-//! every rule between values, recording all problems rather than the first.
+//! every rule between values, recording all problems rather than the first,
+//! and warnings about a valid config an operator likely did not mean.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -7,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::document::Document;
-use super::error::{ConfigError, ConfigErrors, FieldPath};
+use super::error::{ConfigError, ConfigErrors, ConfigWarning, FieldPath};
 use super::locate;
 use super::raw::{
     DurationText, RawBypass, RawClientIp, RawConfig, RawKey, RawLane, RawLimits, RawListen,
@@ -54,13 +55,15 @@ const MAX_WAITING: u64 = 200_000;
 const CONFIRM_WITHIN: Duration = Duration::from_secs(30);
 const WAITING_STATUS: u16 = 503;
 
-/// Problems found so far, each at its field path.
+/// Problems found so far, each at its field path; and warnings, which do
+/// not stop a config from loading.
 #[derive(Debug, Default)]
 pub(crate) struct Problems {
     found: Vec<(FieldPath, String)>,
     /// Fields whose value could not be read: anything later said about them
     /// (missing, out of range) is a consequence, not news.
     skipped: Vec<FieldPath>,
+    warnings: Vec<(FieldPath, String)>,
 }
 
 impl Problems {
@@ -75,6 +78,11 @@ impl Problems {
         self.skipped.push(path);
     }
 
+    /// Records a warning: the config still loads.
+    pub(crate) fn warn(&mut self, path: FieldPath, message: impl Into<String>) {
+        self.warnings.push((path, message.into()));
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.found.is_empty()
     }
@@ -82,18 +90,43 @@ impl Problems {
     /// Every problem with its line in `document`, in file order (problems
     /// with no line last).
     pub(crate) fn into_errors(self, document: &Document) -> ConfigErrors {
-        let mut errors: Vec<ConfigError> = self
-            .found
-            .into_iter()
-            .map(|(path, message)| ConfigError {
-                line: locate::nearest_line(document.root(), &path),
-                path: path.to_string(),
+        let errors = in_file_order(self.found, document)
+            .map(|(path, line, message)| ConfigError {
+                path,
+                line,
                 message,
             })
             .collect();
-        errors.sort_by_key(|error| error.line.unwrap_or(usize::MAX));
         ConfigErrors { errors }
     }
+
+    /// Every warning with its line in `document`, in file order.
+    pub(crate) fn into_warnings(self, document: &Document) -> Vec<ConfigWarning> {
+        in_file_order(self.warnings, document)
+            .map(|(path, line, message)| ConfigWarning {
+                path,
+                line,
+                message,
+            })
+            .collect()
+    }
+}
+
+/// `(path, line, message)` for each of `found`, sorted by line (those with
+/// no line last, in the order found).
+fn in_file_order(
+    found: Vec<(FieldPath, String)>,
+    document: &Document,
+) -> impl Iterator<Item = (String, Option<usize>, String)> {
+    let mut located: Vec<_> = found
+        .into_iter()
+        .map(|(path, message)| {
+            let line = locate::nearest_line(document.root(), &path);
+            (path.to_string(), line, message)
+        })
+        .collect();
+    located.sort_by_key(|(_, line, _)| line.unwrap_or(usize::MAX));
+    located.into_iter()
 }
 
 /// Builds the typed config, or records why it cannot (then `None`).
@@ -161,6 +194,10 @@ pub(crate) fn validate(raw: RawConfig, problems: &mut Problems) -> Option<Config
         }
     }
 
+    if let Some(routes) = &routes {
+        host_routes_need_allowed_hosts(&limits, routes, &root, problems);
+    }
+
     if !problems.is_empty() {
         return None;
     }
@@ -177,6 +214,33 @@ pub(crate) fn validate(raw: RawConfig, problems: &mut Problems) -> Option<Config
         bypass: bypass?,
         routes: routes?,
     })
+}
+
+/// A route that matches on `match.host` gates that host only: with
+/// `limits.allowed_hosts` empty, a request for any other host (or an
+/// HTTP/1.0 request naming none, sent on with the upstream's authority as
+/// its `Host`) reaches the origin ungated, and an origin whose default site
+/// is the gated one serves it. Valid, and sometimes meant, so a warning.
+fn host_routes_need_allowed_hosts(
+    limits: &ServerLimits,
+    routes: &[Route],
+    root: &FieldPath,
+    problems: &mut Problems,
+) {
+    if !limits.allowed_hosts.is_empty() {
+        return;
+    }
+    for (i, route) in routes.iter().enumerate() {
+        if route.matcher.host.is_some() {
+            problems.warn(
+                root.key("routes").index(i).key("match").key("host"),
+                "limits.allowed_hosts is empty, so requests for any other host (and \
+                 HTTP/1.0 requests without Host) reach the origin ungated, and an origin \
+                 whose default site is this one serves them: set limits.allowed_hosts to \
+                 the hosts served, and the rest are answered 421",
+            );
+        }
+    }
 }
 
 fn listen(
@@ -1305,6 +1369,14 @@ keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]
         }
     }
 
+    /// The warnings about the valid config `extra` makes.
+    fn warnings(extra: &str) -> Vec<ConfigWarning> {
+        match Config::from_yaml_with_warnings(&format!("{BASE}{extra}")) {
+            Ok(loaded) => loaded.warnings,
+            Err(errors) => panic!("expected a valid config: {errors}"),
+        }
+    }
+
     fn message_at(extra: &str, path: &str) -> String {
         let errors = parse(extra).expect_err("expected problems");
         match errors.at(path) {
@@ -1858,5 +1930,56 @@ keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]
         assert!(message.contains("whole line"), "{message}");
         let config = parse(&route(", max_waiting: 5, client_limits: { places: 0 }")).unwrap();
         assert_eq!(config.routes[0].client_limits.places, 0);
+    }
+
+    #[test]
+    fn a_host_route_without_allowed_hosts_is_warned_about() {
+        let found = warnings(
+            "routes:\n  - { name: a, match: { path_prefix: /a }, capacity: 1 }\n  - name: b\n    match: { host: shop.example, path_prefix: /b }\n    capacity: 1\n",
+        );
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].path, "routes[1].match.host");
+        assert_eq!(found[0].line, Some(7));
+        for words in [
+            "other host",
+            "HTTP/1.0",
+            "ungated",
+            "limits.allowed_hosts",
+            "421",
+        ] {
+            assert!(found[0].message.contains(words), "{words}: {}", found[0]);
+        }
+    }
+
+    #[test]
+    fn every_host_route_is_warned_about_in_file_order() {
+        let found = warnings(
+            "routes:\n  - { name: a, match: { host: a.example }, capacity: 1 }\n  - { name: b, match: { host: b.example }, capacity: 1 }\n",
+        );
+        let paths: Vec<&str> = found.iter().map(|w| w.path.as_str()).collect();
+        assert_eq!(paths, ["routes[0].match.host", "routes[1].match.host"]);
+    }
+
+    #[test]
+    fn allowed_hosts_silence_the_host_route_warning() {
+        let found = warnings(
+            "limits: { allowed_hosts: [shop.example] }\nroutes: [{ name: a, match: { host: shop.example }, capacity: 1 }]\n",
+        );
+        assert_eq!(found, []);
+    }
+
+    #[test]
+    fn routes_without_a_host_are_not_warned_about() {
+        assert_eq!(warnings(""), []);
+        let found =
+            warnings("routes: [{ name: a, match: { path_prefix: /tickets }, capacity: 1 }]\n");
+        assert_eq!(found, []);
+    }
+
+    #[test]
+    fn an_invalid_config_reports_errors_not_warnings() {
+        let errors = parse("routes: [{ name: a, match: { host: shop.example }, capacity: 0 }]\n")
+            .expect_err("capacity 0 is invalid");
+        assert!(errors.at("routes[0].match.host").is_none(), "{errors}");
     }
 }
