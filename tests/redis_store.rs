@@ -1049,6 +1049,12 @@ async fn a_split_line_is_not_ticked_as_another_split() {
         ..limits()
     };
     store.admit_tick("split", &three, None).await.unwrap();
+    for n in 0..6u8 {
+        store
+            .arrive("split", &[n; 16], &[], &three, false, None, 0)
+            .await
+            .unwrap();
+    }
     let refused = store.admit_tick("split", &two, None).await.unwrap_err();
     assert!(refused.to_string().contains("3 sub-lines"), "{refused}");
     store.admit_tick("split", &three, None).await.unwrap();
@@ -1067,4 +1073,11 @@ async fn a_split_line_is_not_ticked_as_another_split() {
     let refused = store.admit_tick("whole", &three, None).await.unwrap_err();
     assert!(refused.to_string().contains("1 sub-lines"), "{refused}");
     assert!(store.admit_tick("whole", &one, None).await.is_ok());
+
+    // An empty route takes a new split.
+    store.leave("whole", &[7; 16], &one).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    store.admit_tick("whole", &three, None).await.unwrap();
+    let refused = store.admit_tick("whole", &one, None).await;
+    assert!(refused.is_ok(), "{refused:?}");
 }

@@ -220,9 +220,9 @@ impl LineRecord {
 /// [`LineRecord::position`] does, so the sum is within 2 % of the real rank
 /// too, and the head of the merged line (at least [`HEAD`] places of every
 /// sub-line) is answered by the store. A lane some sub-line lacks, or holds
-/// waiters in without samples (fewer than [`HEAD`]), is left out: its polls
-/// go to the store. The epoch is the latest: a ticket from before any
-/// sub-line's epoch goes to the store.
+/// waiters in without samples (fewer than [`HEAD`]), keeps its count but no
+/// samples: its polls go to the store. The epoch is the latest: a ticket
+/// from before any sub-line's epoch goes to the store.
 pub fn merge(records: &[LineRecord]) -> LineRecord {
     let mut merged = LineRecord {
         epoch_us: records.iter().map(|r| r.epoch_us).max().unwrap_or(0),
@@ -231,17 +231,14 @@ pub fn merge(records: &[LineRecord]) -> LineRecord {
     let Some(first) = records.first() else {
         return merged;
     };
-    'lanes: for lane in &first.lanes {
-        let mut parts = Vec::with_capacity(records.len());
-        for record in records {
-            let Some(part) = record.lane(&lane.name) else {
-                continue 'lanes;
-            };
-            if part.waiting > 0 && part.samples.is_empty() {
-                continue 'lanes;
-            }
-            parts.push(part);
-        }
+    for lane in &first.lanes {
+        let parts: Vec<&LaneRecord> = records.iter().filter_map(|r| r.lane(&lane.name)).collect();
+        // Where some sub-line cannot be placed in, nobody can: the lane
+        // keeps its count and no samples.
+        let placeable = parts.len() == records.len()
+            && parts
+                .iter()
+                .all(|p| p.waiting == 0 || !p.samples.is_empty());
         let sampled: Vec<&LaneRecord> = parts
             .iter()
             .copied()
@@ -249,7 +246,8 @@ pub fn merge(records: &[LineRecord]) -> LineRecord {
             .collect();
         let waiting = parts.iter().map(|p| p.waiting).sum();
         let mut samples = Vec::new();
-        if let Some(start) = sampled.iter().map(|p| p.samples[0].1).max() {
+        let start = sampled.iter().map(|p| p.samples[0].1).max();
+        if let Some(start) = start.filter(|_| placeable) {
             let mut scores: Vec<u64> = sampled
                 .iter()
                 .flat_map(|p| p.samples.iter().map(|&(_, s)| s))
