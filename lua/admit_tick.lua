@@ -12,6 +12,9 @@
 --       [9 + n] when the route opens (µs), or '' if it has no opening
 --       [10 + n] a seed (hex of 32 random bytes from the caller's OS
 --       CSPRNG, never stored) that orders the pre-queue at the opening
+--       [11 + n] on a sub-line of a split route: '1' if it may admit
+--       arrivals at once until the next tick (nobody waited anywhere), '0'
+--       if not (kept in the stats hash's `open`); '' on an unsplit route
 -- Returns: {ran (1|0), now µs, epoch µs, abandoned, no_shows,
 --           unconfirmed sessions freed, unconfirmed tickets dropped,
 --           unmerged (1: `lanes` names a lane neither configured nor given,
@@ -65,6 +68,10 @@ for l = 1, configured do
 end
 local opens_at_us = tonumber(ARGV[9 + configured])
 local seed = ARGV[10 + configured] or ''
+local open = ARGV[11 + configured] or ''
+if open ~= '' then
+  redis.call('HSET', stats_key, 'open', open)
+end
 -- record::HEAD: places answered by the store, never estimated.
 local RECORD_HEAD = 100
 

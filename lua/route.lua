@@ -40,7 +40,9 @@
 --                                      weighted round-robin `current` and its
 --                                      admissions from the line); on a
 --                                      sub-line of a split route, share /
---                                      share_gen / shards (shares.lua)
+--                                      share_gen / shards (shares.lua) and
+--                                      open (admit_tick.lua); on sub-line 0,
+--                                      coord_window / coord_gen (coord.lua)
 --   KEYS[6] qg:{route}:beat     HASH  id -> last poll of an id in line, ms
 --                                      after the epoch in decimal (a hash
 --                                      entry costs about half a sorted-set

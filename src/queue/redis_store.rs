@@ -802,11 +802,14 @@ impl RedisStore {
         }
     }
 
+    /// One tick in one slot; `open`, on a sub-line of a split route, says
+    /// whether it may admit arrivals at once until the next tick.
     async fn admit_tick_on(
         &self,
         route: &str,
         limits: &Limits,
         known_epoch_us: Option<u64>,
+        open: Option<bool>,
     ) -> Result<Tick, StoreError> {
         let route = route.to_owned();
         let limits = limits.clone();
@@ -839,7 +842,10 @@ impl RedisStore {
         } else {
             String::new()
         };
-        invocation.arg(opening_arg(&limits)).arg(seed);
+        invocation
+            .arg(opening_arg(&limits))
+            .arg(seed)
+            .arg(open.map_or("", |o| if o { "1" } else { "0" }));
         let reply: Vec<u64> = self.run(&invocation).await?;
         let ran = field(&reply, 0, "admit_tick")? == 1;
         let opening = field(&reply, 8, "admit_tick")?;
@@ -1135,7 +1141,9 @@ impl QueueStore for RedisStore {
         if limits.shards > 1 {
             return self.split_tick(route, limits, known_epoch_us).await;
         }
-        let tick = self.admit_tick_on(route, limits, known_epoch_us).await;
+        let tick = self
+            .admit_tick_on(route, limits, known_epoch_us, None)
+            .await;
         if let Err(StoreError::Unavailable(e)) = &tick {
             if e.code() == Some("SPLIT") {
                 let held = e

@@ -52,17 +52,25 @@
 //! Each tick the coordinator merges the heads of every sub-line by score
 //! and moves free capacity to the sub-lines holding the first of them
 //! ([`plan`]); each sub-line's own tick then admits those from its line,
-//! FIFO within it (lanes shared by weight within it). What capacity the
-//! heads do not need is spread evenly, for arrivals admitted at once.
+//! FIFO within it (lanes shared by weight within it). While nobody waits
+//! anywhere, what capacity the heads do not need is spread evenly and the
+//! sub-lines may admit arrivals at once within their shares (the tick tells
+//! them, `open` in their stats); once anyone waits, nobody is admitted at
+//! once until the line is empty again, and the free capacity goes to the
+//! heads. So an arrival is let in ahead of an earlier one only within one
+//! tick (the earlier one reached a sub-line without free share while the
+//! route looked open).
 //!
 //! # What differs from an unsplit route
 //!
 //! - A tick is about four store calls per sub-line (look, give or add, the
 //!   sub-line's tick, and the record), on K slots instead of one.
-//! - At-once admissions: each sub-line spends at most ⌈max_admit_per_tick /
-//!   K⌉ per tick window, and only while its own line is empty; so a window
-//!   admits at most `max_admit_per_tick` + K − 1 (the line's heads take
-//!   what the window has left).
+//! - At-once admissions: only while the route's line was empty at the last
+//!   tick, each sub-line within its share and at most ⌈max_admit_per_tick /
+//!   K⌉ per tick window; so a window admits at most `max_admit_per_tick` +
+//!   K − 1 (the line's heads take what the window has left). An arrival on a
+//!   sub-line whose share is used up waits for the next tick even when
+//!   another has room.
 //! - Positions: the store answers a poll with the visitor's place in its
 //!   sub-line plus the waiters of the same lane ahead of it in the others
 //!   (a count each); an arrival's first place counts the others' lines as
@@ -161,6 +169,8 @@ pub struct Look {
     pub held: bool,
     /// Admissions already made in its current tick window.
     pub used: u64,
+    /// People in its line, every lane together.
+    pub waiting: u64,
     /// Join scores of its first waiters, every lane together, ascending.
     pub heads: Vec<u64>,
 }
@@ -186,6 +196,9 @@ pub struct Plan {
     pub max_admit: Vec<u64>,
     /// Per sub-line, how many of its heads are among the merged first.
     pub from_line: Vec<u64>,
+    /// Nobody waits in any sub-line: arrivals may be admitted at once
+    /// (each sub-line within its share) until the next tick.
+    pub open: bool,
 }
 
 /// The tick's moves for a route of `capacity` admitting at most `budget`
@@ -198,6 +211,7 @@ pub fn plan(capacity: u64, budget: u64, looks: &[Look]) -> Plan {
         add: Vec::new(),
         max_admit: looks.iter().map(|l| l.used).collect(),
         from_line: vec![0; n],
+        open: false,
     };
     let held_total: u64 = looks.iter().map(|l| l.share).sum();
     if held_total > capacity {
@@ -223,9 +237,9 @@ pub fn plan(capacity: u64, budget: u64, looks: &[Look]) -> Plan {
         for &k in &lost {
             let extra = u64::from(rest > 0);
             rest = rest.saturating_sub(1);
-            if each + extra > 0 {
-                plan.add.push((k, each + extra));
-            }
+            // Added even when nothing: the sub-line then has a share (0),
+            // and takes part in the merge from the next tick on.
+            plan.add.push((k, each + extra));
         }
     }
     let pooled: Vec<usize> = (0..n)
@@ -251,9 +265,12 @@ pub fn plan(capacity: u64, budget: u64, looks: &[Look]) -> Plan {
     }
     let taken: u64 = plan.from_line.iter().sum();
     let spare = pool - taken;
-    // The rest, evenly, for arrivals admitted at once.
+    // The rest, evenly, for arrivals admitted at once, but only while
+    // nobody waits anywhere (`open`): otherwise it is held by no sub-line
+    // until the heads need it, so nobody is let in at once ahead of them.
     let mut target: Vec<u64> = plan.from_line.clone();
-    if !pooled.is_empty() {
+    plan.open = looks.iter().all(|l| l.waiting == 0);
+    if !pooled.is_empty() && plan.open {
         let each = spare / pooled.len() as u64;
         let mut rest = spare % pooled.len() as u64;
         for &k in &pooled {
@@ -281,6 +298,12 @@ pub fn plan(capacity: u64, budget: u64, looks: &[Look]) -> Plan {
     adds.sort_unstable();
     plan.add
         .extend(adds.into_iter().map(|(_, k, amount)| (k, amount)));
+    // Every sub-line without a share gets one, if only of 0 (see above).
+    for k in lost {
+        if !plan.add.iter().any(|&(j, _)| j == k) {
+            plan.add.push((k, 0));
+        }
+    }
     plan
 }
 
@@ -339,6 +362,7 @@ mod tests {
             active,
             held: false,
             used: 0,
+            waiting: heads.len() as u64,
             heads: heads.to_vec(),
         }
     }
@@ -352,13 +376,23 @@ mod tests {
         let p = plan(10, 4, &[fresh(&[1, 5]), fresh(&[2, 3, 4]), fresh(&[])]);
         assert_eq!(p.from_line, [1, 3, 0]);
         assert_eq!(p.unheld, 10);
-        // 6 spare, 2 each; shares 3, 5, 2.
-        let added: u64 = p.add.iter().map(|a| a.1).sum();
-        assert_eq!(added, 10);
-        assert_eq!(p.add[0], (0, 3));
-        assert_eq!(p.add[1], (1, 5));
-        assert_eq!(p.add[2], (2, 2));
+        // People wait: the 6 the heads do not need go to nobody, and every
+        // sub-line gets a share, the last one of 0.
+        assert!(!p.open);
+        assert_eq!(p.add, vec![(0, 1), (1, 3), (2, 0)]);
         assert_eq!(p.max_admit, [1, 3, 0]);
+    }
+
+    #[test]
+    fn an_empty_route_spreads_its_capacity_for_arrivals_at_once() {
+        let fresh = Look {
+            has_share: false,
+            ..look(0, 0, &[])
+        };
+        let p = plan(10, 4, &[fresh.clone(), fresh.clone(), fresh]);
+        assert!(p.open);
+        assert_eq!(p.add, vec![(0, 4), (1, 3), (2, 3)]);
+        assert_eq!(p.from_line, [0, 0, 0]);
     }
 
     #[test]
@@ -411,6 +445,7 @@ mod tests {
                     active,
                     held,
                     used,
+                    waiting: heads.len() as u64,
                     heads: heads.into_iter().collect(),
                 }),
             1..6,

@@ -321,6 +321,7 @@ impl RedisStore {
                         active: reply[3],
                         held: reply[4] == 1,
                         used: reply[7],
+                        waiting: reply[8],
                         heads: reply[9..].to_vec(),
                     });
                 }
@@ -333,6 +334,8 @@ impl RedisStore {
             .iter()
             .map(|l| l.as_ref().map_or(0, |l| l.used))
             .collect();
+        // Unless every sub-line was seen, nobody is let in at once.
+        let mut open = false;
         if let Some(looks) = looks.iter().cloned().collect::<Option<Vec<Look>>>() {
             let plan = shards::plan(limits.capacity, limits.max_admit_per_tick, &looks);
             let mut available = plan.unheld;
@@ -345,13 +348,15 @@ impl RedisStore {
             }
             for &(k, amount) in &plan.add {
                 let amount = amount.min(available);
-                if amount > 0 {
+                // A sub-line without a share gets one even of 0.
+                if amount > 0 || !looks[k].has_share {
                     available -= amount;
                     self.move_share(&seen.names[k], &sub, generation, "add", amount)
                         .await;
                 }
             }
             max_admit = plan.max_admit;
+            open = plan.open;
         }
         let mut ticks = Vec::with_capacity(count);
         let mut failure = None;
@@ -359,7 +364,7 @@ impl RedisStore {
             let mut own = sub.clone();
             own.max_admit_per_tick = max_admit[k];
             match self
-                .admit_tick_on(name, &own, known_epoch_us.and(seen.epochs[k]))
+                .admit_tick_on(name, &own, known_epoch_us.and(seen.epochs[k]), Some(open))
                 .await
             {
                 Ok(t) => {
