@@ -95,6 +95,7 @@ fn main() {
         client_joins_per_minute: if client_limits { 120 } else { 0 },
         lanes: Lanes::default(),
         opens_at_us: None,
+        shards: 1,
     };
 
     runtime.block_on(async {

@@ -3,7 +3,8 @@
 -- KEYS: the route's six keys, its configured lanes' (see route.lua), then
 --       the keys of lanes no longer configured that may hold waiters (the
 --       names the stats hash's `lanes` field lists, read before).
--- ARGV: [1] capacity  [2] max_admit_per_tick  [3] tick (ms)
+-- ARGV: [1] capacity ('': the sub-line's share, see route.lua)
+--       [2] max_admit_per_tick  [3] tick (ms)
 --       [4] arrival_grace (ms)  [5] abandon_after (ms)  [6] pass_ttl (ms)
 --       [7] the epoch this instance saw last (µs), or '' if none
 --       [8] n, the number of configured lanes, then [9 .. 8 + n] their
@@ -11,6 +12,9 @@
 --       [9 + n] when the route opens (µs), or '' if it has no opening
 --       [10 + n] a seed (hex of 32 random bytes from the caller's OS
 --       CSPRNG, never stored) that orders the pre-queue at the opening
+--       [11 + n] on a sub-line of a split route: '1' if it may admit
+--       arrivals at once until the next tick (nobody waited anywhere), '0'
+--       if not (kept in the stats hash's `open`); '' on an unsplit route
 -- Returns: {ran (1|0), now µs, epoch µs, abandoned, no_shows,
 --           unconfirmed sessions freed, unconfirmed tickets dropped,
 --           unmerged (1: `lanes` names a lane neither configured nor given,
@@ -19,6 +23,8 @@
 --           numbers), waiting in each lane after the tick (n numbers),
 --           join score of each waiter admitted, in admission order...}
 --          (a tick that did not run: the first seven, then 0, 0, 0)
+-- Errors: SPLIT when the route's line is split into sub-lines (`shards`)
+-- and this slot is not empty.
 -- Invariant: at most one run per tick window floor(now_ms / tick), whichever
 -- instance comes first (the tick key holds the window last run); every
 -- no-show purged leaves a tombstone in seen for abandon_after; unconfirmed
@@ -48,7 +54,7 @@
 -- wiped after the opening held no pre-queue: its opening shuffles nothing,
 -- so waiters restored at their scores keep them.
 
-local capacity = tonumber(ARGV[1])
+local capacity = capacity_of(ARGV[1])
 local max_admit_per_tick = tonumber(ARGV[2])
 local tick_ms = tonumber(ARGV[3])
 local arrival_grace_ms = tonumber(ARGV[4])
@@ -62,8 +68,27 @@ for l = 1, configured do
 end
 local opens_at_us = tonumber(ARGV[9 + configured])
 local seed = ARGV[10 + configured] or ''
+local open = ARGV[11 + configured] or ''
+if open ~= '' then
+  redis.call('HSET', stats_key, 'open', open)
+end
 -- record::HEAD: places answered by the store, never estimated.
 local RECORD_HEAD = 100
+
+-- A route ticked as one line records it; one whose line the store holds
+-- split into sub-lines (shares.lua) is refused while this slot holds
+-- waiters or sessions, since its visitors are in the sub-lines. (A sub-line's own tick, capacity '', was checked by the
+-- coordinator's look.)
+if ARGV[1] ~= '' then
+  local split = tonumber(redis.call('HGET', stats_key, 'shards'))
+  if split and split ~= 1 and (waiting_total() > 0 or active_count() > 0) then
+    return redis.error_reply('SPLIT the store holds this route split in '
+      .. int(split) .. ' sub-lines')
+  end
+  if split ~= 1 then
+    redis.call('HSET', stats_key, 'shards', 1)
+  end
+end
 
 -- The epoch this instance remembered changed: the store was lost.
 if known_epoch_us and known_epoch_us ~= epoch_us then

@@ -5,7 +5,8 @@
 -- KEYS: the route's six keys and its lanes' (see route.lua), then the keys
 --       of the clients the arrivals came from that the limits count, each
 --       once (any number, all under the route's hash tag).
--- ARGV: [1] capacity  [2] max_admit_per_tick  [3] tick (ms)
+-- ARGV: [1] capacity ('': the sub-line's share, see route.lua)
+--       [2] max_admit_per_tick  [3] tick (ms)
 --       [4] session_ttl (ms)  [5] abandon_after (ms)  [6] max_waiting
 --       [7] unconfirmed session life (ms)  [8] unconfirmed ticket life (ms)
 --       [9] client places (0 = off)  [10] client joins per minute (0 = off)
@@ -30,7 +31,8 @@
 --          {4, retry after ms, 0, 0, 0}          the client is over a limit:
 --                                                nothing was stored for it
 --          {5, 0, 0, 0, 0}                       run too late: nothing stored
--- Invariant: admit-now only when the route has opened, nobody waits, no
+-- Invariant: admit-now only when the route has opened, nobody waits (on a
+-- sub-line of a split route: nobody waited anywhere at the last tick), no
 -- hold is on, the active count (expiry > now) is below capacity and the
 -- tick window has room; it
 -- spends one from the same window budget the admitter uses; nobody waits
@@ -40,7 +42,7 @@
 -- beat). An id already in line or active is not a new place and is never
 -- refused.
 
-local capacity = tonumber(ARGV[1])
+local capacity = capacity_of(ARGV[1])
 local max_admit_per_tick = tonumber(ARGV[2])
 local tick_ms = tonumber(ARGV[3])
 local session_ttl_ms = tonumber(ARGV[4])
@@ -57,6 +59,9 @@ local known_epoch_us = tonumber(ARGV[14])
 local pass_ttl_ms = tonumber(ARGV[15])
 local opens_at_us = tonumber(ARGV[16])
 local FIRST_ARRIVAL = 17
+-- A sub-line of a split route admits at once only while the last tick
+-- found nobody waiting anywhere (admit_tick.lua's `open`).
+local at_once_open = ARGV[1] ~= '' or redis.call('HGET', stats_key, 'open') == '1'
 
 local reply = {}
 
@@ -120,7 +125,7 @@ local function arrive_one(id, admit_now, lane)
   end
 
   local waiting = waiting_total()
-  if admit_now and waiting == 0 and now_us >= hold_until()
+  if admit_now and waiting == 0 and at_once_open and now_us >= hold_until()
       and (opens_at_us == nil or now_us >= opens_at_us)
       and active_count() < capacity then
     local window, used, room = tick_window(tick_ms, max_admit_per_tick)

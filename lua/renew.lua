@@ -5,7 +5,7 @@
 -- ARGV: [1] id (16 raw bytes)  [2] pass issued at (unix ms)
 --       [3] pass confirmed (1|0)  [4] session_ttl (ms)  [5] pass_ttl (ms)
 --       [6] client memory (ms)  [7] pass granted locally (1|0)
---       [8] capacity
+--       [8] capacity ('': the sub-line's share, see route.lua)
 -- Returns: 1 the session is active and now lives session_ttl from now,
 --          0 it is gone (left, revoked, expired): the pass is not renewed.
 -- Invariant: a missing session is restored as active only when the pass is
@@ -24,7 +24,7 @@ local session_ttl_ms = tonumber(ARGV[4])
 local pass_ttl_ms = tonumber(ARGV[5])
 local client_memory_ms = tonumber(ARGV[6])
 local granted_locally = ARGV[7] == '1'
-local capacity = tonumber(ARGV[8])
+local capacity = capacity_of(ARGV[8])
 
 if is_active(id) then
   redis.call('ZADD', active_key, int(now_ms + session_ttl_ms), id)

@@ -38,7 +38,11 @@
 --                                      merging those no longer configured),
 --                                      wrr:NAME / admitted:NAME (a lane's
 --                                      weighted round-robin `current` and its
---                                      admissions from the line)
+--                                      admissions from the line); on a
+--                                      sub-line of a split route, share /
+--                                      share_gen / shards (shares.lua) and
+--                                      open (admit_tick.lua); on sub-line 0,
+--                                      coord_window / coord_gen (coord.lua)
 --   KEYS[6] qg:{route}:beat     HASH  id -> last poll of an id in line, ms
 --                                      after the epoch in decimal (a hash
 --                                      entry costs about half a sorted-set
@@ -114,6 +118,17 @@ local epoch_us = tonumber(redis.call('HGET', stats_key, 'epoch'))
 -- admitted for 5 tau.
 local RATE_TAU_S = 60
 local RATE_QUIET_US = 5 * RATE_TAU_S * 1000000
+
+-- A route split into sub-lines (`shards`, see shares.lua) gives each its
+-- share of the capacity, kept in the sub-line's stats hash as `share`; its
+-- callers pass the capacity as '' and the share counts instead (none yet,
+-- or lost with the store: 0, so nobody is admitted on a share not given).
+local function capacity_of(arg)
+  if arg == '' then
+    return tonumber(redis.call('HGET', stats_key, 'share')) or 0
+  end
+  return tonumber(arg)
+end
 
 -- The hold: nobody new is admitted before hold_until.
 local function hold_until()

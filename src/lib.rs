@@ -34,9 +34,12 @@
 //! - `file_watch`: notices changed files (config, certificates) by their directories.
 //! - `metrics`: every exported Prometheus metric, one `Metrics` struct.
 //! - `queue`: the `QueueStore` trait and its memory (`memory`, its line a
-//!   `memory::ranked_set`) and Redis (`redis_store`) backends; the circuit
-//!   breaker around them (`breaker`); the line record polls are answered
-//!   from (`record`); arrivals gathered into batches (`joins`).
+//!   `memory::ranked_set`) and Redis (`redis_store`, and
+//!   `redis_store::split` for a route whose line is split into sub-lines)
+//!   backends; the circuit breaker around them (`breaker`); the line record
+//!   polls are answered from (`record`); arrivals gathered into batches
+//!   (`joins`); the rules of a split line: sub-line names, capacity shares,
+//!   the coordinated tick's plan (`shards`).
 //! - `config`: the YAML file, parsed and validated into a typed `Config`:
 //!   text to a node tree with positions (`node`), serde structs mirroring it
 //!   (`raw`, filled by `document`), validation (`validate`), lines of field

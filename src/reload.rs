@@ -2,7 +2,9 @@
 //! valid new file replaces the running settings atomically, keeping each
 //! surviving route's line, while an invalid one is rejected and the old
 //! settings stay in force. Listener, admin, limits, store and upstream changes
-//! need a restart: they are logged and otherwise ignored.
+//! need a restart: they are logged and otherwise ignored. A route's `shards`
+//! never changes on a reload: the store keeps its line split one way, so a
+//! file that changes it is rejected.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -13,7 +15,7 @@ use tokio::sync::{mpsc, watch};
 use crate::admission::{KeyError, KeyRing};
 use crate::admitter::Admitters;
 use crate::app::App;
-use crate::config::{Config, ConfigErrors};
+use crate::config::{Config, ConfigError, ConfigErrors};
 use crate::file_watch::{self, FileWatch};
 use crate::route::Settings;
 
@@ -147,6 +149,9 @@ impl Reloader {
         if cause == Cause::FileChanged && *running == config {
             return Ok(false);
         }
+        if let Some(errors) = split_changes(&running, &config) {
+            return self.rejected(ReloadError::Invalid(errors));
+        }
         let ring = match KeyRing::load(&config.keys) {
             Ok(ring) => ring,
             Err(err) => return self.rejected(ReloadError::Keys(err)),
@@ -250,6 +255,32 @@ impl Reloader {
     }
 }
 
+/// The routes of `new` whose `shards` differs from the running route of the
+/// same name: the store holds that route's line split the running way, and
+/// visitors would be looked for in the wrong sub-lines (see
+/// `queue::shards`).
+fn split_changes(old: &Config, new: &Config) -> Option<ConfigErrors> {
+    let errors: Vec<ConfigError> = new
+        .routes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, route)| {
+            let running = old.routes.iter().find(|r| r.name == route.name)?;
+            (running.shards != route.shards).then(|| ConfigError {
+                path: format!("routes[{i}].shards"),
+                line: None,
+                message: format!(
+                    "cannot change from {} to {} while queuegate runs: the store keeps route \
+                     {}'s line split one way; change it only once the route's line and \
+                     sessions are empty, and restart",
+                    running.shards, route.shards, route.name
+                ),
+            })
+        })
+        .collect();
+    (!errors.is_empty()).then_some(ConfigErrors { errors })
+}
+
 /// The fields that changed between `old` and `new` but only apply on restart.
 fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     let mut fields = Vec::new();
@@ -295,5 +326,19 @@ routes:
         new.listen[0].addr = "127.0.0.1:9090".parse().unwrap();
         new.upstream.url = "http://127.0.0.1:4000".parse().unwrap();
         assert_eq!(needs_restart(&old, &new), vec!["listen", "upstream"]);
+    }
+
+    #[test]
+    fn a_route_split_another_way_is_refused() {
+        let old = Config::from_yaml(BASE).unwrap();
+        let mut new = old.clone();
+        assert!(split_changes(&old, &new).is_none());
+        new.routes[0].shards = 3;
+        let errors = split_changes(&old, &new).expect("refused");
+        let error = errors.at("routes[0].shards").expect("names the field");
+        assert!(error.message.contains("from 1 to 3"), "{}", error.message);
+        // A new route may be split any way.
+        new.routes[0].name = "other".into();
+        assert!(split_changes(&old, &new).is_none());
     }
 }

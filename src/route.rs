@@ -408,6 +408,7 @@ impl RouteRt {
             // built in code with lanes that do not check keeps one lane.
             lanes: Lanes::new(cfg.lanes.clone()).unwrap_or_default(),
             opens_at_us: cfg.opens_at.map(|t| t.unix_us()),
+            shards: cfg.shards,
         };
         let mut local_limits = limits.clone();
         local_limits.capacity = (cfg.capacity / expected_instances.max(1)).max(1);

@@ -1,7 +1,8 @@
 //! Three queuegate processes sharing one line through one real
 //! `redis-server`: capacity and FIFO are global, and a store wiped under
 //! running instances (FLUSHALL) loses nobody's place and never lets the origin
-//! see more than capacity.
+//! see more than capacity. The same crowd and line on a three-master Cluster
+//! with the route's line split in three (`shards: 3`).
 
 mod common;
 #[path = "common/redis.rs"]
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use common::*;
 use rand::{Rng, SeedableRng};
-use redis_harness::RedisServer;
+use redis_harness::{RedisCluster, RedisServer};
 
 fn route_yaml(capacity: u64, extra: &str) -> String {
     format!(
@@ -34,6 +35,22 @@ async fn three(capacity: u64, extra: &str) -> (RedisServer, Origin, Vec<Instance
     (redis, origin, instances)
 }
 
+/// Three instances on a three-master Cluster, the route's line split in
+/// three sub-lines, one on each master.
+async fn three_on_a_cluster(capacity: u64, extra: &str) -> (RedisCluster, Origin, Vec<Instance>) {
+    let cluster = RedisCluster::start();
+    let (origin, _hits) = counting_origin().await;
+    let route = route_yaml(capacity, &format!("    shards: 3\n{extra}"));
+    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let redis = format!("{{ cluster: [{}], timeout: 2s }}", nodes.join(", "));
+    let mut instances = Vec::new();
+    for _ in 0..3 {
+        instances
+            .push(Instance::start_on(&redis, &origin.url(), &format!("routes:\n{route}")).await);
+    }
+    (cluster, origin, instances)
+}
+
 async fn status(v: &mut Visitor, at: &Instance) -> serde_json::Value {
     let a = v.fetch(&at.url("/__queuegate/status?route=tickets")).await;
     assert_eq!(a.status, http::StatusCode::OK);
@@ -42,8 +59,20 @@ async fn status(v: &mut Visitor, at: &Instance) -> serde_json::Value {
 
 #[tokio::test]
 async fn a_random_crowd_over_three_instances_never_exceeds_capacity() {
-    const CAPACITY: usize = 5;
     let (_redis, _origin, instances) = three(CAPACITY as u64, "    max_admit_per_tick: 2\n").await;
+    random_crowd(&instances).await;
+}
+
+#[tokio::test]
+async fn a_random_crowd_on_a_split_line_over_a_cluster_never_exceeds_capacity() {
+    let (_cluster, _origin, instances) =
+        three_on_a_cluster(CAPACITY as u64, "    max_admit_per_tick: 2\n").await;
+    random_crowd(&instances).await;
+}
+
+const CAPACITY: usize = 5;
+
+async fn random_crowd(instances: &[Instance]) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let mut crowd: Vec<Visitor> = (0..100).map(|_| Visitor::new()).collect();
     let mut inside: HashSet<usize> = HashSet::new();
@@ -83,11 +112,35 @@ async fn a_random_crowd_over_three_instances_never_exceeds_capacity() {
 #[tokio::test]
 async fn sequential_joiners_over_three_instances_are_admitted_in_join_order() {
     let (_redis, _origin, instances) = three(1, "").await;
+    sequential_joiners(&instances).await;
+}
+
+#[tokio::test]
+async fn sequential_joiners_on_a_split_line_over_a_cluster_are_admitted_in_join_order() {
+    let (_cluster, _origin, instances) = three_on_a_cluster(1, "").await;
+    sequential_joiners(&instances).await;
+}
+
+async fn sequential_joiners(instances: &[Instance]) {
+    // The holder takes the one slot: at once, or (on a split line, from a
+    // sub-line without a share of it) at the next tick.
     let mut holder = Visitor::new();
-    assert!(holder
+    if !holder
         .navigate(&instances[0].url("/tickets"))
         .await
-        .reached_origin());
+        .reached_origin()
+    {
+        for _ in 0..100 {
+            if status(&mut holder, &instances[0]).await["state"] == "admitted" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(holder
+            .navigate(&instances[0].url("/tickets"))
+            .await
+            .reached_origin());
+    }
     let mut line = Vec::new();
     for i in 0..20 {
         let mut v = Visitor::new();

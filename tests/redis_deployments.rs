@@ -28,6 +28,7 @@ fn limits() -> Limits {
         client_joins_per_minute: 0,
         lanes: Lanes::default(),
         opens_at_us: None,
+        shards: 1,
     }
 }
 
@@ -334,4 +335,108 @@ async fn sentinel_switchover_moves_writes_to_the_new_master() {
     // The write landed on the promoted replica, not the demoted master.
     let on_new: i64 = trio.replica.query(&["ZCARD", "qg:{r}:waiting"]);
     assert_eq!(on_new, 2);
+}
+
+/// A route split in three (`shards: 3`) on the three-master Cluster: each
+/// master holds one sub-line; wiping one loses its sessions' records and its
+/// share, yet the visitors who held slots there come back, nobody new gets
+/// in meanwhile, and the route never holds more sessions than its capacity.
+#[tokio::test]
+async fn a_split_route_lives_on_every_master_and_a_lost_sub_line_stays_within_capacity() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::connect(&cluster.config(Duration::from_secs(2))).unwrap();
+    eventually("cluster ready", || store.ready()).await;
+    let l = Limits {
+        capacity: 30,
+        max_admit_per_tick: 100,
+        tick: Duration::from_millis(50),
+        pass_ttl: Duration::from_secs(2),
+        shards: 3,
+        ..limits()
+    };
+    let route = "launch";
+    let visitor = |n: u32| {
+        let mut v = [0x3c; 16];
+        v[..4].copy_from_slice(&n.to_be_bytes());
+        v
+    };
+    // Thirty in line, then admitted by the ticks, in join order.
+    for n in 0..30 {
+        waiting(
+            store
+                .arrive(route, &visitor(n), &[], &l, false, None, 0)
+                .await
+                .unwrap(),
+        );
+    }
+    let mut known = None;
+    let mut admitted = Vec::new();
+    for _ in 0..100 {
+        let tick = store.admit_tick(route, &l, known).await.unwrap();
+        known = Some(tick.epoch_us);
+        admitted.extend(tick.admitted_scores);
+        if admitted.len() == 30 {
+            break;
+        }
+        tokio::time::sleep(l.tick).await;
+    }
+    assert_eq!(admitted.len(), 30, "everyone admitted from the line");
+    assert!(admitted.windows(2).all(|w| w[0] < w[1]));
+    // Each confirms its session: a pass from before the loss.
+    let issued_ms = store.stats(route, &l).await.unwrap().now_us / 1_000;
+    let pass = PassTimes {
+        issued_ms,
+        confirmed: true,
+        granted_locally: false,
+    };
+    for n in 0..30 {
+        assert!(store
+            .renew(route, &visitor(n), &[], pass, &l)
+            .await
+            .unwrap());
+    }
+    assert_eq!(store.stats(route, &l).await.unwrap().active, 30);
+    for node in &cluster.nodes {
+        let keys: Vec<String> = node.query(&["KEYS", "qg:{launch*"]);
+        assert!(!keys.is_empty(), "node {} holds a sub-line", node.port());
+    }
+
+    // One master loses everything.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let _: () = cluster.nodes[1].query(&["FLUSHALL"]);
+    let after = store.stats(route, &l).await.unwrap();
+    assert!(
+        after.active < 30,
+        "a sub-line's sessions went with the master"
+    );
+    let tick = store.admit_tick(route, &l, known).await.unwrap();
+    assert_ne!(Some(tick.epoch_us), known, "the loss is noticed");
+    // Newcomers wait: the other sub-lines are full, the lost one holds.
+    for n in 100..110 {
+        let arrival = store
+            .arrive(route, &visitor(n), &[], &l, true, None, 0)
+            .await
+            .unwrap();
+        assert!(matches!(arrival, Arrival::Waiting(_)), "{n}: {arrival:?}");
+    }
+    // Everyone who held a slot comes back.
+    for n in 0..30 {
+        assert!(
+            store
+                .renew(route, &visitor(n), &[], pass, &l)
+                .await
+                .unwrap(),
+            "visitor {n} restored"
+        );
+        assert!(store.stats(route, &l).await.unwrap().active <= 30);
+    }
+    for _ in 0..10 {
+        tokio::time::sleep(l.tick).await;
+        let tick = store
+            .admit_tick(route, &l, Some(tick.epoch_us))
+            .await
+            .unwrap();
+        assert!(tick.admitted_scores.is_empty(), "nobody new while full");
+        assert_eq!(store.stats(route, &l).await.unwrap().active, 30);
+    }
 }

@@ -34,6 +34,7 @@ fn limits() -> Limits {
         client_joins_per_minute: 0,
         lanes: Lanes::default(),
         opens_at_us: None,
+        shards: 1,
     }
 }
 
@@ -1029,4 +1030,54 @@ async fn ghosts_in_a_long_line_are_dropped_by_the_scan() {
     assert_eq!(beats, stats.waiting);
     let legacy: u64 = server.query(&["ZCARD", "qg:{r}:seen"]);
     assert_eq!(legacy, 0);
+}
+
+/// A route's line is split one way for as long as the store holds it: a
+/// tick configured with another split is refused (nobody admitted) rather
+/// than look for visitors in the wrong sub-lines, and so is splitting a
+/// line that is not empty.
+#[tokio::test]
+async fn a_split_line_is_not_ticked_as_another_split() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.config(Duration::from_secs(2))).unwrap();
+    let three = Limits {
+        shards: 3,
+        ..limits()
+    };
+    let two = Limits {
+        shards: 2,
+        ..limits()
+    };
+    store.admit_tick("split", &three, None).await.unwrap();
+    for n in 0..6u8 {
+        store
+            .arrive("split", &[n; 16], &[], &three, false, None, 0)
+            .await
+            .unwrap();
+    }
+    let refused = store.admit_tick("split", &two, None).await.unwrap_err();
+    assert!(refused.to_string().contains("3 sub-lines"), "{refused}");
+    store.admit_tick("split", &three, None).await.unwrap();
+
+    // Nor as one line.
+    let one = limits();
+    let refused = store.admit_tick("split", &one, None).await.unwrap_err();
+    assert!(refused.to_string().contains("3 sub-lines"), "{refused}");
+
+    // A line ticked whole is a split of one.
+    store
+        .arrive("whole", &[7; 16], &[], &one, false, None, 0)
+        .await
+        .unwrap();
+    store.admit_tick("whole", &one, None).await.unwrap();
+    let refused = store.admit_tick("whole", &three, None).await.unwrap_err();
+    assert!(refused.to_string().contains("1 sub-lines"), "{refused}");
+    assert!(store.admit_tick("whole", &one, None).await.is_ok());
+
+    // An empty route takes a new split.
+    store.leave("whole", &[7; 16], &one).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    store.admit_tick("whole", &three, None).await.unwrap();
+    let refused = store.admit_tick("whole", &one, None).await;
+    assert!(refused.is_ok(), "{refused:?}");
 }

@@ -165,6 +165,7 @@ fn limits() -> Limits {
         client_joins_per_minute: 0,
         lanes: Lanes::default(),
         opens_at_us: None,
+        shards: 1,
     }
 }
 
@@ -2420,6 +2421,165 @@ async fn the_pre_queue_goes_first_in_each_lane_and_is_shuffled_within_it<H: Harn
     assert_eq!(main_early, [1, 2, 3, 4, 5]);
 }
 
+/// A route split in three sub-lines (`shards`): the Redis store keeps
+/// three, each in its own slot; the memory store keeps one line, and the
+/// answers must be the same.
+fn split_limits() -> Limits {
+    Limits {
+        shards: 3,
+        abandon_after: Duration::from_secs(30),
+        ..limits()
+    }
+}
+
+async fn leave_in<H: Harness>(h: &H, route: &str, n: u32, limits: &Limits) {
+    h.store()
+        .leave(route, &visitor(n), limits)
+        .await
+        .expect("leave");
+}
+
+/// Places count every sub-line, and admission follows join order across
+/// them, within capacity.
+async fn a_split_line_is_one_line_in_join_order<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 4,
+        ..split_limits()
+    };
+    // The first tick gives the sub-lines their shares.
+    full_tick(h, &route, &limits).await;
+    let mut by_score = HashMap::new();
+    let mut scores = Vec::new();
+    for n in 0..24 {
+        let place = join(h, &route, n, &limits).await;
+        by_score.insert(place.score_us, n);
+        scores.push(place.score_us);
+    }
+    assert!(
+        scores.windows(2).all(|w| w[0] < w[1]),
+        "join scores increase across sub-lines"
+    );
+    for n in 0..24u32 {
+        match poll(h, &route, n, scores[n as usize], &limits).await {
+            Poll::Waiting(place) => assert_eq!(
+                (place.position, place.waiting_total),
+                (u64::from(n) + 1, 24),
+                "visitor {n}"
+            ),
+            other => panic!("visitor {n} should wait, got {other:?}"),
+        }
+    }
+    let mut order = Vec::new();
+    let mut rounds = 0;
+    while order.len() < 24 && rounds < 100 {
+        rounds += 1;
+        h.advance(limits.tick).await;
+        let admitted = tick(h, &route, &limits).await;
+        assert!(admitted.len() <= 4, "a tick admits within capacity");
+        assert!(stats(h, &route, &limits).await.active <= 4);
+        for score in admitted {
+            let n = by_score[&score];
+            assert_eq!(poll(h, &route, n, score, &limits).await, Poll::Admitted);
+            order.push(n);
+            leave_in(h, &route, n, &limits).await;
+        }
+    }
+    assert_eq!(order, (0..24).collect::<Vec<_>>());
+}
+
+/// Two instances ticking at once, arrivals admitted at once and people
+/// leaving, so capacity keeps moving between sub-lines: never more active
+/// than the capacity.
+async fn split_shares_never_exceed_capacity<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 6,
+        ..split_limits()
+    };
+    let other = h.second_client();
+    let mut next = 0u32;
+    let mut present: Vec<u32> = Vec::new();
+    let mut most = 0;
+    for round in 0..40 {
+        let (a, b) = tokio::join!(
+            h.store().admit_tick(&route, &limits, None),
+            other.admit_tick(&route, &limits, None)
+        );
+        a.expect("tick");
+        b.expect("tick");
+        for _ in 0..6 {
+            next += 1;
+            arrive(h, &route, next, &limits, true).await;
+            present.push(next);
+        }
+        let active = stats(h, &route, &limits).await.active;
+        assert!(active <= limits.capacity, "round {round}: {active} active");
+        most = most.max(active);
+        for n in present.drain(..3) {
+            leave_in(h, &route, n, &limits).await;
+        }
+        h.advance(limits.tick).await;
+    }
+    assert_eq!(most, limits.capacity, "the capacity was used");
+    assert!(stats(h, &route, &limits).await.admitted_total >= 20);
+}
+
+/// The line record of a split route places a waiter behind the head
+/// within 2 % of its place in the whole line.
+async fn a_split_line_record_places_waiters_behind_the_head<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let limits = Limits {
+        capacity: 1,
+        ..split_limits()
+    };
+    full_tick(h, &route, &limits).await;
+    let arrivals: Vec<Arriving> = (0..600)
+        .map(|n| Arriving {
+            id: visitor(n),
+            client: Vec::new(),
+            admit_now: false,
+            lane: 0,
+        })
+        .collect();
+    // In batches of ten, as arrivals come in: the sub-lines' join times
+    // interleave.
+    let mut scores = Vec::new();
+    for batch in arrivals.chunks(10) {
+        let answers = h
+            .store()
+            .arrive_batch(&route, batch, &limits, None)
+            .await
+            .expect("arrive");
+        scores.extend(answers.into_iter().map(|a| match a {
+            Arrival::Waiting(place) => place.score_us,
+            other => panic!("should wait, got {other:?}"),
+        }));
+    }
+    // A batch joins each sub-line in one call, so join order across
+    // sub-lines is the order of those calls: ranks come from the scores.
+    let mut in_order = scores.clone();
+    in_order.sort_unstable();
+    h.advance(limits.tick).await;
+    let admitted = tick(h, &route, &limits).await;
+    assert_eq!(admitted, [in_order[0]], "the first in line is admitted");
+    let record = h
+        .store()
+        .line_record(&route, &limits)
+        .await
+        .expect("record")
+        .expect("a record after a tick");
+    assert_eq!(record.waiting(), 599);
+    for n in [400usize, 500, 599] {
+        let rank = n as u64;
+        let shown = record
+            .position("main", in_order[n])
+            .expect("behind the head: answered from the record");
+        let error = shown.abs_diff(rank) as f64 / rank as f64;
+        assert!(error <= 0.02, "rank {rank} shown {shown}");
+    }
+}
+
 /// One test per check for a backend: `contract_suite!(module, harness
 /// expression, #[test attribute])`.
 macro_rules! contract_suite {
@@ -2475,7 +2635,10 @@ macro_rules! contract_suite {
                 nothing_is_admitted_before_the_opening,
                 the_opening_shuffles_once_when_two_ticks_race,
                 moving_the_opening_before_it_keeps_the_pre_queue,
-                the_pre_queue_goes_first_in_each_lane_and_is_shuffled_within_it
+                the_pre_queue_goes_first_in_each_lane_and_is_shuffled_within_it,
+                a_split_line_is_one_line_in_join_order,
+                split_shares_never_exceed_capacity,
+                a_split_line_record_places_waiters_behind_the_head
             );
         }
     };

@@ -81,6 +81,10 @@ impl Config {
     }
 }
 
+/// The most sub-lines a route's line may be split into (`shards`): each is
+/// one store call per admitter tick.
+pub const MAX_SHARDS: u32 = 16;
+
 /// A config that validates, with the warnings about it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Loaded {
@@ -383,6 +387,10 @@ pub struct Route {
     pub opens_at: Option<Timestamp>,
     /// From when the route answers as `closed`; after `opens_at`. Default none.
     pub closes_at: Option<Timestamp>,
+    /// Sub-lines the Redis store splits the route's line and capacity into,
+    /// each in its own Cluster slot (DESIGN §8.9); 1 to [`MAX_SHARDS`].
+    /// Fixed while the store holds the route's line. Default 1.
+    pub shards: u32,
     pub page: PageConfig,
 }
 

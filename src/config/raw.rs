@@ -174,6 +174,7 @@ pub(crate) struct RawRoute {
     pub lanes: Option<Vec<RawLane>>,
     pub opens_at: Option<String>,
     pub closes_at: Option<String>,
+    pub shards: Option<u32>,
     pub page: Option<RawPage>,
 }
 

@@ -19,7 +19,7 @@ use super::{
     Config, CookieConfig, HostPattern, KeyFrom, KeySource, Lane, Listen, Mode, OnStoreError,
     PageConfig, PageTemplate, Pool, RedisConfig, RedisMode, Route, RouteMatch, ServerLimits,
     StoreConfig, Timestamp, TlsFiles, Upstream, MAX_KEY_ID_LEN, MAX_LANES, MAX_LANE_NAME_LEN,
-    MAX_LANE_WEIGHT, MAX_ROUTE_NAME_LEN,
+    MAX_LANE_WEIGHT, MAX_ROUTE_NAME_LEN, MAX_SHARDS,
 };
 
 pub(crate) const DEFAULT_ADMIN_ADDR: SocketAddr =
@@ -990,6 +990,13 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
     }
     let lanes = lanes(raw.lanes, at, problems);
     let opening = opening(raw.opens_at, raw.closes_at, at, problems);
+    let shards = raw.shards.unwrap_or(1);
+    if !(1..=MAX_SHARDS).contains(&shards) {
+        problems.report(
+            at.key("shards"),
+            format!("{shards} sub-lines: use 1 to {MAX_SHARDS} (1, the default, keeps one line)"),
+        );
+    }
     let page = raw.page.unwrap_or_default();
     let template = match &page.template {
         None => Some(None),
@@ -1026,6 +1033,7 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
         lanes: lanes?,
         opens_at: opening?.0,
         closes_at: opening?.1,
+        shards,
         page: PageConfig {
             title: page.title,
             message: page.message,

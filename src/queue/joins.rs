@@ -141,6 +141,7 @@ mod tests {
             client_joins_per_minute: 0,
             lanes: Lanes::default(),
             opens_at_us: None,
+            shards: 1,
         }
     }
 

@@ -1436,6 +1436,7 @@ mod tests {
             client_joins_per_minute: 0,
             lanes: Lanes::default(),
             opens_at_us: None,
+            shards: 1,
         }
     }
 

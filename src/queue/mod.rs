@@ -91,6 +91,7 @@ pub mod joins;
 pub mod memory;
 pub mod record;
 pub mod redis_store;
+pub mod shards;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -144,6 +145,10 @@ pub struct Limits {
     /// before it nobody is admitted, and the first tick at or after it
     /// shuffles the pre-queue (DESIGN §8.7). `None`: open.
     pub opens_at_us: Option<u64>,
+    /// Sub-lines the Redis store splits the line and the capacity into, each
+    /// under its own hash tag (see `shards`); 1: one line. The memory store
+    /// keeps one line whatever it says: in one process a split buys nothing.
+    pub shards: u32,
 }
 
 /// The name of the lane of a route without lanes configured; its waiters

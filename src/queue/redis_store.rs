@@ -21,7 +21,6 @@
 //! `StoreError` and the gate applies the route's `on_store_error`.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -39,6 +38,8 @@ use super::{
 };
 use crate::clock::Clock;
 use crate::config::{RedisConfig, RedisMode};
+
+mod split;
 
 /// Builds a script from the shared prelude and one operation's file.
 macro_rules! route_script {
@@ -69,6 +70,9 @@ struct Scripts {
     move_lane: Script,
     take_use: Script,
     lanes: Script,
+    shares: Script,
+    coord: Script,
+    ahead: Script,
 }
 
 impl Scripts {
@@ -89,6 +93,9 @@ impl Scripts {
             move_lane: route_script!("move_lane.lua"),
             take_use: route_script!("take_use.lua"),
             lanes: route_script!("lanes.lua"),
+            shares: route_script!("shares.lua"),
+            coord: Script::new(include_str!("../../lua/coord.lua")),
+            ahead: Script::new(include_str!("../../lua/ahead.lua")),
         }
     }
 }
@@ -127,6 +134,8 @@ pub struct RedisStore {
     /// holding waiters at the last look: the admitter's tick merges those
     /// no longer configured. Missing: look before the next tick.
     lanes_seen: Arc<Mutex<HashMap<String, Vec<String>>>>,
+    /// Per split route, what this store saw of its sub-lines (`split.rs`).
+    splits: Arc<Mutex<HashMap<String, split::Seen>>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -195,6 +204,7 @@ impl RedisStore {
             timeout,
             scripts: Arc::new(Scripts::new()),
             lanes_seen: Arc::new(Mutex::new(HashMap::new())),
+            splits: Arc::new(Mutex::new(HashMap::new())),
         })
     }
 
@@ -363,6 +373,17 @@ fn client_keys<'a>(
 }
 
 /// The route's opening as a script argument: µs, or empty for none.
+/// The capacity a script is given: the route's, or '' on one sub-line of a
+/// split route (`shards` 0 in its limits, see `split.rs`), whose scripts
+/// read the sub-line's share instead.
+fn capacity_arg(limits: &Limits) -> String {
+    if limits.shards == 0 {
+        String::new()
+    } else {
+        limits.capacity.to_string()
+    }
+}
+
 fn opening_arg(limits: &Limits) -> String {
     limits
         .opens_at_us
@@ -558,7 +579,7 @@ impl RedisStore {
             limits,
         );
         invocation
-            .arg(limits.capacity)
+            .arg(capacity_arg(limits))
             .arg(limits.max_admit_per_tick)
             .arg(ms(limits.tick).max(1))
             .arg(ms(limits.session_ttl))
@@ -641,8 +662,9 @@ fn place(reply: &[u64], what: &str) -> Result<Place, StoreError> {
     })
 }
 
-impl QueueStore for RedisStore {
-    fn arrive(
+impl RedisStore {
+    #[allow(clippy::too_many_arguments)]
+    async fn arrive_on(
         &self,
         route: &str,
         id: &VisitorId,
@@ -651,7 +673,7 @@ impl QueueStore for RedisStore {
         admit_now: bool,
         known_epoch_us: Option<u64>,
         lane: usize,
-    ) -> impl Future<Output = Result<Arrival, StoreError>> + Send {
+    ) -> Result<Arrival, StoreError> {
         let one = [Arriving {
             id: *id,
             client: client.to_vec(),
@@ -659,39 +681,35 @@ impl QueueStore for RedisStore {
             lane,
         }];
         let invocation = self.arrive_invocation(route, &one, limits, known_epoch_us);
-        async move {
-            let mut answers = self.run_arrive(&invocation, 1).await?;
-            answers
-                .pop()
-                .ok_or_else(|| unexpected_reply("arrive: no answer".into()))
-        }
+        let mut answers = self.run_arrive(&invocation, 1).await?;
+        answers
+            .pop()
+            .ok_or_else(|| unexpected_reply("arrive: no answer".into()))
     }
 
-    fn arrive_batch(
+    async fn arrive_batch_on(
         &self,
         route: &str,
         arrivals: &[Arriving],
         limits: &Limits,
         known_epoch_us: Option<u64>,
-    ) -> impl Future<Output = Result<Vec<Arrival>, StoreError>> + Send {
+    ) -> Result<Vec<Arrival>, StoreError> {
         let invocation = self.arrive_invocation(route, arrivals, limits, known_epoch_us);
         let count = arrivals.len();
-        async move {
-            if count == 0 {
-                return Ok(Vec::new());
-            }
-            self.run_arrive(&invocation, count).await
+        if count == 0 {
+            return Ok(Vec::new());
         }
+        self.run_arrive(&invocation, count).await
     }
 
-    fn poll(
+    async fn poll_on(
         &self,
         route: &str,
         id: &VisitorId,
         client: ClientKey<'_>,
         ticket: TicketTimes,
         limits: &Limits,
-    ) -> impl Future<Output = Result<Poll, StoreError>> + Send {
+    ) -> Result<Poll, StoreError> {
         let stale = self.stale_lanes(route, limits);
         let mut invocation = prepare_with(
             &self.scripts.poll,
@@ -711,31 +729,29 @@ impl QueueStore for RedisStore {
             .arg(ms(limits.confirm_within))
             .arg(limits.lanes.clamp(ticket.lane) + 1);
         let lanes = limits.lanes.clone();
-        async move {
-            let reply: Vec<u64> = self.run(&invocation).await?;
-            match field(&reply, 0, "poll")? {
-                0 => Ok(Poll::Gone),
-                1 => Ok(Poll::Admitted),
-                2 => {
-                    // A waiter found in a stale lane is reported in the
-                    // first, where the next tick moves it.
-                    let mut place = place(&reply, "poll")?;
-                    place.lane = lanes.clamp(place.lane);
-                    Ok(Poll::Waiting(place))
-                }
-                other => Err(unexpected_reply(format!("poll: reply kind {other}"))),
+        let reply: Vec<u64> = self.run(&invocation).await?;
+        match field(&reply, 0, "poll")? {
+            0 => Ok(Poll::Gone),
+            1 => Ok(Poll::Admitted),
+            2 => {
+                // A waiter found in a stale lane is reported in the
+                // first, where the next tick moves it.
+                let mut place = place(&reply, "poll")?;
+                place.lane = lanes.clamp(place.lane);
+                Ok(Poll::Waiting(place))
             }
+            other => Err(unexpected_reply(format!("poll: reply kind {other}"))),
         }
     }
 
-    fn renew(
+    async fn renew_on(
         &self,
         route: &str,
         id: &VisitorId,
         client: ClientKey<'_>,
         pass: PassTimes,
         limits: &Limits,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+    ) -> Result<bool, StoreError> {
         let mut invocation = prepare(&self.scripts.renew, route, limits, touched(client, limits));
         invocation
             .arg(&store_id(id)[..])
@@ -745,139 +761,137 @@ impl QueueStore for RedisStore {
             .arg(ms(limits.pass_ttl))
             .arg(ms(limits.client_memory()))
             .arg(u8::from(pass.granted_locally))
-            .arg(limits.capacity);
-        async move {
-            let active: i64 = self.run(&invocation).await?;
-            Ok(active == 1)
-        }
+            .arg(capacity_arg(limits));
+        let active: i64 = self.run(&invocation).await?;
+        Ok(active == 1)
     }
 
-    fn leave(
+    async fn leave_on(
         &self,
         route: &str,
         id: &VisitorId,
         limits: &Limits,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+    ) -> Result<(), StoreError> {
         let stale = self.stale_lanes(route, limits);
         let mut invocation = prepare_with(&self.scripts.leave, route, limits, &stale, None);
         invocation.arg(&store_id(id)[..]);
-        async move {
-            let _removed: i64 = self.run(&invocation).await?;
-            Ok(())
-        }
+        let _removed: i64 = self.run(&invocation).await?;
+        Ok(())
     }
 
-    fn count_request(
+    async fn count_request_on(
         &self,
         route: &str,
         id: &VisitorId,
         limit: u64,
         limits: &Limits,
-    ) -> impl Future<Output = Result<Counted, StoreError>> + Send {
+    ) -> Result<Counted, StoreError> {
         let mut invocation = prepare(&self.scripts.count_request, route, limits, None);
         invocation
             .key(uses_key(route, id))
             .arg(&store_id(id)[..])
             .arg(limit.max(1))
             .arg(ms(limits.session_ttl.saturating_add(limits.pass_ttl)));
-        async move {
-            let counted: i64 = self.run(&invocation).await?;
-            match counted {
-                1 => Ok(Counted::Allowed),
-                2 => Ok(Counted::Last),
-                3 => Ok(Counted::Exhausted),
-                4 => Ok(Counted::Gone),
-                other => Err(unexpected_reply(format!("count_request: reply {other}"))),
-            }
+        let counted: i64 = self.run(&invocation).await?;
+        match counted {
+            1 => Ok(Counted::Allowed),
+            2 => Ok(Counted::Last),
+            3 => Ok(Counted::Exhausted),
+            4 => Ok(Counted::Gone),
+            other => Err(unexpected_reply(format!("count_request: reply {other}"))),
         }
     }
 
-    fn admit_tick(
+    /// One tick in one slot; `open`, on a sub-line of a split route, says
+    /// whether it may admit arrivals at once until the next tick.
+    async fn admit_tick_on(
         &self,
         route: &str,
         limits: &Limits,
         known_epoch_us: Option<u64>,
-    ) -> impl Future<Output = Result<Tick, StoreError>> + Send {
+        open: Option<bool>,
+    ) -> Result<Tick, StoreError> {
         let route = route.to_owned();
         let limits = limits.clone();
-        async move {
-            let seen = match self.lanes_seen(&route) {
-                Some(seen) => seen,
-                None => self.look_up_lanes(&route, &limits).await?,
-            };
-            let mut invocation = prepare(&self.scripts.admit_tick, &route, &limits, None);
-            for stale in seen.iter().filter(|n| limits.lanes.index_of(n).is_none()) {
-                invocation.key(lane_key(&route, stale));
-            }
-            invocation
-                .arg(limits.capacity)
-                .arg(limits.max_admit_per_tick)
-                .arg(ms(limits.tick).max(1))
-                .arg(ms(limits.arrival_grace))
-                .arg(ms(limits.abandon_after))
-                .arg(ms(limits.pass_ttl))
-                .arg(known_epoch_us.map(|e| e.to_string()).unwrap_or_default())
-                .arg(limits.lanes.len());
-            for lane in limits.lanes.iter() {
-                invocation.arg(lane.weight);
-            }
-            // Only a route with an opening needs the seed of its shuffle.
-            let seed = if limits.opens_at_us.is_some() {
-                super::shuffle_seed()
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect()
-            } else {
-                String::new()
-            };
-            invocation.arg(opening_arg(&limits)).arg(seed);
-            let reply: Vec<u64> = self.run(&invocation).await?;
-            let ran = field(&reply, 0, "admit_tick")? == 1;
-            let opening = field(&reply, 8, "admit_tick")?;
-            let lanes = usize::try_from(field(&reply, 9, "admit_tick")?).unwrap_or(usize::MAX);
-            let scores_at = lanes
-                .checked_mul(2)
-                .and_then(|n| n.checked_add(10))
-                .filter(|&at| at <= reply.len())
-                .ok_or_else(|| unexpected_reply("admit_tick: short reply".into()))?;
-            if ran {
-                // What the store lists now: the configured lanes, and any
-                // it named that this tick could not merge (looked up again).
-                let mut cache = self
-                    .lanes_seen
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                if field(&reply, 7, "admit_tick")? == 1 {
-                    cache.remove(&route);
-                } else {
-                    cache.insert(
-                        route.clone(),
-                        limits.lanes.iter().map(|l| l.name.clone()).collect(),
-                    );
-                }
-            }
-            Ok(Tick {
-                ran,
-                now_us: field(&reply, 1, "admit_tick")?,
-                epoch_us: field(&reply, 2, "admit_tick")?,
-                abandoned: field(&reply, 3, "admit_tick")?,
-                no_shows: field(&reply, 4, "admit_tick")?,
-                unconfirmed_sessions: field(&reply, 5, "admit_tick")?,
-                unconfirmed_tickets: field(&reply, 6, "admit_tick")?,
-                opened: opening.checked_sub(1),
-                lane_admitted: reply[10..10 + lanes].to_vec(),
-                lane_waiting: reply[10 + lanes..scores_at].to_vec(),
-                admitted_scores: reply[scores_at..].to_vec(),
-            })
+        let seen = match self.lanes_seen(&route) {
+            Some(seen) => seen,
+            None => self.look_up_lanes(&route, &limits).await?,
+        };
+        let mut invocation = prepare(&self.scripts.admit_tick, &route, &limits, None);
+        for stale in seen.iter().filter(|n| limits.lanes.index_of(n).is_none()) {
+            invocation.key(lane_key(&route, stale));
         }
+        invocation
+            .arg(capacity_arg(&limits))
+            .arg(limits.max_admit_per_tick)
+            .arg(ms(limits.tick).max(1))
+            .arg(ms(limits.arrival_grace))
+            .arg(ms(limits.abandon_after))
+            .arg(ms(limits.pass_ttl))
+            .arg(known_epoch_us.map(|e| e.to_string()).unwrap_or_default())
+            .arg(limits.lanes.len());
+        for lane in limits.lanes.iter() {
+            invocation.arg(lane.weight);
+        }
+        // Only a route with an opening needs the seed of its shuffle.
+        let seed = if limits.opens_at_us.is_some() {
+            super::shuffle_seed()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect()
+        } else {
+            String::new()
+        };
+        invocation
+            .arg(opening_arg(&limits))
+            .arg(seed)
+            .arg(open.map_or("", |o| if o { "1" } else { "0" }));
+        let reply: Vec<u64> = self.run(&invocation).await?;
+        let ran = field(&reply, 0, "admit_tick")? == 1;
+        let opening = field(&reply, 8, "admit_tick")?;
+        let lanes = usize::try_from(field(&reply, 9, "admit_tick")?).unwrap_or(usize::MAX);
+        let scores_at = lanes
+            .checked_mul(2)
+            .and_then(|n| n.checked_add(10))
+            .filter(|&at| at <= reply.len())
+            .ok_or_else(|| unexpected_reply("admit_tick: short reply".into()))?;
+        if ran {
+            // What the store lists now: the configured lanes, and any
+            // it named that this tick could not merge (looked up again).
+            let mut cache = self
+                .lanes_seen
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if field(&reply, 7, "admit_tick")? == 1 {
+                cache.remove(&route);
+            } else {
+                cache.insert(
+                    route.clone(),
+                    limits.lanes.iter().map(|l| l.name.clone()).collect(),
+                );
+            }
+        }
+        Ok(Tick {
+            ran,
+            now_us: field(&reply, 1, "admit_tick")?,
+            epoch_us: field(&reply, 2, "admit_tick")?,
+            abandoned: field(&reply, 3, "admit_tick")?,
+            no_shows: field(&reply, 4, "admit_tick")?,
+            unconfirmed_sessions: field(&reply, 5, "admit_tick")?,
+            unconfirmed_tickets: field(&reply, 6, "admit_tick")?,
+            opened: opening.checked_sub(1),
+            lane_admitted: reply[10..10 + lanes].to_vec(),
+            lane_waiting: reply[10 + lanes..scores_at].to_vec(),
+            admitted_scores: reply[scores_at..].to_vec(),
+        })
     }
 
-    fn heartbeats(
+    async fn heartbeats_on(
         &self,
         route: &str,
         beats: &[Heartbeat],
         limits: &Limits,
-    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send {
+    ) -> Result<Vec<bool>, StoreError> {
         let stale = self.stale_lanes(route, limits);
         let mut invocation = prepare_with(&self.scripts.heartbeats, route, limits, &stale, None);
         let indexes = client_keys(
@@ -891,68 +905,62 @@ impl QueueStore for RedisStore {
             invocation.arg(&store_id(&beat.id)[..]).arg(index);
         }
         let empty = beats.is_empty();
-        async move {
-            if empty {
-                return Ok(Vec::new());
-            }
-            let reply: Vec<i64> = self.run(&invocation).await?;
-            Ok(reply.into_iter().map(|in_line| in_line == 1).collect())
+        if empty {
+            return Ok(Vec::new());
         }
+        let reply: Vec<i64> = self.run(&invocation).await?;
+        Ok(reply.into_iter().map(|in_line| in_line == 1).collect())
     }
 
-    fn ended_since(
+    async fn ended_since_on(
         &self,
         route: &str,
         since_ms: u64,
         limits: &Limits,
-    ) -> impl Future<Output = Result<Ended, StoreError>> + Send {
+    ) -> Result<Ended, StoreError> {
         let mut invocation = prepare(&self.scripts.ended, route, limits, None);
         invocation.arg(since_ms);
-        async move {
-            let reply: Vec<Vec<u8>> = self.run(&invocation).await?;
-            let (now, ids) = reply
-                .split_first()
-                .ok_or_else(|| unexpected_reply("ended_since: empty reply".into()))?;
-            let now_ms = std::str::from_utf8(now)
-                .ok()
-                .and_then(|n| n.parse().ok())
-                .ok_or_else(|| unexpected_reply("ended_since: no time".into()))?;
-            let ids = ids
-                .iter()
-                .map(|id| {
-                    StoreId::try_from(id.as_slice())
-                        .map_err(|_| unexpected_reply("ended_since: not an id".into()))
-                })
-                .collect::<Result<_, _>>()?;
-            Ok(Ended { ids, now_ms })
-        }
+        let reply: Vec<Vec<u8>> = self.run(&invocation).await?;
+        let (now, ids) = reply
+            .split_first()
+            .ok_or_else(|| unexpected_reply("ended_since: empty reply".into()))?;
+        let now_ms = std::str::from_utf8(now)
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| unexpected_reply("ended_since: no time".into()))?;
+        let ids = ids
+            .iter()
+            .map(|id| {
+                StoreId::try_from(id.as_slice())
+                    .map_err(|_| unexpected_reply("ended_since: not an id".into()))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Ended { ids, now_ms })
     }
 
-    fn move_lane(
+    async fn move_lane_on(
         &self,
         route: &str,
         id: &VisitorId,
         to_lane: usize,
         limits: &Limits,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+    ) -> Result<bool, StoreError> {
         let stale = self.stale_lanes(route, limits);
         let mut invocation = prepare_with(&self.scripts.move_lane, route, limits, &stale, None);
         invocation
             .arg(&store_id(id)[..])
             .arg(limits.lanes.clamp(to_lane) + 1);
-        async move {
-            let moved: i64 = self.run(&invocation).await?;
-            Ok(moved == 1)
-        }
+        let moved: i64 = self.run(&invocation).await?;
+        Ok(moved == 1)
     }
 
-    fn take_use(
+    async fn take_use_on(
         &self,
         route: &str,
         token_key: &[u8],
         max_uses: u32,
         expires_unix: u64,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+    ) -> Result<bool, StoreError> {
         let mut invocation = self.scripts.take_use.prepare_invoke();
         for key in route_keys(route) {
             invocation.key(key);
@@ -961,95 +969,266 @@ impl QueueStore for RedisStore {
             .key(invite_key(route, token_key))
             .arg(max_uses)
             .arg(expires_unix);
-        async move {
-            let within: i64 = self.run(&invocation).await?;
-            Ok(within == 1)
-        }
+        let within: i64 = self.run(&invocation).await?;
+        Ok(within == 1)
     }
 
-    fn line_record(
+    async fn line_record_on(
         &self,
         route: &str,
         limits: &Limits,
-    ) -> impl Future<Output = Result<Option<LineRecord>, StoreError>> + Send {
+    ) -> Result<Option<LineRecord>, StoreError> {
         let invocation = prepare(&self.scripts.line_record, route, limits, None);
-        async move {
-            let reply: Option<String> = self.run(&invocation).await?;
-            match reply {
-                None => Ok(None),
-                Some(text) => LineRecord::parse(&text)
-                    .map(Some)
-                    .ok_or_else(|| unexpected_reply(format!("line_record: {text:.60}"))),
-            }
+        let reply: Option<String> = self.run(&invocation).await?;
+        match reply {
+            None => Ok(None),
+            Some(text) => LineRecord::parse(&text)
+                .map(Some)
+                .ok_or_else(|| unexpected_reply(format!("line_record: {text:.60}"))),
         }
     }
 
-    fn hold(
-        &self,
-        route: &str,
-        limits: &Limits,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+    async fn hold_on(&self, route: &str, limits: &Limits) -> Result<(), StoreError> {
         let mut invocation = prepare(&self.scripts.hold, route, limits, None);
         invocation.arg(ms(limits.pass_ttl));
-        async move {
-            let _until: i64 = self.run(&invocation).await?;
-            Ok(())
-        }
+        let _until: i64 = self.run(&invocation).await?;
+        Ok(())
     }
 
-    fn stats(
+    async fn stats_on(&self, route: &str, limits: &Limits) -> Result<RouteStats, StoreError> {
+        let invocation = prepare(&self.scripts.stats, route, limits, None);
+        let lanes = limits.lanes.len();
+        let reply: Vec<String> = self.run(&invocation).await?;
+        if reply.len() != 7 + 2 * lanes {
+            return Err(unexpected_reply(format!(
+                "stats: {} fields for {lanes} lanes",
+                reply.len()
+            )));
+        }
+        let number = |i: usize| {
+            reply[i]
+                .parse::<u64>()
+                .map_err(|_| unexpected_reply(format!("stats: field {i} is not a number")))
+        };
+        let (waiting, active, admitted_total) = (number(0)?, number(1)?, number(2)?);
+        let rate = &reply[3];
+        let (epoch_us, hold_until_us, now_us) = (number(4)?, number(5)?, number(6)?);
+        let admit_rate = rate
+            .parse::<f64>()
+            .map_err(|_| unexpected_reply(format!("stats: admit rate {rate:?} is not a number")))?;
+        let lanes = (0..lanes)
+            .map(|l| {
+                Ok(LaneStats {
+                    waiting: number(7 + 2 * l)?,
+                    admitted_total: number(8 + 2 * l)?,
+                })
+            })
+            .collect::<Result<_, StoreError>>()?;
+        Ok(RouteStats {
+            lanes,
+            waiting,
+            active,
+            admitted_total,
+            admit_rate,
+            epoch_us,
+            hold_until_us,
+            now_us,
+        })
+    }
+
+    async fn ready_on(&self) -> Result<(), StoreError> {
+        let invocation = self.scripts.ready.prepare_invoke();
+        let _one: i64 = self.run(&invocation).await?;
+        Ok(())
+    }
+}
+
+/// Each operation on a route split into sub-lines (`shards` > 1) goes to
+/// `split.rs`; everything else to the one slot of the route.
+impl QueueStore for RedisStore {
+    async fn arrive(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        client: ClientKey<'_>,
+        limits: &Limits,
+        admit_now: bool,
+        known_epoch_us: Option<u64>,
+        lane: usize,
+    ) -> Result<Arrival, StoreError> {
+        if limits.shards > 1 {
+            let one = [Arriving {
+                id: *id,
+                client: client.to_vec(),
+                admit_now,
+                lane,
+            }];
+            let mut answers = self
+                .split_arrive(route, &one, limits, known_epoch_us)
+                .await?;
+            return answers
+                .pop()
+                .ok_or_else(|| unexpected_reply("arrive: no answer".into()));
+        }
+        self.arrive_on(route, id, client, limits, admit_now, known_epoch_us, lane)
+            .await
+    }
+
+    async fn arrive_batch(
+        &self,
+        route: &str,
+        arrivals: &[Arriving],
+        limits: &Limits,
+        known_epoch_us: Option<u64>,
+    ) -> Result<Vec<Arrival>, StoreError> {
+        if limits.shards > 1 {
+            return self
+                .split_arrive(route, arrivals, limits, known_epoch_us)
+                .await;
+        }
+        self.arrive_batch_on(route, arrivals, limits, known_epoch_us)
+            .await
+    }
+
+    async fn poll(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        client: ClientKey<'_>,
+        ticket: TicketTimes,
+        limits: &Limits,
+    ) -> Result<Poll, StoreError> {
+        if limits.shards > 1 {
+            return self.split_poll(route, id, client, ticket, limits).await;
+        }
+        self.poll_on(route, id, client, ticket, limits).await
+    }
+
+    async fn renew(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        client: ClientKey<'_>,
+        pass: PassTimes,
+        limits: &Limits,
+    ) -> Result<bool, StoreError> {
+        let (sub, sub_limits) = self.visitor_line(route, id, limits);
+        self.renew_on(&sub, id, client, pass, &sub_limits).await
+    }
+
+    async fn leave(&self, route: &str, id: &VisitorId, limits: &Limits) -> Result<(), StoreError> {
+        let (sub, sub_limits) = self.visitor_line(route, id, limits);
+        self.leave_on(&sub, id, &sub_limits).await
+    }
+
+    async fn count_request(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        limit: u64,
+        limits: &Limits,
+    ) -> Result<Counted, StoreError> {
+        let (sub, sub_limits) = self.visitor_line(route, id, limits);
+        self.count_request_on(&sub, id, limit, &sub_limits).await
+    }
+
+    async fn admit_tick(
         &self,
         route: &str,
         limits: &Limits,
-    ) -> impl Future<Output = Result<RouteStats, StoreError>> + Send {
-        let invocation = prepare(&self.scripts.stats, route, limits, None);
-        let lanes = limits.lanes.len();
-        async move {
-            let reply: Vec<String> = self.run(&invocation).await?;
-            if reply.len() != 7 + 2 * lanes {
-                return Err(unexpected_reply(format!(
-                    "stats: {} fields for {lanes} lanes",
-                    reply.len()
-                )));
-            }
-            let number = |i: usize| {
-                reply[i]
-                    .parse::<u64>()
-                    .map_err(|_| unexpected_reply(format!("stats: field {i} is not a number")))
-            };
-            let (waiting, active, admitted_total) = (number(0)?, number(1)?, number(2)?);
-            let rate = &reply[3];
-            let (epoch_us, hold_until_us, now_us) = (number(4)?, number(5)?, number(6)?);
-            let admit_rate = rate.parse::<f64>().map_err(|_| {
-                unexpected_reply(format!("stats: admit rate {rate:?} is not a number"))
-            })?;
-            let lanes = (0..lanes)
-                .map(|l| {
-                    Ok(LaneStats {
-                        waiting: number(7 + 2 * l)?,
-                        admitted_total: number(8 + 2 * l)?,
-                    })
-                })
-                .collect::<Result<_, StoreError>>()?;
-            Ok(RouteStats {
-                lanes,
-                waiting,
-                active,
-                admitted_total,
-                admit_rate,
-                epoch_us,
-                hold_until_us,
-                now_us,
-            })
+        known_epoch_us: Option<u64>,
+    ) -> Result<Tick, StoreError> {
+        if limits.shards > 1 {
+            return self.split_tick(route, limits, known_epoch_us).await;
         }
+        let tick = self
+            .admit_tick_on(route, limits, known_epoch_us, None)
+            .await;
+        if let Err(StoreError::Unavailable(e)) = &tick {
+            if e.code() == Some("SPLIT") {
+                let held = e
+                    .detail()
+                    .and_then(|d| d.split_whitespace().find_map(|w| w.parse().ok()))
+                    .unwrap_or(0);
+                self.refuse_split(route, held, 1);
+            }
+        }
+        tick
     }
 
-    fn ready(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let invocation = self.scripts.ready.prepare_invoke();
-        async move {
-            let _one: i64 = self.run(&invocation).await?;
-            Ok(())
+    async fn hold(&self, route: &str, limits: &Limits) -> Result<(), StoreError> {
+        if limits.shards > 1 {
+            return self.split_hold(route, limits).await;
         }
+        self.hold_on(route, limits).await
+    }
+
+    async fn heartbeats(
+        &self,
+        route: &str,
+        beats: &[Heartbeat],
+        limits: &Limits,
+    ) -> Result<Vec<bool>, StoreError> {
+        if limits.shards > 1 {
+            return self.split_heartbeats(route, beats, limits).await;
+        }
+        self.heartbeats_on(route, beats, limits).await
+    }
+
+    async fn ended_since(
+        &self,
+        route: &str,
+        since_ms: u64,
+        limits: &Limits,
+    ) -> Result<Ended, StoreError> {
+        if limits.shards > 1 {
+            return self.split_ended_since(route, since_ms, limits).await;
+        }
+        self.ended_since_on(route, since_ms, limits).await
+    }
+
+    async fn move_lane(
+        &self,
+        route: &str,
+        id: &VisitorId,
+        to_lane: usize,
+        limits: &Limits,
+    ) -> Result<bool, StoreError> {
+        let (sub, sub_limits) = self.visitor_line(route, id, limits);
+        self.move_lane_on(&sub, id, to_lane, &sub_limits).await
+    }
+
+    async fn take_use(
+        &self,
+        route: &str,
+        token_key: &[u8],
+        max_uses: u32,
+        expires_unix: u64,
+    ) -> Result<bool, StoreError> {
+        self.take_use_on(route, token_key, max_uses, expires_unix)
+            .await
+    }
+
+    async fn line_record(
+        &self,
+        route: &str,
+        limits: &Limits,
+    ) -> Result<Option<LineRecord>, StoreError> {
+        if limits.shards > 1 {
+            return self.split_line_record(route, limits).await;
+        }
+        self.line_record_on(route, limits).await
+    }
+
+    async fn stats(&self, route: &str, limits: &Limits) -> Result<RouteStats, StoreError> {
+        if limits.shards > 1 {
+            return self.split_stats(route, limits).await;
+        }
+        self.stats_on(route, limits).await
+    }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.ready_on().await
     }
 }
 

@@ -295,6 +295,7 @@ pub fn route(name: &str, prefix: &str, capacity: u64) -> Route {
         lanes: vec![queuegate::config::Lane::main()],
         opens_at: None,
         closes_at: None,
+        shards: 1,
         page: PageConfig::default(),
     }
 }
@@ -757,6 +758,17 @@ pub struct Instance {
 
 impl Instance {
     pub async fn start(redis_url: &str, origin: &str, rest: &str) -> Instance {
+        Instance::start_on(
+            &format!("{{ url: \"{redis_url}\", timeout: 2s }}"),
+            origin,
+            rest,
+        )
+        .await
+    }
+
+    /// As `start`, on the Redis `store.redis` describes (YAML flow, e.g.
+    /// `{ cluster: [...], timeout: 2s }`).
+    pub async fn start_on(redis: &str, origin: &str, rest: &str) -> Instance {
         let config = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(
             config.path(),
@@ -764,7 +776,7 @@ impl Instance {
                 "listen: [{{ addr: \"127.0.0.1:0\" }}]\n\
                  admin: {{ addr: \"127.0.0.1:0\" }}\n\
                  upstream: {{ url: \"{origin}\" }}\n\
-                 store: {{ backend: redis, redis: {{ url: \"{redis_url}\", timeout: 2s }} }}\n\
+                 store: {{ backend: redis, redis: {redis} }}\n\
                  keys: [{{ id: k1, env: QG_SHARED_KEY }}]\n\
                  {rest}"
             ),
