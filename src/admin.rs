@@ -126,6 +126,9 @@ pub fn answer(app: &App, readiness: &Readiness, req: &Request<Incoming>) -> Resp
     match req.uri().path() {
         "/metrics" => {
             app.metrics.observe_store(app.gate.store().breaker());
+            for route in &app.settings.load().routes {
+                route.metrics.event_streams(route.live.event_streams());
+            }
             let mut resp = Response::new(Body::full(app.metrics.encode()));
             resp.headers_mut()
                 .insert(CONTENT_TYPE, HeaderValue::from_static(METRICS_CONTENT_TYPE));

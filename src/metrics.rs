@@ -140,6 +140,34 @@ impl SessionEnd {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StreamRefusedLabels {
+    route: String,
+    reason: &'static str,
+}
+
+/// Which cap an event stream was refused by (DESIGN §8.8), as labelled in
+/// `queuegate_event_streams_refused_total`: the page is told to poll.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamCap {
+    /// `limits.max_event_streams` streams are open on the route here.
+    Route,
+    /// The visitor (the ticket's id) has as many open here as one may.
+    Visitor,
+}
+
+impl StreamCap {
+    /// Every cap, in label order.
+    pub const ALL: [StreamCap; 2] = [StreamCap::Route, StreamCap::Visitor];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamCap::Route => "route",
+            StreamCap::Visitor => "visitor",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OperationLabel {
     operation: &'static str,
 }
@@ -286,6 +314,8 @@ pub struct Metrics {
     unconfirmed: Family<UnconfirmedLabels, Counter>,
     sessions_ended: Family<EndedLabels, Counter>,
     polls: Family<PollLabels, Counter>,
+    event_streams: Family<RouteLabel, Gauge>,
+    streams_refused: Family<StreamRefusedLabels, Counter>,
     fail_open: Family<RouteLabel, Counter>,
     store_errors: Family<OperationLabel, Counter>,
     breaker_state: Gauge,
@@ -326,6 +356,8 @@ impl Metrics {
         let unconfirmed = Family::<UnconfirmedLabels, Counter>::default();
         let sessions_ended = Family::<EndedLabels, Counter>::default();
         let polls = Family::<PollLabels, Counter>::default();
+        let event_streams = Family::<RouteLabel, Gauge>::default();
+        let streams_refused = Family::<StreamRefusedLabels, Counter>::default();
         let fail_open = Family::<RouteLabel, Counter>::default();
         let store_errors = Family::<OperationLabel, Counter>::default();
         let breaker_state = Gauge::default();
@@ -412,6 +444,16 @@ impl Metrics {
             "queuegate_polls",
             "Status polls of waiters, by what answered them: the line record (no store call) or the store",
             polls.clone(),
+        );
+        registry.register(
+            "queuegate_event_streams",
+            "Waiting pages' event streams open at this instance, per route",
+            event_streams.clone(),
+        );
+        registry.register(
+            "queuegate_event_streams_refused",
+            "Event streams refused (the page told to poll) for being over the route's cap or the visitor's",
+            streams_refused.clone(),
         );
         registry.register(
             "queuegate_store_errors",
@@ -511,6 +553,8 @@ impl Metrics {
             unconfirmed,
             sessions_ended,
             polls,
+            event_streams,
+            streams_refused,
             fail_open,
             store_errors,
             breaker_state,
@@ -582,6 +626,14 @@ impl Metrics {
                     answered_by,
                 })
             }),
+            event_streams: self.event_streams.get_or_create_owned(&route),
+            streams_refused: StreamCap::ALL.map(|cap| {
+                self.streams_refused
+                    .get_or_create_owned(&StreamRefusedLabels {
+                        route: name.to_owned(),
+                        reason: cap.as_str(),
+                    })
+            }),
         }
     }
 
@@ -598,6 +650,13 @@ impl Metrics {
         }
         self.eta.remove(&route);
         self.wait.remove(&route);
+        self.event_streams.remove(&route);
+        for cap in StreamCap::ALL {
+            self.streams_refused.remove(&StreamRefusedLabels {
+                route: name.to_owned(),
+                reason: cap.as_str(),
+            });
+        }
         self.lanes.forget_route(name);
         for how in ["at_once", "from_line"] {
             self.admitted.remove(&AdmittedLabels {
@@ -777,6 +836,9 @@ pub struct RouteMetrics {
     sessions_ended: [Counter; 3],
     /// Polls answered by the line record, then by the store.
     polls: [Counter; 2],
+    event_streams: Gauge,
+    /// By [`StreamCap`], in the order of [`StreamCap::ALL`].
+    streams_refused: [Counter; 2],
 }
 
 impl RouteMetrics {
@@ -784,6 +846,18 @@ impl RouteMetrics {
     /// ticket), answered from the line record or by the store.
     pub fn poll(&self, from_record: bool) {
         self.polls[usize::from(!from_record)].inc();
+    }
+
+    /// The event streams open on the route at this instance; set before
+    /// each scrape from the count their cap is kept with.
+    pub fn event_streams(&self, open: usize) {
+        self.event_streams
+            .set(i64::try_from(open).unwrap_or(i64::MAX));
+    }
+
+    /// Counts an event stream refused by `cap`.
+    pub fn stream_refused(&self, cap: StreamCap) {
+        self.streams_refused[cap as usize].inc();
     }
 
     /// Counts a session ended before it expired.
@@ -998,6 +1072,37 @@ mod tests {
             ),
             Some(0.0)
         );
+    }
+
+    #[test]
+    fn event_streams_and_their_refusals_are_under_their_labels() {
+        let m = Metrics::new();
+        let r = m.route("tickets");
+        let refused = |text: &str, reason: &str| {
+            let series = format!(
+                "queuegate_event_streams_refused_total{{route=\"tickets\",reason=\"{reason}\"}}"
+            );
+            sample(text, &series)
+        };
+        let text = m.encode();
+        assert_eq!(
+            sample(&text, r#"queuegate_event_streams{route="tickets"}"#),
+            Some(0.0)
+        );
+        assert_eq!(refused(&text, "route"), Some(0.0));
+        assert_eq!(refused(&text, "visitor"), Some(0.0));
+
+        r.event_streams(5);
+        r.stream_refused(StreamCap::Visitor);
+        r.stream_refused(StreamCap::Visitor);
+        r.stream_refused(StreamCap::Route);
+        let text = m.encode();
+        assert_eq!(
+            sample(&text, r#"queuegate_event_streams{route="tickets"}"#),
+            Some(5.0)
+        );
+        assert_eq!(refused(&text, "route"), Some(1.0));
+        assert_eq!(refused(&text, "visitor"), Some(2.0));
     }
 
     #[test]

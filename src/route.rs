@@ -4,8 +4,9 @@
 //! config reload replaces whole.
 
 use std::borrow::Cow;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -18,7 +19,7 @@ use http::Method;
 use crate::admission::{KeyRing, LaneTag, VisitorId};
 use crate::config::{self, BypassRule, Config};
 use crate::cookie::{self, CookieMemo, Credentials};
-use crate::metrics::{Metrics, RouteMetrics};
+use crate::metrics::{Metrics, RouteMetrics, StreamCap};
 use crate::path;
 use crate::queue::joins::JoinQueue;
 use crate::queue::{store_id, Heartbeat, Lanes, Limits, LineRecord, StoreId, MAIN_LANE};
@@ -70,17 +71,36 @@ pub struct RouteLive {
     /// (DESIGN §8.8).
     ticks: watch::Sender<u64>,
     /// Event streams open on this route at this instance.
-    event_streams: Arc<AtomicUsize>,
+    event_streams: Arc<Mutex<OpenStreams>>,
 }
 
-/// One open event stream's place in its route's count, given back when
-/// dropped.
+/// The event streams open on a route at this instance: in all, and by
+/// visitor. A visitor's entry goes when its last stream closes, so there
+/// are never more entries than open streams.
+#[derive(Debug, Default)]
+struct OpenStreams {
+    total: usize,
+    by_visitor: HashMap<VisitorId, usize>,
+}
+
+/// One open event stream's place in its route's count and its visitor's,
+/// given back when dropped.
 #[derive(Debug)]
-pub struct StreamSlot(Arc<AtomicUsize>);
+pub struct StreamSlot {
+    open: Arc<Mutex<OpenStreams>>,
+    visitor: VisitorId,
+}
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        open.total = open.total.saturating_sub(1);
+        if let Entry::Occupied(mut mine) = open.by_visitor.entry(self.visitor) {
+            *mine.get_mut() -= 1;
+            if *mine.get() == 0 {
+                mine.remove();
+            }
+        }
     }
 }
 
@@ -294,19 +314,50 @@ impl RouteLive {
         self.ticks.subscribe()
     }
 
-    /// A place for one more event stream, unless `max` are open already.
-    pub fn open_stream(&self, max: usize) -> Option<StreamSlot> {
-        self.event_streams
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .ok()?;
-        Some(StreamSlot(self.event_streams.clone()))
+    /// A place for one more event stream of `visitor`, unless `max` are
+    /// open on the route already, or `max_per_visitor` of the visitor's;
+    /// the error names the cap that was reached (the route's when both
+    /// were).
+    pub fn open_stream(
+        &self,
+        visitor: VisitorId,
+        max: usize,
+        max_per_visitor: usize,
+    ) -> Result<StreamSlot, StreamCap> {
+        let mut open = self
+            .event_streams
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if open.total >= max {
+            return Err(StreamCap::Route);
+        }
+        let mine = open.by_visitor.get(&visitor).copied().unwrap_or(0);
+        if mine >= max_per_visitor {
+            return Err(StreamCap::Visitor);
+        }
+        open.total += 1;
+        open.by_visitor.insert(visitor, mine + 1);
+        Ok(StreamSlot {
+            open: self.event_streams.clone(),
+            visitor,
+        })
     }
 
     /// Event streams open on this route at this instance.
     pub fn event_streams(&self) -> usize {
-        self.event_streams.load(Ordering::Relaxed)
+        self.event_streams
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .total
+    }
+
+    /// Visitors with an event stream open on this route at this instance.
+    pub fn event_stream_visitors(&self) -> usize {
+        self.event_streams
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .by_visitor
+            .len()
     }
 
     /// Waiters per lane after the last tick that ran (empty before one).
@@ -694,16 +745,47 @@ mod tests {
     #[test]
     fn event_streams_stop_at_the_cap_and_give_their_places_back() {
         let live = RouteLive::default();
-        let first = live.open_stream(2).expect("room for one");
-        let second = live.open_stream(2).expect("room for two");
-        assert!(live.open_stream(2).is_none());
+        let first = live.open_stream([1; 16], 2, 4).expect("room for one");
+        let second = live.open_stream([2; 16], 2, 4).expect("room for two");
+        assert_eq!(
+            live.open_stream([3; 16], 2, 4).err(),
+            Some(StreamCap::Route)
+        );
         assert_eq!(live.event_streams(), 2);
         drop(first);
         assert_eq!(live.event_streams(), 1);
-        let third = live.open_stream(2).expect("a place given back");
-        assert!(live.open_stream(0).is_none());
+        let third = live.open_stream([3; 16], 2, 4).expect("a place given back");
+        assert_eq!(
+            live.open_stream([4; 16], 0, 4).err(),
+            Some(StreamCap::Route)
+        );
         drop((second, third));
         assert_eq!(live.event_streams(), 0);
+    }
+
+    #[test]
+    fn a_visitor_stops_at_its_cap_and_leaves_no_entry_behind() {
+        let live = RouteLive::default();
+        let (me, other) = ([7; 16], [8; 16]);
+        let mut mine: Vec<_> = (0..3)
+            .map(|_| live.open_stream(me, 10, 3).expect("under the cap"))
+            .collect();
+        assert_eq!(live.open_stream(me, 10, 3).err(), Some(StreamCap::Visitor));
+        let theirs = live.open_stream(other, 10, 3).expect("another visitor");
+        assert_eq!((live.event_streams(), live.event_stream_visitors()), (4, 2));
+
+        mine.pop();
+        mine.push(live.open_stream(me, 10, 3).expect("a place given back"));
+        // Both caps reached: the route's is named.
+        assert_eq!(live.open_stream(me, 4, 3).err(), Some(StreamCap::Route));
+
+        drop(mine);
+        assert_eq!((live.event_streams(), live.event_stream_visitors()), (1, 1));
+        drop(theirs);
+        assert_eq!((live.event_streams(), live.event_stream_visitors()), (0, 0));
+        // Refused opens leave nothing either.
+        assert!(live.open_stream(me, 10, 0).is_err());
+        assert_eq!(live.event_stream_visitors(), 0);
     }
 
     #[test]

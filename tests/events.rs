@@ -3,7 +3,8 @@
 //! admission, on the memory store and on Redis (behind the head, from the
 //! line record without a store call); a waiter who only holds the stream
 //! open keeps its place past `abandon_after` and is admitted when due; the
-//! streams per route are capped, and the drain ends them.
+//! streams per route and per visitor are capped, the open ones and the
+//! refused ones counted on the admin metrics, and the drain ends them.
 
 mod common;
 #[path = "common/redis.rs"]
@@ -188,17 +189,44 @@ async fn a_stream_on_redis_tells_moves_and_admission() {
     place_moves_and_admission_ends_the_stream(Some(&redis)).await;
 }
 
+/// The admin metrics of `gate`, read by `sample`.
+async fn metrics(gate: &Gate) -> String {
+    let body = Visitor::new().fetch(&gate.admin_url("/metrics")).await.body;
+    String::from_utf8_lossy(&body).into_owned()
+}
+
+/// The value of `series` (name and labels) in `text`; 0 when absent.
+fn sample(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0, |n| n.trim().parse::<u64>().expect("a count"))
+}
+
 /// Polls of `route` answered (from the record, by the store) at `gate`.
 async fn polls(gate: &Gate) -> (u64, u64) {
-    let body = Visitor::new().fetch(&gate.admin_url("/metrics")).await.body;
-    let text = String::from_utf8_lossy(&body).into_owned();
+    let text = metrics(gate).await;
     let count = |by: &str| {
-        let series = format!("queuegate_polls_total{{route=\"tickets\",answered_by=\"{by}\"}} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(&series))
-            .map_or(0, |n| n.trim().parse::<u64>().expect("a count"))
+        let series = format!("queuegate_polls_total{{route=\"tickets\",answered_by=\"{by}\"}}");
+        sample(&text, &series)
     };
     (count("record"), count("store"))
+}
+
+/// Event streams open on `tickets` at `gate`, and those refused there for
+/// the route's cap and for the visitor's, as its admin metrics read.
+async fn stream_counts(gate: &Gate) -> (u64, u64, u64) {
+    let text = metrics(gate).await;
+    let refused = |reason: &str| {
+        let series = format!(
+            "queuegate_event_streams_refused_total{{route=\"tickets\",reason=\"{reason}\"}}"
+        );
+        sample(&text, &series)
+    };
+    (
+        sample(&text, r#"queuegate_event_streams{route="tickets"}"#),
+        refused("route"),
+        refused("visitor"),
+    )
 }
 
 /// Behind the first 100 places on Redis, a stream's updates come from the
@@ -378,6 +406,21 @@ async fn without_a_ticket_the_stream_is_one_event() {
     drop(origin);
 }
 
+/// Streams `v` opens on `tickets` until one is a waiter's stream (its
+/// first event `waiting`), each refused one ending after its one event;
+/// the server notices a closed stream when it next writes to it (the
+/// keepalive, at the latest), so this waits for that.
+async fn open_when_allowed(gate: &Gate, v: &Visitor) -> Option<Events> {
+    for _ in 0..400 {
+        let mut events = Events::open(gate, v, "tickets").await;
+        if events.next().await.unwrap()["state"] == "waiting" {
+            return Some(events);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
 /// Beyond `limits.max_event_streams` open on a route, a stream is one
 /// event telling the page to poll; a closed stream frees its place.
 #[tokio::test]
@@ -385,7 +428,7 @@ async fn streams_beyond_the_cap_tell_the_page_to_poll() {
     let (origin, _hits) = counting_origin().await;
     let mut config = config_for(&origin, None, Duration::from_secs(30));
     config.limits.max_event_streams = 1;
-    let gate = spawn_gate(config).await;
+    let gate = spawn_gate_opts(config, ring("k1"), Default::default()).await;
     let _first = holder(&gate).await;
     let one = waiter(&gate, 1).await;
     let two = waiter(&gate, 2).await;
@@ -398,18 +441,61 @@ async fn streams_beyond_the_cap_tell_the_page_to_poll() {
     assert!(refused.next().await.is_none());
 
     drop(open);
-    let mut again = None;
-    // The server notices the closed stream when it next writes to it (the
-    // keepalive, at the latest).
-    for _ in 0..400 {
-        let mut events = Events::open(&gate, &two, "tickets").await;
-        if events.next().await.unwrap()["state"] == "waiting" {
-            again = Some(events);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let again = open_when_allowed(&gate, &two).await;
     assert!(again.is_some(), "the closed stream's place was given back");
+    let (open, over_route, over_visitor) = stream_counts(&gate).await;
+    assert_eq!((open, over_visitor), (1, 0));
+    assert!(over_route >= 1, "the refusal is counted: {over_route}");
+    drop(origin);
+}
+
+/// One visitor (one ticket, one cookie) holds at most four streams at an
+/// instance: a fifth is one event telling the page to poll, counted as
+/// over the visitor's cap, while another visitor's stream still opens; a
+/// closed one of the four frees a place for the visitor's next. The open
+/// streams read right on the admin metrics throughout.
+#[tokio::test]
+async fn a_visitor_holds_at_most_four_streams() {
+    let (origin, _hits) = counting_origin().await;
+    let config = config_for(&origin, None, Duration::from_secs(30));
+    let gate = spawn_gate_opts(config, ring("k1"), Default::default()).await;
+    let _first = holder(&gate).await;
+    let one = waiter(&gate, 1).await;
+    let two = waiter(&gate, 2).await;
+    let mut tabs = Vec::new();
+    for _ in 0..4 {
+        let mut events = Events::open(&gate, &one, "tickets").await;
+        let first = events.next().await.unwrap();
+        assert_eq!(
+            (first["state"].as_str(), position(&first)),
+            (Some("waiting"), 1)
+        );
+        tabs.push(events);
+    }
+    assert_eq!(stream_counts(&gate).await, (4, 0, 0));
+
+    let mut refused = Events::open(&gate, &one, "tickets").await;
+    let only = refused.next().await.unwrap();
+    assert_eq!(only["state"], "poll", "{only}");
+    assert_eq!(only["route"], "tickets");
+    assert!(only["poll_after_ms"].as_u64().is_some());
+    assert!(refused.next().await.is_none());
+    assert_eq!(stream_counts(&gate).await, (4, 0, 1));
+
+    let mut other = Events::open(&gate, &two, "tickets").await;
+    let first = other.next().await.unwrap();
+    assert_eq!(
+        (first["state"].as_str(), position(&first)),
+        (Some("waiting"), 2)
+    );
+    assert_eq!(stream_counts(&gate).await.0, 5);
+
+    drop(tabs.pop());
+    let again = open_when_allowed(&gate, &one).await;
+    assert!(again.is_some(), "the closed stream's place was given back");
+    tabs.extend(again);
+    let (open, over_route, _) = stream_counts(&gate).await;
+    assert_eq!((open, over_route), (5, 0));
     drop(origin);
 }
 

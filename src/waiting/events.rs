@@ -7,7 +7,9 @@
 //! can ride an open stream: the page then makes one status request. It
 //! does not own the place itself (the gate's `recheck`, answered from the
 //! line record or the store as a poll is) nor the heartbeats (queued by the
-//! gate, flushed by the admitter).
+//! gate, flushed by the admitter). Open streams are capped per route and
+//! per visitor at each instance; one over either cap is a single `poll`
+//! event.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,8 +39,15 @@ pub const KEEPALIVE: Duration = Duration::from_secs(15);
 /// the store no more than a poll would.
 const MOST_OFTEN: Duration = Duration::from_secs(1);
 
+/// Event streams one visitor (one ticket) may hold open on a route at an
+/// instance: a few tabs. More are refused as the route's cap refuses, so
+/// a client cannot take the route's streams (and as many connections) with
+/// one cookie.
+pub const MAX_PER_VISITOR: usize = 4;
+
 /// What every event stream of a running queuegate shares: the cap on open
-/// streams per route (`limits.max_event_streams`), the running settings
+/// streams per route (`limits.max_event_streams`; the cap per visitor is
+/// [`MAX_PER_VISITOR`]), the running settings
 /// (looked up again at each update, so a reload applies), and the signal
 /// that ends them all when the server drains.
 pub struct Streams {
@@ -100,15 +109,22 @@ pub fn serve(
         });
         return one_event(&body);
     };
-    let Some(slot) = route.live.open_stream(streams.max_per_route) else {
-        // Enough streams here: this page polls.
-        let body = json!({
-            "state": "poll",
-            "route": route.name(),
-            "return": return_path,
-            "poll_after_ms": super::poll_after_ms(route, 1),
-        });
-        return one_event(&body);
+    let slot = match route
+        .live
+        .open_stream(ticket.id, streams.max_per_route, MAX_PER_VISITOR)
+    {
+        Ok(slot) => slot,
+        Err(cap) => {
+            // Enough streams here, or of this visitor's: this page polls.
+            route.metrics.stream_refused(cap);
+            let body = json!({
+                "state": "poll",
+                "route": route.name(),
+                "return": return_path,
+                "poll_after_ms": super::poll_after_ms(route, 1),
+            });
+            return one_event(&body);
+        }
     };
     let stream = Stream {
         gate: gate.clone(),
