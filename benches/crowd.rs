@@ -28,12 +28,14 @@
 //!
 //! `--waiters N` selects the mass mode instead (`crowd/mass.rs`): N waiters,
 //! each only its cookie jar, share `--sockets` keep-alive connections to
-//! `--instances` instances on one Redis; it times joins and polls, reads
-//! Redis's own counters around each phase, and checks displayed positions
-//! against ZRANK:
+//! `--instances` instances on one Redis (or a local 3-master Cluster); it
+//! times joins and polls, reads Redis's own counters around each phase
+//! (summed over the masters, and the busiest one's CPU), and checks
+//! displayed positions against the exact rank:
 //!
 //! ```text
 //! cargo bench --bench crowd -- --waiters 100000 --abandon 0.1
+//! cargo bench --bench crowd -- --waiters 100000 --cluster --shards 3
 //! ```
 //!
 //! Its flags: `--waiters`, `--instances` (3), `--sockets` (2000),
@@ -41,12 +43,22 @@
 //! `--abandon` (0), `--leave-rate` holders/s (10), `--abandon-after-s` (45),
 //! `--arrival-grace-s` (as abandon-after), `--tick-ms` (100), `--samples`
 //! (1000), `--quiet-s` (5), `--evalsha-clients` (50), `--evalsha-requests`
-//! (200000), `--seed` (1).
+//! (200000), `--seed` (1); `--cluster` (off: one Redis) starts three
+//! `redis-server` masters on 127.0.0.1 joined by `redis-cli --cluster
+//! create` and gives the instances `store.redis.cluster`; `--shards K` (1)
+//! writes `shards: K` into the route, splitting its line into K sub-lines
+//! (on the Cluster with K = 3, one per master), and the exact rank of a
+//! sampled waiter is then the waiters with a lower join score in every
+//! sub-line (ZCOUNT on the master holding each), + 1.
 
+#[path = "../tests/common/redis.rs"]
+mod cluster;
 #[path = "crowd/fleet.rs"]
 mod fleet;
 #[path = "crowd/mass.rs"]
 mod mass;
+#[path = "crowd/masters.rs"]
+mod masters;
 #[path = "crowd/sim.rs"]
 mod sim;
 

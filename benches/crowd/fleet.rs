@@ -164,7 +164,13 @@ impl Drop for RedisServer {
 #[derive(Clone, Debug)]
 pub enum StoreSpec {
     Memory,
-    Redis { url: String },
+    Redis {
+        url: String,
+    },
+    /// A Redis Cluster, by the URLs of its masters.
+    Cluster {
+        nodes: Vec<String>,
+    },
 }
 
 /// The one gated route the instances serve, and the server limits.
@@ -186,6 +192,8 @@ pub struct GateSpec {
     pub instances_expected: u64,
     /// `max_requests_per_session`, when set.
     pub max_requests_per_session: Option<u64>,
+    /// The sub-lines the route's line is split into (1: one line).
+    pub shards: u32,
 }
 
 impl GateSpec {
@@ -207,6 +215,7 @@ impl GateSpec {
             store: StoreSpec::Memory,
             instances_expected: 1,
             max_requests_per_session: None,
+            shards: 1,
         }
     }
 
@@ -240,6 +249,16 @@ impl GateSpec {
                     self.instances_expected
                 );
             }
+            StoreSpec::Cluster { nodes } => {
+                let nodes: Vec<String> = nodes.iter().map(|n| format!("\"{n}\"")).collect();
+                let _ = writeln!(
+                    y,
+                    "store: {{ backend: redis, redis: {{ cluster: [{}], timeout: 2s }}, \
+                     expected_instances: {} }}",
+                    nodes.join(", "),
+                    self.instances_expected
+                );
+            }
         }
         let _ = writeln!(y, "keys: [{{ id: k1, env: QG_BENCH_KEY }}]");
         let _ = writeln!(y, "routes:");
@@ -256,6 +275,9 @@ impl GateSpec {
         let _ = writeln!(y, "    on_store_error: closed");
         if let Some(n) = self.max_requests_per_session {
             let _ = writeln!(y, "    max_requests_per_session: {n}");
+        }
+        if self.shards != 1 {
+            let _ = writeln!(y, "    shards: {}", self.shards);
         }
         // Every simulated visitor comes from 127.0.0.1: one client as far as
         // the per-client limits go, so they are off here.

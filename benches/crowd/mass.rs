@@ -7,6 +7,14 @@
 //! `memory`) before and after each, the CPU of the instances, the positions
 //! polls displayed against the exact rank, and the line's order and capacity.
 //!
+//! The instances stand on one Redis or on a local Cluster of three masters
+//! (`--cluster`, `masters.rs`), and the route's line may be split into
+//! sub-lines (`--shards`, `queuegate::queue::shards`). Redis's counters are
+//! then summed over the masters and each master's CPU is shown too: the
+//! point of a split is that no one core carries the line. The exact rank
+//! of a waiter in a split line counts the waiters with a lower join score
+//! in every sub-line, each read on its own master.
+//!
 //! Each connection worker owns the waiters `i ≡ w (mod sockets)` and makes
 //! their requests one at a time, with their cookies; a waiter is its jar and
 //! the few numbers the report needs. Holders (admitted visitors) are handed to one leaver task that
@@ -31,14 +39,14 @@ use hyper_util::rt::TokioIo;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::fleet::{self, GateSpec, Origin, Queuegate, RedisServer, StoreSpec};
+use crate::fleet::{self, GateSpec, Origin, Queuegate};
+use crate::masters::Masters;
 use crate::sim::{self, Flags, Jar};
 
 const ROUTE: &str = "mass";
 const PATH: &str = "/event";
 const STATUS_PATH: &str = "/__queuegate/status?route=mass";
 const LEAVE_PATH: &str = "/__queuegate/leave?route=mass";
-const WAITING_KEY: &str = "qg:{mass}:waiting";
 /// The poll script exactly as the Redis store builds it (`route_script!` in
 /// `src/queue/redis_store.rs`): the shared prelude, a newline, the operation.
 const POLL_SCRIPT: &str = concat!(
@@ -86,6 +94,10 @@ pub struct MassPlan {
     pub evalsha_clients: usize,
     pub evalsha_requests: u64,
     pub seed: u64,
+    /// A local Redis Cluster of three masters instead of one Redis.
+    pub cluster: bool,
+    /// The sub-lines the route's line is split into (`shards`).
+    pub shards: u32,
 }
 
 impl MassPlan {
@@ -110,6 +122,8 @@ impl MassPlan {
             evalsha_clients: flags.parse("evalsha-clients", 50),
             evalsha_requests: flags.parse("evalsha-requests", 200_000),
             seed: flags.parse("seed", 1),
+            cluster: flags.parse("cluster", false),
+            shards: flags.parse("shards", 1),
         };
         let fail = |what: &str| -> ! {
             eprintln!("crowd --waiters: {what}");
@@ -126,6 +140,9 @@ impl MassPlan {
         }
         if plan.poll_every.is_zero() || plan.leave_rate <= 0.0 {
             fail("--poll-s and --leave-rate must be above 0");
+        }
+        if !(1..=16).contains(&plan.shards) {
+            fail("--shards is 1 to 16, as a route's `shards`");
         }
         plan
     }
@@ -303,12 +320,15 @@ impl Phase {
 struct Shared {
     plan: MassPlan,
     start: Instant,
-    redis: redis::aio::MultiplexedConnection,
+    /// A connection to each master.
+    redis: Vec<redis::aio::MultiplexedConnection>,
+    /// The route's sub-lines (one when it is not split).
+    lines: Vec<SubLine>,
     requests: AtomicU64,
     /// Status answers (200) received in the poll phase.
     polls: AtomicU64,
-    /// ZRANK calls the run made itself, taken out of Redis's counts.
-    zranks: AtomicU64,
+    /// Calls the run made itself to read ranks, taken out of Redis's counts.
+    own_calls: OwnCalls,
     /// Live waiters given a new ticket: sent to the back.
     sent_back: AtomicU64,
     ghosts: AtomicU64,
@@ -360,18 +380,51 @@ impl Shared {
         }
     }
 
-    /// The waiter's exact place now (ZRANK + 1), if it is in line.
+    /// The waiter's exact place now, if it is in line: ZRANK + 1 in one
+    /// line; in a split one, the waiters with a lower join score in every
+    /// sub-line (ZCOUNT), + 1, as the store counts a place (same lane:
+    /// there is only `main` here). Each read goes to the master holding
+    /// the key.
     async fn place(&self, jar: &Jar) -> Option<u64> {
-        let id = visitor_id(jar)?;
-        self.zranks.fetch_add(1, Ordering::Relaxed);
-        let mut con = self.redis.clone();
-        let rank: Option<u64> = redis::cmd("ZRANK")
-            .arg(WAITING_KEY)
-            .arg(&id[..])
+        let raw = raw_id(jar)?;
+        let id = &raw[..12];
+        if self.lines.len() == 1 {
+            let line = &self.lines[0];
+            self.own_calls.zrank.fetch_add(1, Ordering::Relaxed);
+            let mut con = self.redis[line.master].clone();
+            let rank: Option<u64> = redis::cmd("ZRANK")
+                .arg(&line.waiting)
+                .arg(id)
+                .query_async(&mut con)
+                .await
+                .ok()?;
+            return rank.map(|r| r + 1);
+        }
+        let own = &self.lines[queuegate::queue::shards::shard_of(&raw, self.lines.len() as u32)];
+        self.own_calls.zscore.fetch_add(1, Ordering::Relaxed);
+        let mut con = self.redis[own.master].clone();
+        // The score as Redis prints it, so that `(score` excludes exactly it.
+        let score: Option<String> = redis::cmd("ZSCORE")
+            .arg(&own.waiting)
+            .arg(id)
             .query_async(&mut con)
             .await
             .ok()?;
-        rank.map(|r| r + 1)
+        let below = format!("({}", score?);
+        let mut ahead = 0;
+        for line in &self.lines {
+            self.own_calls.zcount.fetch_add(1, Ordering::Relaxed);
+            let mut con = self.redis[line.master].clone();
+            let count: u64 = redis::cmd("ZCOUNT")
+                .arg(&line.waiting)
+                .arg("-inf")
+                .arg(&below)
+                .query_async(&mut con)
+                .await
+                .ok()?;
+            ahead += count;
+        }
+        Some(ahead + 1)
     }
 
     /// An admitted visitor confirms with one gated request, then holds.
@@ -392,21 +445,78 @@ impl Shared {
     }
 }
 
-/// The visitor as Redis names it, from the route's cookie
+/// The visitor's raw id, from the route's cookie
 /// (`v1.<state>.<route>.<id>.<t>.<kid>.<mac>`).
-fn visitor_id(jar: &Jar) -> Option<Vec<u8>> {
-    visitor_id_of(jar.get(&format!("qg_{ROUTE}"))?)
+fn raw_id(jar: &Jar) -> Option<queuegate::queue::VisitorId> {
+    raw_id_of(jar.get(&format!("qg_{ROUTE}"))?)
+}
+
+/// The visitor's raw id (16 bytes, what picks its sub-line), from one
+/// cookie value.
+fn raw_id_of(cookie: &str) -> Option<queuegate::queue::VisitorId> {
+    let id = cookie.split('.').nth(3)?;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(id)
+        .ok()?
+        .try_into()
+        .ok()
 }
 
 /// The visitor as Redis names it (the first 12 bytes of the raw id, see
 /// `queuegate::queue::store_id`), from one cookie value.
 fn visitor_id_of(cookie: &str) -> Option<Vec<u8>> {
-    let id = cookie.split('.').nth(3)?;
-    let mut id = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(id)
-        .ok()?;
-    id.truncate(12);
-    Some(id)
+    raw_id_of(cookie).map(|id| id[..12].to_vec())
+}
+
+/// One sub-line of the route: its line's key (lane `main`) and the master
+/// (index into `Masters`) that serves it.
+#[derive(Clone, Debug)]
+struct SubLine {
+    name: String,
+    waiting: String,
+    master: usize,
+}
+
+impl SubLine {
+    fn all(masters: &Masters, shards: u32) -> Vec<SubLine> {
+        queuegate::queue::shards::sub_routes(ROUTE, shards)
+            .into_iter()
+            .map(|name| {
+                let waiting = format!("qg:{{{name}}}:waiting");
+                SubLine {
+                    master: masters.master_of(&waiting),
+                    name,
+                    waiting,
+                }
+            })
+            .collect()
+    }
+}
+
+/// The run's own reads of ranks, by command.
+#[derive(Default)]
+struct OwnCalls {
+    zrank: AtomicU64,
+    zscore: AtomicU64,
+    zcount: AtomicU64,
+}
+
+impl OwnCalls {
+    fn now(&self) -> BTreeMap<&'static str, u64> {
+        BTreeMap::from([
+            ("zrank", self.zrank.load(Ordering::Relaxed)),
+            ("zscore", self.zscore.load(Ordering::Relaxed)),
+            ("zcount", self.zcount.load(Ordering::Relaxed)),
+        ])
+    }
+
+    /// Calls since `before` (an earlier `now`).
+    fn since(&self, before: &BTreeMap<&'static str, u64>) -> BTreeMap<&'static str, u64> {
+        self.now()
+            .into_iter()
+            .map(|(name, n)| (name, n - before.get(name).copied().unwrap_or(0)))
+            .collect()
+    }
 }
 
 /// One connection and the waiters it serves.
@@ -639,12 +749,23 @@ async fn leaver(shared: Arc<Shared>, mut conns: Vec<Conn>, begin: Instant, end: 
 #[derive(Clone, Debug)]
 struct Snapshot {
     at: Instant,
-    /// Command → calls (scripts' own calls included, as Redis counts them).
+    /// Command → calls (scripts' own calls included, as Redis counts them),
+    /// summed over the masters.
     calls: BTreeMap<String, u64>,
-    redis_cpu_s: f64,
+    /// Each master's CPU seconds, in order.
+    redis_cpu_s: Vec<f64>,
+    /// Summed over the masters.
     used_memory: u64,
     gate_cpu_s: f64,
     own_cpu_s: f64,
+}
+
+/// One master's `INFO commandstats cpu memory`.
+#[derive(Clone, Debug, Default)]
+struct MasterInfo {
+    calls: BTreeMap<String, u64>,
+    cpu_s: f64,
+    used_memory: u64,
 }
 
 fn clock_ticks() -> f64 {
@@ -672,10 +793,9 @@ fn cpu_seconds(pid: &str, ticks: f64) -> f64 {
     (field(11) + field(12)) / ticks
 }
 
-fn snapshot(redis: &RedisServer, gates: &[u32], ticks: f64) -> Snapshot {
-    let text: String = redis.query(&["INFO", "commandstats", "cpu", "memory"]);
-    let mut calls = BTreeMap::new();
-    let (mut cpu, mut used_memory) = (0.0, 0);
+fn master_info(masters: &Masters, master: usize) -> MasterInfo {
+    let text: String = masters.query(master, &["INFO", "commandstats", "cpu", "memory"]);
+    let mut info = MasterInfo::default();
     for line in text.lines() {
         if let Some(stat) = line.strip_prefix("cmdstat_") {
             if let Some((name, fields)) = stat.split_once(':') {
@@ -684,21 +804,36 @@ fn snapshot(redis: &RedisServer, gates: &[u32], ticks: f64) -> Snapshot {
                     .find_map(|f| f.strip_prefix("calls="))
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0);
-                calls.insert(name.to_owned(), n);
+                info.calls.insert(name.to_owned(), n);
             }
         } else if let Some(v) = line
             .strip_prefix("used_cpu_user:")
             .or_else(|| line.strip_prefix("used_cpu_sys:"))
         {
-            cpu += v.trim().parse::<f64>().unwrap_or(0.0);
+            info.cpu_s += v.trim().parse::<f64>().unwrap_or(0.0);
         } else if let Some(v) = line.strip_prefix("used_memory:") {
-            used_memory = v.trim().parse().unwrap_or(0);
+            info.used_memory = v.trim().parse().unwrap_or(0);
         }
+    }
+    info
+}
+
+fn snapshot(masters: &Masters, gates: &[u32], ticks: f64) -> Snapshot {
+    let mut calls: BTreeMap<String, u64> = BTreeMap::new();
+    let mut redis_cpu_s = Vec::with_capacity(masters.count());
+    let mut used_memory = 0;
+    for master in 0..masters.count() {
+        let info = master_info(masters, master);
+        for (name, n) in info.calls {
+            *calls.entry(name).or_default() += n;
+        }
+        redis_cpu_s.push(info.cpu_s);
+        used_memory += info.used_memory;
     }
     Snapshot {
         at: Instant::now(),
         calls,
-        redis_cpu_s: cpu,
+        redis_cpu_s,
         used_memory,
         gate_cpu_s: gates
             .iter()
@@ -709,35 +844,58 @@ fn snapshot(redis: &RedisServer, gates: &[u32], ticks: f64) -> Snapshot {
 }
 
 /// What happened between two snapshots: seconds, calls by command (the run's
-/// own INFO and ZRANK calls taken out), Redis, instances' and own CPU seconds.
+/// own INFO calls and rank reads taken out), Redis (all masters, and each),
+/// instances' and own CPU seconds.
 #[derive(Clone, Debug, Default)]
 struct Window {
     seconds: f64,
     calls: BTreeMap<String, u64>,
     redis_cpu_s: f64,
+    /// Each master's CPU seconds, in order.
+    redis_cpu_by: Vec<f64>,
     gate_cpu_s: f64,
     own_cpu_s: f64,
 }
 
 impl Window {
-    fn between(a: &Snapshot, b: &Snapshot, own_zranks: u64) -> Window {
+    fn between(a: &Snapshot, b: &Snapshot, own: &BTreeMap<&'static str, u64>) -> Window {
         let mut calls = BTreeMap::new();
         for (name, &n) in &b.calls {
             let mut d = n.saturating_sub(a.calls.get(name).copied().unwrap_or(0));
-            if name == "zrank" {
-                d = d.saturating_sub(own_zranks);
-            }
+            d = d.saturating_sub(own.get(name.as_str()).copied().unwrap_or(0));
             if d > 0 && name != "info" {
                 calls.insert(name.clone(), d);
             }
         }
+        let redis_cpu_by: Vec<f64> = b
+            .redis_cpu_s
+            .iter()
+            .zip(&a.redis_cpu_s)
+            .map(|(b, a)| b - a)
+            .collect();
         Window {
             seconds: b.at.duration_since(a.at).as_secs_f64().max(1e-9),
             calls,
-            redis_cpu_s: b.redis_cpu_s - a.redis_cpu_s,
+            redis_cpu_s: redis_cpu_by.iter().sum(),
+            redis_cpu_by,
             gate_cpu_s: b.gate_cpu_s - a.gate_cpu_s,
             own_cpu_s: b.own_cpu_s - a.own_cpu_s,
         }
+    }
+
+    /// Each master's Redis CPU s/s over the window.
+    fn cpu_rates(&self) -> Vec<f64> {
+        self.redis_cpu_by.iter().map(|c| c / self.seconds).collect()
+    }
+
+    /// The busiest master's Redis CPU s/s and its index.
+    fn busiest(&self) -> (f64, usize) {
+        self.cpu_rates()
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| (c, i))
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .unwrap_or((0.0, 0))
     }
 
     fn total_calls(&self) -> u64 {
@@ -756,16 +914,25 @@ impl Window {
 }
 
 /// The slow poll script alone: `redis-benchmark` running it by EVALSHA for
-/// one real waiter; its rate and Redis CPU µs per call.
-fn evalsha_reference(redis: &RedisServer, plan: &MassPlan, ticket: &str, ticks: f64) -> (f64, f64) {
-    let sha: String = redis.query(&["SCRIPT", "LOAD", POLL_SCRIPT]);
+/// one real waiter, on the master holding its sub-line, with that
+/// sub-line's keys; its rate and Redis CPU µs per call (that master's).
+fn evalsha_reference(
+    masters: &Masters,
+    lines: &[SubLine],
+    plan: &MassPlan,
+    ticket: &str,
+) -> (f64, f64) {
     let fields: Vec<&str> = ticket.split('.').collect();
-    let id = visitor_id_of(ticket).expect("the ticket's id is base64url");
+    let raw = raw_id_of(ticket).expect("the ticket's id is base64url");
+    let id = &raw[..12];
+    let line = &lines[queuegate::queue::shards::shard_of(&raw, lines.len() as u32)];
+    let master = line.master;
+    let sha: String = masters.query(master, &["SCRIPT", "LOAD", POLL_SCRIPT]);
     // `t` is the join score, then `-` and when the line last saw the holder.
     let (score, seen) = fields[4].split_once('-').unwrap_or((fields[4], fields[4]));
     let keys: Vec<String> = ["waiting", "seen", "active", "tick", "stats", "beat"]
         .iter()
-        .map(|k| format!("qg:{{{ROUTE}}}:{k}"))
+        .map(|k| format!("qg:{{{}}}:{k}", line.name))
         .collect();
     let ms = |d: Duration| d.as_millis().to_string();
     let session_ttl = ms(SESSION_TTL);
@@ -782,28 +949,30 @@ fn evalsha_reference(redis: &RedisServer, plan: &MassPlan, ticket: &str, ticks: 
         &client_memory,
         &confirm_within,
     ];
-    let mut con = redis.connection();
+    let mut con = redis::Client::open(masters.url(master))
+        .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+        .expect("connect to the master of the reference waiter");
     let reply: Vec<u64> = redis::cmd("EVALSHA")
         .arg(&sha)
         .arg(6)
         .arg(&keys)
-        .arg(&id[..])
+        .arg(id)
         .arg(&args[..])
         .query(&mut con)
         .expect("EVALSHA poll");
     assert_eq!(reply.first(), Some(&2), "the waiter is in line: {reply:?}");
-    let before = snapshot(redis, &[], ticks);
+    let before = master_info(masters, master);
     let out = Command::new("redis-benchmark")
-        .args(["-p", &redis.port().to_string()])
+        .args(["-p", &masters.port(master).to_string()])
         .args(["-c", &plan.evalsha_clients.to_string()])
         .args(["-n", &plan.evalsha_requests.to_string(), "-q"])
         .args(["EVALSHA", &sha, "6"])
         .args(&keys)
-        .arg(std::ffi::OsStr::from_bytes(&id))
+        .arg(std::ffi::OsStr::from_bytes(id))
         .args(args)
         .output()
         .expect("run redis-benchmark (apt-get install redis-tools)");
-    let after = snapshot(redis, &[], ticks);
+    let after = master_info(masters, master);
     let text = String::from_utf8_lossy(&out.stdout);
     let last = text
         .rsplit('\r')
@@ -818,7 +987,7 @@ fn evalsha_reference(redis: &RedisServer, plan: &MassPlan, ticket: &str, ticks: 
         .unwrap_or_else(|| panic!("cannot read the rate in {last:?}"));
     let calls = after.calls.get("evalsha").copied().unwrap_or(0)
         - before.calls.get("evalsha").copied().unwrap_or(0);
-    let cpu_us = (after.redis_cpu_s - before.redis_cpu_s) * 1e6 / calls.max(1) as f64;
+    let cpu_us = (after.cpu_s - before.cpu_s) * 1e6 / calls.max(1) as f64;
     (rate, cpu_us)
 }
 
@@ -832,7 +1001,8 @@ const CONFIRM_WITHIN: Duration = Duration::from_secs(30);
 pub async fn run(flags: &Flags) -> bool {
     let plan = MassPlan::from_flags(flags);
     let ticks = clock_ticks();
-    let redis = RedisServer::start();
+    let redis = Masters::start(plan.cluster);
+    let lines = SubLine::all(&redis, plan.shards);
     let origin = Origin::start().await;
     let mut spec = GateSpec::quick(ROUTE, PATH, plan.capacity);
     spec.max_admit_per_tick = plan.capacity;
@@ -845,7 +1015,8 @@ pub async fn run(flags: &Flags) -> bool {
     spec.max_connections = plan.sockets as u64 + 1_000;
     spec.header_timeout = Duration::from_secs(30);
     spec.instances_expected = plan.instances as u64;
-    spec.store = StoreSpec::Redis { url: redis.url() };
+    spec.store = redis.store_spec();
+    spec.shards = plan.shards;
     let key = fleet::run_key();
     let gates: Vec<Queuegate> = (0..plan.instances)
         .map(|_| Queuegate::start(&spec, &origin.url(), &key))
@@ -856,10 +1027,11 @@ pub async fn run(flags: &Flags) -> bool {
         .map(|g| format!("127.0.0.1:{}", g.port()))
         .collect();
     println!(
-        "crowd --waiters: {} waiters, {} instances on one Redis, {} connections, capacity {}, \
+        "crowd --waiters: {} waiters, {} instances on {}, {} connections, capacity {}, \
          tick {:?}, abandon_after {:?}, arrival_grace {:?}",
         plan.waiters,
         plan.instances,
+        redis.describe(),
         plan.sockets,
         plan.capacity,
         plan.tick,
@@ -870,6 +1042,17 @@ pub async fn run(flags: &Flags) -> bool {
         "  polls every {:?} for {:?}, abandonment {}, holders leave {}/s, {} sampled waiters",
         plan.poll_every, plan.poll_for, plan.abandon, plan.leave_rate, plan.samples
     );
+    if lines.len() > 1 || redis.count() > 1 {
+        let placed: Vec<String> = lines
+            .iter()
+            .map(|l| format!("{} on master {}", l.waiting, l.master))
+            .collect();
+        println!(
+            "  the line in {} sub-line(s): {}",
+            lines.len(),
+            placed.join(", ")
+        );
+    }
 
     // The waiters, dealt to the connections; connection w goes to instance w mod instances.
     let stayers = (plan.waiters as f64 * (1.0 - plan.abandon)).max(1.0);
@@ -897,18 +1080,14 @@ pub async fn run(flags: &Flags) -> bool {
         });
     }
 
-    let client = redis::Client::open(redis.url()).expect("the bench Redis URL");
-    let con = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect to the bench redis-server");
     let shared = Arc::new(Shared {
         plan: plan.clone(),
         start: Instant::now(),
-        redis: con,
+        redis: redis.connections().await,
+        lines: lines.clone(),
         requests: AtomicU64::new(0),
         polls: AtomicU64::new(0),
-        zranks: AtomicU64::new(0),
+        own_calls: OwnCalls::default(),
         sent_back: AtomicU64::new(0),
         ghosts: AtomicU64::new(0),
         left_waiting: AtomicU64::new(0),
@@ -951,9 +1130,9 @@ pub async fn run(flags: &Flags) -> bool {
     }
     let s1 = snapshot(&redis, &pids, ticks);
     let join_requests = shared.requests.load(Ordering::Relaxed) - requests_before;
-    let join = Window::between(&s0, &s1, 0);
+    let join = Window::between(&s0, &s1, &BTreeMap::new());
     let memory_per_waiter = (s1.used_memory as f64 - s0.used_memory as f64) / plan.waiters as f64;
-    let in_line: u64 = redis.query(&["ZCARD", WAITING_KEY]);
+    let in_line = line_length(&redis, &lines);
     eprintln!("  joined: {in_line} in line after {:.1} s", join.seconds);
 
     // 2. Poll, while holders leave and waiters abandon; at once, so that
@@ -962,7 +1141,7 @@ pub async fn run(flags: &Flags) -> bool {
         .iter()
         .map(|w| w.waiters.iter().filter(|x| !x.done).count())
         .sum();
-    let zranks_before = shared.zranks.load(Ordering::Relaxed);
+    let own_before = shared.own_calls.now();
     let begin = Instant::now();
     let end = begin + plan.poll_for;
     let leave_conns = addrs.iter().map(|a| Conn::new(a.clone())).collect();
@@ -977,13 +1156,9 @@ pub async fn run(flags: &Flags) -> bool {
     }
     leave_task.await.expect("the leaver");
     let s2 = snapshot(&redis, &pids, ticks);
-    let poll = Window::between(
-        &s1,
-        &s2,
-        shared.zranks.load(Ordering::Relaxed) - zranks_before,
-    );
+    let poll = Window::between(&s1, &s2, &shared.own_calls.since(&own_before));
     progress.abort();
-    let in_line_after: u64 = redis.query(&["ZCARD", WAITING_KEY]);
+    let in_line_after = line_length(&redis, &lines);
     let still_polling = workers
         .iter()
         .map(|w| w.waiters.iter().filter(|x| !x.done).count())
@@ -992,7 +1167,7 @@ pub async fn run(flags: &Flags) -> bool {
     // 3. Quiet: nobody polls, the line still there; what the ticks cost alone.
     tokio::time::sleep(plan.quiet).await;
     let s3 = snapshot(&redis, &pids, ticks);
-    let quiet = Window::between(&s2, &s3, 0);
+    let quiet = Window::between(&s2, &s3, &BTreeMap::new());
 
     // 4. The poll script alone, on the same Redis with the line still there.
     let reference_ticket = workers
@@ -1003,7 +1178,7 @@ pub async fn run(flags: &Flags) -> bool {
         .filter_map(|w| w.jar.get(&format!("qg_{ROUTE}")))
         .find(|t| visitor_id_of(t).is_some_and(|id| !id.contains(&0)))
         .map(str::to_owned);
-    let evalsha = reference_ticket.map(|t| evalsha_reference(&redis, &plan, &t, ticks));
+    let evalsha = reference_ticket.map(|t| evalsha_reference(&redis, &lines, &plan, &t));
 
     // The line's order and capacity, from what the waiters saw.
     let mut waiting: Vec<(u64, u64)> = Vec::new();
@@ -1029,6 +1204,7 @@ pub async fn run(flags: &Flags) -> bool {
 
     let report = Report {
         plan: plan.clone(),
+        store: redis.describe(),
         join,
         join_requests,
         memory_per_waiter,
@@ -1064,9 +1240,19 @@ pub async fn run(flags: &Flags) -> bool {
     report.passed()
 }
 
+/// Waiters in every sub-line, each counted on its master.
+fn line_length(masters: &Masters, lines: &[SubLine]) -> u64 {
+    lines
+        .iter()
+        .map(|l| masters.query_key::<u64>("ZCARD", &l.waiting, &[]))
+        .sum()
+}
+
 /// The figures of one mass run.
 struct Report {
     plan: MassPlan,
+    /// What the instances stood on ("one Redis", a Cluster).
+    store: String,
     join: Window,
     join_requests: u64,
     memory_per_waiter: f64,
@@ -1094,6 +1280,19 @@ struct Report {
     origin_hits: u64,
 }
 
+/// Each master's Redis CPU s/s and the busiest, when there are several.
+fn by_master(w: &Window) -> String {
+    if w.redis_cpu_by.len() < 2 {
+        return String::new();
+    }
+    let rates: Vec<String> = w.cpu_rates().iter().map(|c| format!("{c:.3}")).collect();
+    let (busiest, i) = w.busiest();
+    format!(
+        "; by master {}, busiest master {i}: {busiest:.3}",
+        rates.join(" / ")
+    )
+}
+
 impl Report {
     fn passed(&self) -> bool {
         self.max_at_once <= self.plan.capacity && self.inversions == 0
@@ -1112,6 +1311,14 @@ impl Report {
         let n = p.waiters as f64;
         let mut rows: Vec<(String, String)> = Vec::new();
         let mut row = |k: &str, v: String| rows.push((k.to_owned(), v));
+
+        row(
+            "store",
+            format!(
+                "{}, the route's line in {} sub-line(s)",
+                self.store, p.shards
+            ),
+        );
 
         // Join.
         let j = &self.join;
@@ -1139,9 +1346,10 @@ impl Report {
         row(
             "join: Redis CPU per join",
             format!(
-                "{:.1} µs ({:.2} CPU s/s while joining; {:.0} CPU s for 1M joins)",
+                "{:.1} µs ({:.2} CPU s/s while joining{}; {:.0} CPU s for 1M joins)",
                 j.redis_cpu_s * 1e6 / n,
                 j.redis_cpu_s / j.seconds,
+                by_master(j),
                 j.redis_cpu_s / n * MILLION
             ),
         );
@@ -1166,10 +1374,11 @@ impl Report {
         row(
             "quiet: nobody polling",
             format!(
-                "{:.1} Redis calls/s ({}), {:.4} Redis CPU s/s, {:.4} queuegate CPU s/s",
+                "{:.1} Redis calls/s ({}), {:.4} Redis CPU s/s{}, {:.4} queuegate CPU s/s",
                 q.total_calls() as f64 / q.seconds,
                 q.calls_line(q.seconds, "/s"),
                 q.redis_cpu_s / q.seconds,
+                by_master(q),
                 q.gate_cpu_s / q.seconds
             ),
         );
@@ -1222,15 +1431,26 @@ impl Report {
         );
         row(
             "poll: Redis CPU s/s",
-            format!("{redis_cpu:.3} measured (quiet {quiet_cpu:.3})"),
+            format!(
+                "{redis_cpu:.3} measured{} (quiet {quiet_cpu:.3}{})",
+                by_master(w),
+                by_master(q)
+            ),
         );
         let target = MILLION / REFERENCE_POLL_S;
+        // Each master's quiet rate + its per-poll cost × target; the most.
+        let busiest_extrapolated = w
+            .cpu_rates()
+            .iter()
+            .zip(q.cpu_rates())
+            .map(|(poll, quiet)| quiet + ((poll - quiet) / served.max(1e-9)).max(0.0) * target)
+            .fold(0.0, f64::max);
         row(
             "extrapolated, 1M waiters / 10 s",
             format!(
-                "{target:.0} polls/s: {:.0} Redis calls/s, {:.2} Redis CPU s/s (one Redis \
-                 thread does at most 1.0), {:.2} queuegate CPU s/s \
-                 (quiet + per poll x {target:.0}; an extrapolation, not measured)",
+                "{target:.0} polls/s: {:.0} Redis calls/s, {:.2} Redis CPU s/s (busiest master \
+                 {busiest_extrapolated:.2}; one Redis thread does at most 1.0), {:.2} queuegate \
+                 CPU s/s (quiet + per poll x {target:.0}; an extrapolation, not measured)",
                 q.total_calls() as f64 / q.seconds + extra_calls / served.max(1e-9) * target,
                 quiet_cpu + per_poll_cpu * target,
                 quiet_gate + per_poll_gate * target
@@ -1240,8 +1460,8 @@ impl Report {
             row(
                 "reference: poll script alone",
                 format!(
-                    "{rate:.0} EVALSHA/s by redis-benchmark ({} clients), {cpu_us:.1} µs Redis \
-                     CPU each; ratios of the run to it: polls/s served {:.2}, Redis CPU per \
+                    "{rate:.0} EVALSHA/s by redis-benchmark ({} clients, on the master of one \
+                     waiter's sub-line), {cpu_us:.1} µs Redis CPU each; ratios of the run to it: polls/s served {:.2}, Redis CPU per \
                      poll {:.2}",
                     p.evalsha_clients,
                     served / rate.max(1e-9),
