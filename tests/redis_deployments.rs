@@ -288,8 +288,9 @@ async fn sentinel_failover_keeps_the_line_going() {
         tick.admitted_scores.is_empty() || tick.admitted_scores == vec![line[0].score_us],
         "{tick:?}"
     );
+    let first = id(2);
     let head = eventually("poll the head", || {
-        store.poll("r", &id(2), &[], polled_ticket(line[0].score_us), &l)
+        store.poll("r", &first, &[], polled_ticket(line[0].score_us), &l)
     })
     .await;
     assert_eq!(head, Poll::Admitted);

@@ -602,19 +602,7 @@ impl Route {
         if known_epoch_us.is_some_and(|known| known != self.epoch_us) {
             self.notice_loss(now, limits);
         }
-        let mut tick = Tick {
-            ran: false,
-            admitted_scores: Vec::new(),
-            abandoned: 0,
-            no_shows: 0,
-            unconfirmed_sessions: 0,
-            unconfirmed_tickets: 0,
-            opened: None,
-            now_us: now.us,
-            epoch_us: self.epoch_us,
-            lane_admitted: Vec::new(),
-            lane_waiting: Vec::new(),
-        };
+        let mut tick = Tick::idle(now.us, self.epoch_us);
         let window = now.ms / as_ms(limits.tick).max(1);
         if self.ticked_window == Some(window) {
             return tick;

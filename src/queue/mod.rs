@@ -497,6 +497,26 @@ pub struct Tick {
     pub lane_waiting: Vec<u64>,
 }
 
+impl Tick {
+    /// A tick that did nothing (yet): not run, at store time `now_us`, in
+    /// epoch `epoch_us`.
+    pub fn idle(now_us: u64, epoch_us: u64) -> Tick {
+        Tick {
+            ran: false,
+            admitted_scores: Vec::new(),
+            abandoned: 0,
+            no_shows: 0,
+            unconfirmed_sessions: 0,
+            unconfirmed_tickets: 0,
+            opened: None,
+            now_us,
+            epoch_us,
+            lane_admitted: Vec::new(),
+            lane_waiting: Vec::new(),
+        }
+    }
+}
+
 /// One lane's numbers (see [`RouteStats::lanes`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LaneStats {

@@ -263,19 +263,10 @@ impl RedisStore {
             s.epochs.clone_from(&epochs);
             s.lane_waiting.clone_from(&lane_waiting);
         });
-        Ok(Tick {
-            ran: false,
-            admitted_scores: Vec::new(),
-            abandoned: 0,
-            no_shows: 0,
-            unconfirmed_sessions: 0,
-            unconfirmed_tickets: 0,
-            opened: None,
+        Ok(Tick::idle(
             now_us,
-            epoch_us: epochs.iter().flatten().copied().max().unwrap_or(0),
-            lane_admitted: Vec::new(),
-            lane_waiting: Vec::new(),
-        })
+            epochs.iter().flatten().copied().max().unwrap_or(0),
+        ))
     }
 
     /// The coordinated tick (see `queue::shards`): look at every sub-line,
@@ -392,17 +383,9 @@ impl RedisStore {
             }
         });
         let mut tick = Tick {
-            ran: false,
-            admitted_scores: Vec::new(),
-            abandoned: 0,
-            no_shows: 0,
-            unconfirmed_sessions: 0,
-            unconfirmed_tickets: 0,
-            opened: None,
-            now_us: 0,
-            epoch_us: epochs.iter().flatten().copied().max().unwrap_or(0),
             lane_admitted: vec![0; lanes],
             lane_waiting: vec![0; lanes],
+            ..Tick::idle(0, epochs.iter().flatten().copied().max().unwrap_or(0))
         };
         for (k, t) in &ticks {
             tick.ran |= t.ran;
