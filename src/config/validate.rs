@@ -1645,6 +1645,20 @@ keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]
     }
 
     #[test]
+    fn shards_default_to_one_and_are_checked() {
+        let route = |extra: &str| {
+            format!("routes: [{{ name: a, match: {{ path_prefix: /a }}, capacity: 1{extra} }}]\n")
+        };
+        let config = parse(&route("")).unwrap();
+        assert_eq!(config.routes[0].shards, 1);
+        let config = parse(&route(", shards: 3")).unwrap();
+        assert_eq!(config.routes[0].shards, 3);
+        for bad in [", shards: 0", ", shards: 17"] {
+            assert_eq!(problem_paths(&route(bad)), ["routes[0].shards"], "{bad}");
+        }
+    }
+
+    #[test]
     fn lanes_default_to_main_and_are_checked() {
         let route = |extra: &str| {
             format!("routes: [{{ name: a, match: {{ path_prefix: /a }}, capacity: 1{extra} }}]\n")
