@@ -1112,13 +1112,19 @@ impl QueueStore for RedisStore {
         pass: PassTimes,
         limits: &Limits,
     ) -> Result<bool, StoreError> {
-        let (sub, sub_limits) = self.visitor_line(route, id, limits);
-        self.renew_on(&sub, id, client, pass, &sub_limits).await
+        if limits.shards > 1 {
+            let (sub, sub_limits) = self.visitor_line(route, id, limits);
+            return self.renew_on(&sub, id, client, pass, &sub_limits).await;
+        }
+        self.renew_on(route, id, client, pass, limits).await
     }
 
     async fn leave(&self, route: &str, id: &VisitorId, limits: &Limits) -> Result<(), StoreError> {
-        let (sub, sub_limits) = self.visitor_line(route, id, limits);
-        self.leave_on(&sub, id, &sub_limits).await
+        if limits.shards > 1 {
+            let (sub, sub_limits) = self.visitor_line(route, id, limits);
+            return self.leave_on(&sub, id, &sub_limits).await;
+        }
+        self.leave_on(route, id, limits).await
     }
 
     async fn count_request(
@@ -1128,8 +1134,11 @@ impl QueueStore for RedisStore {
         limit: u64,
         limits: &Limits,
     ) -> Result<Counted, StoreError> {
-        let (sub, sub_limits) = self.visitor_line(route, id, limits);
-        self.count_request_on(&sub, id, limit, &sub_limits).await
+        if limits.shards > 1 {
+            let (sub, sub_limits) = self.visitor_line(route, id, limits);
+            return self.count_request_on(&sub, id, limit, &sub_limits).await;
+        }
+        self.count_request_on(route, id, limit, limits).await
     }
 
     async fn admit_tick(
@@ -1194,8 +1203,11 @@ impl QueueStore for RedisStore {
         to_lane: usize,
         limits: &Limits,
     ) -> Result<bool, StoreError> {
-        let (sub, sub_limits) = self.visitor_line(route, id, limits);
-        self.move_lane_on(&sub, id, to_lane, &sub_limits).await
+        if limits.shards > 1 {
+            let (sub, sub_limits) = self.visitor_line(route, id, limits);
+            return self.move_lane_on(&sub, id, to_lane, &sub_limits).await;
+        }
+        self.move_lane_on(route, id, to_lane, limits).await
     }
 
     async fn take_use(

@@ -91,20 +91,29 @@ impl RedisStore {
         }
     }
 
-    /// The sub-line holding visitor `id` and the limits of calls to it; the
-    /// route itself and its limits when it is not split.
+    /// The sub-line holding visitor `id` of split route `route`, and the
+    /// limits of calls to it.
     pub(super) fn visitor_line(
         &self,
         route: &str,
         id: &VisitorId,
         limits: &Limits,
     ) -> (String, Limits) {
-        if limits.shards <= 1 {
-            return (route.to_owned(), limits.clone());
-        }
-        let seen = self.seen(route, limits);
         let k = shards::shard_of(id, limits.shards);
-        (seen.names[k].clone(), sub_limits(limits))
+        (self.sub_name(route, limits, k), sub_limits(limits))
+    }
+
+    /// The name of sub-line `k` of split route `route`, without copying the
+    /// rest of what this store saw of it.
+    fn sub_name(&self, route: &str, limits: &Limits, k: usize) -> String {
+        let splits = self.splits.lock().unwrap_or_else(PoisonError::into_inner);
+        match splits.get(route) {
+            Some(seen) if seen.names.len() == limits.shards as usize => seen.names[k].clone(),
+            _ => {
+                drop(splits);
+                self.seen(route, limits).names[k].clone()
+            }
+        }
     }
 
     /// Arrivals, each in its sub-line (one call per sub-line with any), in
