@@ -309,3 +309,30 @@ fn an_unreadable_file_is_a_config_error() {
     assert_eq!(errors.errors.len(), 1);
     assert!(errors.to_string().starts_with("cannot read "), "{errors}");
 }
+
+/// `confirm_within`'s default is not a constant: it shrinks to fit a
+/// shorter `session_ttl` or `abandon_after` (checked in `config::validate`).
+/// What an operator reads about it (the README's table, the commented
+/// example) says so.
+#[test]
+fn confirm_within_default_is_documented_as_it_is_computed() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let row = readme
+        .lines()
+        .find(|line| line.starts_with("| `routes[].confirm_within` |"))
+        .expect("the README's settings table has a confirm_within row");
+    let example = std::fs::read_to_string(root.join("deploy/queuegate.yaml")).unwrap();
+    let start = example
+        .find("confirm_within:")
+        .expect("the example sets confirm_within");
+    let comment: String = example[start..]
+        .lines()
+        .take_while(|line| !line.trim_start().starts_with("client_limits"))
+        .collect();
+    for (what, text) in [("README", row), ("deploy/queuegate.yaml", comment.as_str())] {
+        for word in ["smallest", "30s", "session_ttl", "abandon_after"] {
+            assert!(text.contains(word), "{what} says of confirm_within: {text}");
+        }
+    }
+}
