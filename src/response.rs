@@ -118,6 +118,11 @@ pub enum RequestError {
     /// The origin did not answer within `upstream.timeout`.
     #[error("origin timed out")]
     UpstreamTimeout,
+    /// The origin answered `101` to switch to a protocol queuegate did not
+    /// ask it for (only a WebSocket handshake is forwarded as one, DESIGN
+    /// §9.5): no tunnel is made, and the origin's connection is closed.
+    #[error("origin switched protocols unasked")]
+    UnaskedSwitch,
 }
 
 impl RequestError {
@@ -128,7 +133,9 @@ impl RequestError {
             RequestError::AmbiguousPath => "ambiguous-path",
             RequestError::BadHost(_) => "bad-host",
             RequestError::HostNotAllowed => "misdirected",
-            RequestError::Upstream(_) | RequestError::Rewrite(_) => "upstream-error",
+            RequestError::Upstream(_) | RequestError::Rewrite(_) | RequestError::UnaskedSwitch => {
+                "upstream-error"
+            }
             RequestError::UpstreamTimeout => "upstream-timeout",
         }
     }
@@ -140,7 +147,9 @@ impl RequestError {
             | RequestError::AmbiguousPath
             | RequestError::BadHost(_) => StatusCode::BAD_REQUEST,
             RequestError::HostNotAllowed => StatusCode::MISDIRECTED_REQUEST,
-            RequestError::Upstream(_) | RequestError::Rewrite(_) => StatusCode::BAD_GATEWAY,
+            RequestError::Upstream(_) | RequestError::Rewrite(_) | RequestError::UnaskedSwitch => {
+                StatusCode::BAD_GATEWAY
+            }
             RequestError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -170,6 +179,9 @@ pub fn from_error(err: &RequestError) -> Response<Body> {
         RequestError::HostNotAllowed => "421 misdirected request: this host is not served here\n",
         RequestError::Upstream(_) | RequestError::Rewrite(_) => {
             "502 bad gateway: the application did not answer\n"
+        }
+        RequestError::UnaskedSwitch => {
+            "502 bad gateway: the application switched to a protocol not asked for\n"
         }
         RequestError::UpstreamTimeout => "504 gateway timeout: the application took too long\n",
     };

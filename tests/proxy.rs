@@ -707,3 +707,131 @@ async fn the_pool_never_churns_within_its_size() {
         origin.accepted()
     );
 }
+
+/// A raw origin that switches to `h2c` at once: it answers `101` to any
+/// request asking for an upgrade (to every request when `always`), `200
+/// ok` to the others, and keeps every byte it was sent.
+async fn switching_origin(always: bool) -> (Origin, Arc<Mutex<Vec<u8>>>) {
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let log = got.clone();
+    let origin = spawn_raw_origin(move |mut stream: TcpStream| {
+        let log = log.clone();
+        async move {
+            let mut buf = vec![0u8; 8192];
+            let mut pending = Vec::new();
+            let mut switched = false;
+            while let Ok(n) = stream.read(&mut buf).await {
+                if n == 0 {
+                    return;
+                }
+                log.lock().unwrap().extend_from_slice(&buf[..n]);
+                if switched {
+                    continue;
+                }
+                pending.extend_from_slice(&buf[..n]);
+                while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let head = String::from_utf8_lossy(&pending[..end]).to_ascii_lowercase();
+                    pending.drain(..end + 4);
+                    let answer: &[u8] = if always || head.contains("\r\nupgrade:") {
+                        switched = true;
+                        b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"
+                    } else {
+                        OK
+                    };
+                    if stream.write_all(answer).await.is_err() || switched {
+                        break;
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    (origin, got)
+}
+
+/// `/tickets` gated (capacity 1), `/static/` bypassed.
+fn gated_config(origin: &Origin) -> queuegate::config::Config {
+    let mut config = proxy_config(&origin.url());
+    config.routes.push(route("tickets", "/tickets", 1));
+    config
+        .bypass
+        .push(queuegate::config::BypassRule::PathPrefix("/static/".into()));
+    config
+}
+
+/// The client's preface of HTTP/2 over the connection, then a request for
+/// a gated path: what a client sends once an `h2c` upgrade has switched.
+const H2_AFTER_SWITCH: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\
+    \x00\x00\x00\x04\x00\x00\x00\x00\x00GET /tickets/1 HTTP/1.1\r\nHost: a\r\n\r\n";
+
+/// DESIGN §9.5: only WebSocket upgrades are passed. An `h2c` upgrade is
+/// forwarded as the plain request under it, so an origin that would switch
+/// never does, and the connection stays queuegate's HTTP/1 (its framing
+/// checks still on, DESIGN §8.4).
+#[tokio::test]
+async fn an_h2c_upgrade_is_forwarded_as_a_plain_request() {
+    let (origin, got) = switching_origin(false).await;
+    let gate = spawn_gate(gated_config(&origin)).await;
+    for asks in [
+        "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n",
+        "Connection: upgrade\r\nUpgrade: h2c\r\n",
+        "Connection: keep-alive, Upgrade\r\nUpgrade: h2c, foo/2\r\n",
+    ] {
+        got.lock().unwrap().clear();
+        let mut client = KeepAlive::connect(gate.addr).await;
+        let request = format!(
+            "GET /static/x HTTP/1.1\r\nHost: a\r\n{asks}HTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n"
+        );
+        let (status, head) = client.send(request.as_bytes()).await;
+        assert_eq!(status, StatusCode::OK, "{asks:?}: {head}");
+        let seen = String::from_utf8_lossy(&got.lock().unwrap()).to_ascii_lowercase();
+        assert!(seen.starts_with("get /static/x http/1.1\r\n"), "{seen}");
+        assert!(!seen.contains("upgrade"), "{asks:?}: the origin saw {seen}");
+        assert!(!seen.contains("http2-settings"), "{asks:?}: {seen}");
+        assert!(!seen.contains("h2c"), "{asks:?}: {seen}");
+        // Still HTTP/1 with its framing watched: a smuggling attempt next
+        // on the connection is refused, not forwarded.
+        let (status, head) = client
+            .send(b"POST /static/y HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\n")
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{head}");
+        assert!(!String::from_utf8_lossy(&got.lock().unwrap()).contains("/static/y"));
+    }
+}
+
+/// An origin that switches protocols when nobody asked it to (or to
+/// anything but the WebSocket handshake queuegate forwarded) gets its
+/// client a `502`, not a tunnel: what the client sends next never reaches
+/// the origin, and the gated path it names stays gated.
+#[tokio::test]
+async fn a_switch_the_origin_was_not_asked_for_is_502_and_no_tunnel() {
+    let (origin, got) = switching_origin(true).await;
+    let gate = spawn_gate(gated_config(&origin)).await;
+    for (what, asks) in [
+        ("h2c", "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n"),
+        ("nothing", ""),
+        (
+            "websocket",
+            "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n",
+        ),
+    ] {
+        got.lock().unwrap().clear();
+        let mut client = KeepAlive::connect(gate.addr).await;
+        let request = format!("GET /static/x HTTP/1.1\r\nHost: a\r\n{asks}\r\n");
+        let (status, head) = client.send(request.as_bytes()).await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "{what}: {head}");
+        assert!(head.contains("x-queuegate: upstream-error"), "{what}: {head}");
+        let rest = client.finish(H2_AFTER_SWITCH).await;
+        let rest = String::from_utf8_lossy(&rest);
+        assert!(!rest.contains("HTTP/1.1 101"), "{what}: {rest}");
+        let seen = String::from_utf8_lossy(&got.lock().unwrap()).into_owned();
+        assert_eq!(
+            seen.matches("HTTP/1.1\r\n").count(),
+            1,
+            "{what}: only the first request reached the origin: {seen:?}"
+        );
+        assert!(!seen.contains("PRI *"), "{what}: {seen:?}");
+        assert!(!seen.contains("/tickets"), "{what}: {seen:?}");
+    }
+}
