@@ -120,7 +120,12 @@ impl App {
     pub async fn handle(&self, req: Request<Incoming>, conn: &Conn) -> Response<Body> {
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
         let s = self.settings.load();
-        let (route, outcome, resp) = self.answer(&s, req, conn).await;
+        let (route, mut outcome, resp) = self.answer(&s, req, conn).await;
+        // Refused only once forwarding began (a body that could not be
+        // read): the client's error, whatever the gate had decided.
+        if resp.extensions().get::<response::ClientError>().is_some() {
+            outcome = Outcome::BadRequest;
+        }
         self.metrics.request(outcome);
         if let Some(started) = started {
             tracing::debug!(
@@ -494,6 +499,11 @@ impl App {
                 Ok(resp) => {
                     self.metrics.upstream(seconds, None);
                     resp
+                }
+                Err(err @ RequestError::BadBody(_)) => {
+                    // The client's error, not the origin's.
+                    tracing::debug!(remote = %remote, error = %err, "request rejected");
+                    response::from_error(&err)
                 }
                 Err(err) => {
                     let failure = match err {

@@ -291,7 +291,7 @@ impl Upstream {
                 connection,
             } = match tokio::time::timeout(self.timeout, exchange).await {
                 Ok(Ok(sent)) => sent,
-                Ok(Err(err)) => return Err(RequestError::Upstream(err)),
+                Ok(Err(err)) => return Err(err.into()),
                 Err(_) => return Err(RequestError::UpstreamTimeout),
             };
             if response.status() == StatusCode::SWITCHING_PROTOCOLS {

@@ -118,6 +118,11 @@ pub enum RequestError {
     /// The origin did not answer within `upstream.timeout`.
     #[error("origin timed out")]
     UpstreamTimeout,
+    /// The request's body could not be read (a malformed chunk, a body cut
+    /// short), found while it was relayed to the origin: the client's
+    /// error, never counted as the origin's.
+    #[error("request body unreadable: {}", Causes(.0))]
+    BadBody(#[source] hyper::Error),
     /// The origin answered `101` to switch to a protocol queuegate did not
     /// ask it for (only a WebSocket handshake is forwarded as one, DESIGN
     /// §9.5): no tunnel is made, and the origin's connection is closed.
@@ -125,11 +130,21 @@ pub enum RequestError {
     UnaskedSwitch,
 }
 
+impl From<upstream::Error> for RequestError {
+    /// A failed exchange with the origin, blamed on whoever failed.
+    fn from(err: upstream::Error) -> RequestError {
+        match err {
+            upstream::Error::ClientBody(err) => RequestError::BadBody(err),
+            err => RequestError::Upstream(err),
+        }
+    }
+}
+
 impl RequestError {
     /// The short reason written into the `x-queuegate` header and metrics.
     pub fn reason(&self) -> &'static str {
         match self {
-            RequestError::AmbiguousFraming(_) => "bad-request",
+            RequestError::AmbiguousFraming(_) | RequestError::BadBody(_) => "bad-request",
             RequestError::AmbiguousPath => "ambiguous-path",
             RequestError::BadHost(_) => "bad-host",
             RequestError::HostNotAllowed => "misdirected",
@@ -145,7 +160,8 @@ impl RequestError {
         match self {
             RequestError::AmbiguousFraming(_)
             | RequestError::AmbiguousPath
-            | RequestError::BadHost(_) => StatusCode::BAD_REQUEST,
+            | RequestError::BadHost(_)
+            | RequestError::BadBody(_) => StatusCode::BAD_REQUEST,
             RequestError::HostNotAllowed => StatusCode::MISDIRECTED_REQUEST,
             RequestError::Upstream(_) | RequestError::Rewrite(_) | RequestError::UnaskedSwitch => {
                 StatusCode::BAD_GATEWAY
@@ -174,6 +190,7 @@ impl std::fmt::Display for Causes<'_> {
 pub fn from_error(err: &RequestError) -> Response<Body> {
     let text = match err {
         RequestError::AmbiguousFraming(_) => "400 bad request: ambiguous message framing\n",
+        RequestError::BadBody(_) => "400 bad request: the request body could not be read\n",
         RequestError::AmbiguousPath => "400 bad request: ambiguous path\n",
         RequestError::BadHost(_) => "400 bad request: missing or malformed host\n",
         RequestError::HostNotAllowed => "421 misdirected request: this host is not served here\n",
@@ -186,12 +203,26 @@ pub fn from_error(err: &RequestError) -> Response<Body> {
         RequestError::UpstreamTimeout => "504 gateway timeout: the application took too long\n",
     };
     let mut resp = plain(err.status(), err.reason(), text);
-    if matches!(err, RequestError::AmbiguousFraming(_)) {
+    // Where the request ends is unknown: nothing after it can be read.
+    if matches!(
+        err,
+        RequestError::AmbiguousFraming(_) | RequestError::BadBody(_)
+    ) {
         resp.headers_mut()
             .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
     }
+    if err.status().is_client_error() {
+        resp.extensions_mut().insert(ClientError);
+    }
     resp
 }
+
+/// Marks an answer to a request the client got wrong, made by
+/// [`from_error`]: the request counts as a bad request, even one refused
+/// only after the gate had let it through (a body found unreadable while it
+/// was relayed).
+#[derive(Clone, Copy, Debug)]
+pub struct ClientError;
 
 /// A short plain-text response tagged with `reason`.
 pub fn plain(status: StatusCode, reason: &'static str, text: &'static str) -> Response<Body> {

@@ -31,7 +31,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-/// Why an exchange with the origin failed (answered `502`).
+/// Why an exchange with the origin failed: the origin's failure (answered
+/// `502`), or the client's body (`ClientBody`).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot connect")]
@@ -42,7 +43,32 @@ pub enum Error {
     Tls(#[source] io::Error),
     #[error("HTTP exchange failed")]
     Http(#[source] hyper::Error),
+    /// The client's request body could not be read as it was relayed (a
+    /// malformed chunk, a body cut short): the client's error, not the
+    /// origin's. The connection it was relayed on is closed.
+    #[error("the request body could not be read")]
+    ClientBody(#[source] hyper::Error),
 }
+
+impl Error {
+    /// An exchange that failed in hyper: the client's when what failed was
+    /// reading its body (hyper gives that error back as the cause).
+    fn exchange(err: hyper::Error) -> Error {
+        let client = std::error::Error::source(&err).is_some_and(|cause| cause.is::<BodyError>());
+        if client {
+            Error::ClientBody(err)
+        } else {
+            Error::Http(err)
+        }
+    }
+}
+
+/// Reading the client's request body failed while it was relayed to the
+/// origin. Its own type, so that hyper's failure to send a request can be
+/// told to be the client's (see [`Error::ClientBody`]).
+#[derive(Debug, thiserror::Error)]
+#[error("reading the request body failed")]
+pub struct BodyError(#[source] hyper::Error);
 
 /// The body of a request sent to the origin: the client's, streamed, or
 /// none (a request sent again after a pooled connection turned out closed).
@@ -54,14 +80,16 @@ pub enum Outgoing {
 
 impl Body for Outgoing {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
-            Outgoing::Client(body) => Pin::new(body).poll_frame(cx),
+            Outgoing::Client(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map(|frame| frame.map(|frame| frame.map_err(BodyError))),
             Outgoing::Empty => Poll::Ready(None),
         }
     }
@@ -471,7 +499,7 @@ impl Pooled {
             }),
             Err(mut err) => Err(Failed {
                 request: err.take_message(),
-                error: Error::Http(err.into_error()),
+                error: Error::exchange(err.into_error()),
                 reused: self.reused,
             }),
         }

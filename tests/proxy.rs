@@ -835,3 +835,68 @@ async fn a_switch_the_origin_was_not_asked_for_is_502_and_no_tunnel() {
         assert!(!seen.contains("/tickets"), "{what}: {seen:?}");
     }
 }
+
+/// Chunked bodies hyper cannot read: a size that overflows, a size with a
+/// `0x`, bare LF line ends, a quoted CRLF in a chunk extension.
+const BAD_BODIES: [&str; 4] = [
+    "fffffffffffffffff3\r\nabc\r\n0\r\n\r\n",
+    "0x3\r\nabc\r\n0\r\n\r\n",
+    "3\nabc\n0\n\n",
+    "3;ext=\"a\r\nb\"\r\nabc\r\n0\r\n\r\n",
+];
+
+/// A request body that cannot be read is the client's error, found only
+/// while the request is relayed to the origin: `400`, counted as a bad
+/// request and not as the origin's failure, and the origin connection it
+/// was relayed on is closed, never pooled.
+#[tokio::test]
+async fn a_malformed_request_body_is_the_client_s_400_not_an_upstream_error() {
+    let origin = spawn_origin(|req: Request<hyper::body::Incoming>| async move {
+        let read = req.into_body().collect().await.is_ok();
+        Response::new(full(if read { "ok" } else { "cut" }))
+    })
+    .await;
+    let mut config = gated_config(&origin);
+    config.routes[0].capacity = 10;
+    // One worker: one share of the pool, so the next request would meet a
+    // connection put back.
+    config.limits.workers = Some(1);
+    let gate = spawn_gate_opts(config, ring("k1"), queuegate::RunOptions::default()).await;
+    let mut visitor = Visitor::new();
+    assert!(visitor
+        .navigate(&gate.url("/tickets"))
+        .await
+        .reached_origin());
+    let pass = format!("qg_tickets={}", visitor.cookie("qg_tickets").unwrap());
+    let mut client = KeepAlive::connect(gate.addr).await;
+    let mut refused = 0.0;
+    for path in ["/static/upload", "/tickets/upload"] {
+        for body in BAD_BODIES {
+            let what = format!("{path} {body:?}");
+            let (status, head) = client.get(path, &pass).await;
+            assert_eq!(status, StatusCode::OK, "{what}: {head}");
+            let before = origin.accepted();
+            let mut bad = KeepAlive::connect(gate.addr).await;
+            let request = format!(
+                "POST {path} HTTP/1.1\r\nHost: a\r\nCookie: {pass}\r\n\
+                 Transfer-Encoding: chunked\r\n\r\n{body}"
+            );
+            let (status, head) = bad.send(request.as_bytes()).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{what}: {head}");
+            assert!(head.contains("x-queuegate: bad-request"), "{what}: {head}");
+            assert!(head.contains("connection: close"), "{what}: {head}");
+            refused += 1.0;
+            let (status, head) = client.get(path, &pass).await;
+            assert_eq!(status, StatusCode::OK, "{what}: {head}");
+            assert_eq!(
+                origin.accepted(),
+                before + 1,
+                "{what}: the connection the body broke on was closed, and replaced"
+            );
+        }
+    }
+    let errors = r#"queuegate_upstream_errors_total{kind="error"}"#;
+    assert_eq!(admin_sample(&gate, errors).await, 0.0);
+    let bad = r#"queuegate_requests_total{decision="bad_request"}"#;
+    assert_eq!(admin_sample(&gate, bad).await, refused);
+}

@@ -823,3 +823,14 @@ impl Instance {
         self.process.url(path)
     }
 }
+
+/// The value of `series` (its name and labels as exported, e.g.
+/// `queuegate_requests_total{decision="bad_request"}`) on `gate`'s admin
+/// listener; 0 when it is not exported.
+pub async fn admin_sample(gate: &Gate, series: &str) -> f64 {
+    let (_, body) = get(&gate.admin_url("/metrics")).await;
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.trim().parse().expect("a sample value"))
+}
