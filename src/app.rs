@@ -149,7 +149,7 @@ impl App {
         let peer = &conn.peer;
         let framing = match req.extensions().get::<AmbiguousHead>() {
             Some(head) => Err(RequestError::AmbiguousFraming(head.reason)),
-            None => proxy::check_framing(req.headers()),
+            None => proxy::check_request(&req),
         };
         if let Err(err) = framing {
             tracing::debug!(remote = %peer.addr, error = %err, "request rejected");

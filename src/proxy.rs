@@ -659,6 +659,16 @@ fn stale(err: &upstream::Error) -> bool {
     false
 }
 
+/// Rejects the requests that are never forwarded, whatever their path:
+/// `CONNECT` (a tunnel to a place of the client's choosing, which a reverse
+/// proxy does not make) and those whose framing is ambiguous.
+pub fn check_request<B>(req: &Request<B>) -> Result<(), RequestError> {
+    if req.method() == Method::CONNECT {
+        return Err(RequestError::Connect);
+    }
+    check_framing(req.headers())
+}
+
 /// Rejects requests whose body length could be read two ways (RFC 9112
 /// §6.3): both `Content-Length` and `Transfer-Encoding`, or more than one
 /// `Content-Length`. Such a request is never forwarded.

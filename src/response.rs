@@ -100,6 +100,9 @@ pub enum RequestError {
     /// §8.1) and `limits.ambiguous_paths` is `reject`.
     #[error("ambiguous path")]
     AmbiguousPath,
+    /// `CONNECT`: never forwarded, whatever its target.
+    #[error("CONNECT is not served")]
+    Connect,
     /// The request's host is missing, repeated or malformed (DESIGN §8.2).
     #[error("bad host: {0}")]
     BadHost(#[from] crate::host::HostError),
@@ -147,6 +150,7 @@ impl RequestError {
             RequestError::AmbiguousFraming(_) | RequestError::BadBody(_) => "bad-request",
             RequestError::AmbiguousPath => "ambiguous-path",
             RequestError::BadHost(_) => "bad-host",
+            RequestError::Connect => "method-not-allowed",
             RequestError::HostNotAllowed => "misdirected",
             RequestError::Upstream(_) | RequestError::Rewrite(_) | RequestError::UnaskedSwitch => {
                 "upstream-error"
@@ -163,6 +167,7 @@ impl RequestError {
             | RequestError::BadHost(_)
             | RequestError::BadBody(_) => StatusCode::BAD_REQUEST,
             RequestError::HostNotAllowed => StatusCode::MISDIRECTED_REQUEST,
+            RequestError::Connect => StatusCode::METHOD_NOT_ALLOWED,
             RequestError::Upstream(_) | RequestError::Rewrite(_) | RequestError::UnaskedSwitch => {
                 StatusCode::BAD_GATEWAY
             }
@@ -193,6 +198,7 @@ pub fn from_error(err: &RequestError) -> Response<Body> {
         RequestError::BadBody(_) => "400 bad request: the request body could not be read\n",
         RequestError::AmbiguousPath => "400 bad request: ambiguous path\n",
         RequestError::BadHost(_) => "400 bad request: missing or malformed host\n",
+        RequestError::Connect => "405 method not allowed: CONNECT is not served here\n",
         RequestError::HostNotAllowed => "421 misdirected request: this host is not served here\n",
         RequestError::Upstream(_) | RequestError::Rewrite(_) => {
             "502 bad gateway: the application did not answer\n"
@@ -203,13 +209,20 @@ pub fn from_error(err: &RequestError) -> Response<Body> {
         RequestError::UpstreamTimeout => "504 gateway timeout: the application took too long\n",
     };
     let mut resp = plain(err.status(), err.reason(), text);
-    // Where the request ends is unknown: nothing after it can be read.
+    // Where the request ends is unknown, or what follows it is the tunnel
+    // the client hoped for: nothing after it is read as a request.
     if matches!(
         err,
-        RequestError::AmbiguousFraming(_) | RequestError::BadBody(_)
+        RequestError::AmbiguousFraming(_) | RequestError::BadBody(_) | RequestError::Connect
     ) {
         resp.headers_mut()
             .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    if matches!(err, RequestError::Connect) {
+        resp.headers_mut().insert(
+            http::header::ALLOW,
+            HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+        );
     }
     if err.status().is_client_error() {
         resp.extensions_mut().insert(ClientError);
@@ -315,6 +328,19 @@ mod tests {
         let resp = from_error(&RequestError::Rewrite(unrewritable));
         assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
         assert_eq!(resp.headers()[TAG], "upstream-error");
+    }
+
+    #[test]
+    fn connect_is_refused_naming_the_methods_served() {
+        let resp = from_error(&RequestError::Connect);
+        assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(resp.headers()[TAG], "method-not-allowed");
+        assert!(resp.headers()[http::header::ALLOW]
+            .to_str()
+            .unwrap()
+            .starts_with("GET, "));
+        assert_eq!(resp.headers()[http::header::CONNECTION], "close");
+        assert!(resp.extensions().get::<ClientError>().is_some());
     }
 
     #[test]
