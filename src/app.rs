@@ -483,16 +483,13 @@ impl App {
         peer: &Peer,
     ) -> impl Future<Output = Forwarded> + Send + '_ {
         cookie::strip_own_cookies(req.headers_mut());
-        // A command or a lane is the origin's to give: one in a request is
-        // nobody's.
-        req.headers_mut().remove(proxy::QUEUEGATE_COMMAND);
-        req.headers_mut().remove(lane_grant::QUEUEGATE_LANE);
         let started = Instant::now();
         let remote = peer.addr;
         // A combinator, not an async block: the block would hold the
         // upstream's future twice (captured, then pinned while awaited),
         // and every request's future is moved whole several times.
-        self.upstream.forward(req, peer).map(move |forwarded| {
+        let exchange = self.upstream.forward(req, peer, &OWN_FIELDS);
+        exchange.map(move |forwarded| {
             let seconds = started.elapsed().as_secs_f64();
             let from_origin = forwarded.is_ok();
             let mut resp = match forwarded {
@@ -526,6 +523,11 @@ impl App {
         })
     }
 }
+
+/// queuegate's own fields: a command or a lane is the origin's to give
+/// (DESIGN §8.5, §8.6); one in a request, in its headers or its trailers,
+/// is nobody's and is not forwarded.
+static OWN_FIELDS: [http::HeaderName; 2] = [proxy::QUEUEGATE_COMMAND, lane_grant::QUEUEGATE_LANE];
 
 /// A forwarded request's answer.
 struct Forwarded {

@@ -258,7 +258,8 @@ impl Upstream {
         })
     }
 
-    /// Forwards `req` from `peer` to the origin and streams the answer back.
+    /// Forwards `req` from `peer` to the origin and streams the answer
+    /// back, without the fields `withheld` in its headers or its trailers.
     ///
     /// The request is rewritten before this returns, so the future holds
     /// only the exchange in flight: it is part of every proxied request's
@@ -272,6 +273,7 @@ impl Upstream {
         &'a self,
         mut req: Request<Incoming>,
         peer: &Peer,
+        withheld: &'static [HeaderName],
     ) -> impl Future<Output = Result<Response<Body>, RequestError>> + Send + 'a {
         let upgrade = asks_websocket(&req);
         let client_upgrade = upgrade.then(|| {
@@ -281,10 +283,10 @@ impl Upstream {
             };
             (hyper::upgrade::on(&mut req), tunnel)
         });
-        let prepared = self.rewrite(req, peer, upgrade);
+        let prepared = self.rewrite(req, peer, upgrade, withheld);
         let worker = peer.worker;
         async move {
-            let req = prepared?.map(Outgoing::Client);
+            let req = prepared?.map(|body| Outgoing::Client { body, withheld });
             let exchange = self.exchange(req, worker);
             let Sent {
                 response,
@@ -349,12 +351,14 @@ impl Upstream {
 
     /// The request as the origin gets it: origin URL, HTTP/1.1, hop-by-hop
     /// headers removed (an `Upgrade` put back only for a WebSocket
-    /// handshake, `upgrade`), forwarding headers set.
+    /// handshake, `upgrade`), and the headers `withheld`, forwarding headers
+    /// set.
     fn rewrite(
         &self,
         mut req: Request<Incoming>,
         peer: &Peer,
         upgrade: bool,
+        withheld: &[HeaderName],
     ) -> Result<Request<Incoming>, RequestError> {
         let original_host = original_host(&req);
         let path = req
@@ -372,6 +376,9 @@ impl Upstream {
             .then(|| client_ip::client_of(peer.addr.ip(), req.headers(), &self.client_ip));
         let headers = req.headers_mut();
         strip_hop_by_hop(headers);
+        for name in withheld {
+            headers.remove(name);
+        }
         // DESIGN §8.2: what a client says about itself in forwarding headers
         // reaches the origin only through a trusted proxy.
         if trusted {

@@ -21,7 +21,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{HeaderName, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
@@ -74,7 +74,11 @@ pub struct BodyError(#[source] hyper::Error);
 /// none (a request sent again after a pooled connection turned out closed).
 #[derive(Debug)]
 pub enum Outgoing {
-    Client(Incoming),
+    /// The client's body, its trailers without the fields `withheld`.
+    Client {
+        body: Incoming,
+        withheld: &'static [HeaderName],
+    },
     Empty,
 }
 
@@ -87,23 +91,31 @@ impl Body for Outgoing {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
-            Outgoing::Client(body) => Pin::new(body)
-                .poll_frame(cx)
-                .map(|frame| frame.map(|frame| frame.map_err(BodyError))),
+            Outgoing::Client { body, withheld } => Pin::new(body).poll_frame(cx).map(|frame| {
+                frame.map(|frame| {
+                    let mut frame = frame.map_err(BodyError)?;
+                    if let Some(trailers) = frame.trailers_mut() {
+                        for name in *withheld {
+                            trailers.remove(name);
+                        }
+                    }
+                    Ok(frame)
+                })
+            }),
             Outgoing::Empty => Poll::Ready(None),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
-            Outgoing::Client(body) => body.is_end_stream(),
+            Outgoing::Client { body, .. } => body.is_end_stream(),
             Outgoing::Empty => true,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            Outgoing::Client(body) => body.size_hint(),
+            Outgoing::Client { body, .. } => body.size_hint(),
             Outgoing::Empty => SizeHint::with_exact(0),
         }
     }

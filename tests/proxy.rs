@@ -900,3 +900,53 @@ async fn a_malformed_request_body_is_the_client_s_400_not_an_upstream_error() {
     let bad = r#"queuegate_requests_total{decision="bad_request"}"#;
     assert_eq!(admin_sample(&gate, bad).await, refused);
 }
+
+/// queuegate's own fields are the origin's to give (DESIGN §8.5, §8.6):
+/// sent by a client as request trailers they are removed like the headers
+/// of those names, and the other trailers pass.
+#[tokio::test]
+async fn queuegate_s_own_fields_in_request_trailers_never_reach_the_origin() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let origin = spawn_origin(move |req: Request<hyper::body::Incoming>| {
+        let log = log.clone();
+        async move {
+            let collected = req.into_body().collect().await.unwrap();
+            let trailers = collected.trailers().cloned().unwrap_or_default();
+            log.lock().unwrap().push((collected.to_bytes(), trailers));
+            Response::new(full("ok"))
+        }
+    })
+    .await;
+    let gate = spawn_gate(gated_config(&origin)).await;
+    let mut visitor = Visitor::new();
+    assert!(visitor
+        .navigate(&gate.url("/tickets"))
+        .await
+        .reached_origin());
+    let pass = format!("qg_tickets={}", visitor.cookie("qg_tickets").unwrap());
+    let mut client = KeepAlive::connect(gate.addr).await;
+    for path in ["/static/upload", "/tickets/upload"] {
+        seen.lock().unwrap().clear();
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: a\r\nCookie: {pass}\r\nTransfer-Encoding: chunked\r\n\
+             Trailer: Queuegate-Command, Queuegate-Lane, X-Checksum\r\n\r\n\
+             3\r\nabc\r\n0\r\nQueuegate-Command: end-session\r\nqueuegate-lane: vip\r\n\
+             X-Checksum: 42\r\n\r\n"
+        );
+        let (status, head) = client.send(request.as_bytes()).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {head}");
+        let seen = seen.lock().unwrap();
+        let (body, trailers) = &seen[0];
+        assert_eq!(body, "abc", "{path}");
+        assert_eq!(trailers["x-checksum"], "42", "{path}: {trailers:?}");
+        assert!(
+            !trailers.contains_key("queuegate-command"),
+            "{path}: {trailers:?}"
+        );
+        assert!(
+            !trailers.contains_key("queuegate-lane"),
+            "{path}: {trailers:?}"
+        );
+    }
+}
