@@ -10,7 +10,8 @@
 //! origin keeps it open; idle ones are closed after the pool's idle timeout,
 //! or once the origin has closed them.
 //!
-//! It does not rewrite requests, retry them or make tunnels: `proxy` does.
+//! It does not rewrite requests (beyond leaving out of a body's trailers
+//! the fields `proxy` names), retry them or make tunnels: `proxy` does.
 
 use std::future::Future;
 use std::io;
