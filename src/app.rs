@@ -120,7 +120,12 @@ impl App {
     pub async fn handle(&self, req: Request<Incoming>, conn: &Conn) -> Response<Body> {
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
         let s = self.settings.load();
-        let (route, outcome, resp) = self.answer(&s, req, conn).await;
+        let (route, mut outcome, resp) = self.answer(&s, req, conn).await;
+        // Refused only once forwarding began (a body that could not be
+        // read): the client's error, whatever the gate had decided.
+        if resp.extensions().get::<response::ClientError>().is_some() {
+            outcome = Outcome::BadRequest;
+        }
         self.metrics.request(outcome);
         if let Some(started) = started {
             tracing::debug!(
@@ -144,7 +149,7 @@ impl App {
         let peer = &conn.peer;
         let framing = match req.extensions().get::<AmbiguousHead>() {
             Some(head) => Err(RequestError::AmbiguousFraming(head.reason)),
-            None => proxy::check_framing(req.headers()),
+            None => proxy::check_request(&req),
         };
         if let Err(err) = framing {
             tracing::debug!(remote = %peer.addr, error = %err, "request rejected");
@@ -478,22 +483,24 @@ impl App {
         peer: &Peer,
     ) -> impl Future<Output = Forwarded> + Send + '_ {
         cookie::strip_own_cookies(req.headers_mut());
-        // A command or a lane is the origin's to give: one in a request is
-        // nobody's.
-        req.headers_mut().remove(proxy::QUEUEGATE_COMMAND);
-        req.headers_mut().remove(lane_grant::QUEUEGATE_LANE);
         let started = Instant::now();
         let remote = peer.addr;
         // A combinator, not an async block: the block would hold the
         // upstream's future twice (captured, then pinned while awaited),
         // and every request's future is moved whole several times.
-        self.upstream.forward(req, peer).map(move |forwarded| {
+        let exchange = self.upstream.forward(req, peer, &OWN_FIELDS);
+        exchange.map(move |forwarded| {
             let seconds = started.elapsed().as_secs_f64();
             let from_origin = forwarded.is_ok();
             let mut resp = match forwarded {
                 Ok(resp) => {
                     self.metrics.upstream(seconds, None);
                     resp
+                }
+                Err(err @ RequestError::BadBody(_)) => {
+                    // The client's error, not the origin's.
+                    tracing::debug!(remote = %remote, error = %err, "request rejected");
+                    response::from_error(&err)
                 }
                 Err(err) => {
                     let failure = match err {
@@ -516,6 +523,11 @@ impl App {
         })
     }
 }
+
+/// queuegate's own fields: a command or a lane is the origin's to give
+/// (DESIGN §8.5, §8.6); one in a request, in its headers or its trailers,
+/// is nobody's and is not forwarded.
+static OWN_FIELDS: [http::HeaderName; 2] = [proxy::QUEUEGATE_COMMAND, lane_grant::QUEUEGATE_LANE];
 
 /// A forwarded request's answer.
 struct Forwarded {

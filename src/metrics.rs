@@ -247,7 +247,8 @@ pub enum Outcome {
     /// One of queuegate's own paths.
     Reserved,
     /// Refused before any decision: ambiguous framing or path, a missing or
-    /// malformed Host, a host not served here.
+    /// malformed Host, a host not served here; or, whatever the decision, a
+    /// body found unreadable while it was relayed to the origin.
     BadRequest,
 }
 

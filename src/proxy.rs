@@ -34,15 +34,23 @@ use crate::metrics::{ConnectionMetrics, Protocol};
 use crate::response::{Body, RequestError};
 use crate::upstream::{self, Handed, Origin, Outgoing, Pool, Pooled, Sent, UpstreamBody};
 
-/// Headers that describe one connection, not the message (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [HeaderName; 6] = [
+/// Headers that describe one connection, not the message (RFC 9110
+/// §7.6.1), with `HTTP2-Settings`, which only an `h2c` upgrade reads (RFC
+/// 7540 §3.2.1): never forwarded.
+const HOP_BY_HOP: [HeaderName; 7] = [
     header::CONNECTION,
     HeaderName::from_static("proxy-connection"),
     HeaderName::from_static("keep-alive"),
     header::TE,
     header::TRANSFER_ENCODING,
     header::UPGRADE,
+    HeaderName::from_static("http2-settings"),
 ];
+
+/// The one protocol an upgrade may switch to through queuegate (DESIGN
+/// §9.5): a tunnel to anything else (`h2c` above all) would carry requests
+/// past the gate.
+const WEBSOCKET: HeaderValue = HeaderValue::from_static("websocket");
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -250,7 +258,8 @@ impl Upstream {
         })
     }
 
-    /// Forwards `req` from `peer` to the origin and streams the answer back.
+    /// Forwards `req` from `peer` to the origin and streams the answer
+    /// back, without the fields `withheld` in its headers or its trailers.
     ///
     /// The request is rewritten before this returns, so the future holds
     /// only the exchange in flight: it is part of every proxied request's
@@ -264,37 +273,38 @@ impl Upstream {
         &'a self,
         mut req: Request<Incoming>,
         peer: &Peer,
+        withheld: &'static [HeaderName],
     ) -> impl Future<Output = Result<Response<Body>, RequestError>> + Send + 'a {
-        let upgrade = upgrade_protocol(&req);
-        let client_upgrade = upgrade.as_ref().map(|_| {
+        let upgrade = asks_websocket(&req);
+        let client_upgrade = upgrade.then(|| {
             let tunnel = Tunnel {
                 connections: self.connections.clone(),
                 lease: peer.lease.clone(),
             };
             (hyper::upgrade::on(&mut req), tunnel)
         });
-        let prepared = self.rewrite(req, peer, upgrade.as_ref());
+        let prepared = self.rewrite(req, peer, upgrade, withheld);
         let worker = peer.worker;
         async move {
-            let req = prepared?.map(Outgoing::Client);
+            let req = prepared?.map(|body| Outgoing::Client { body, withheld });
             let exchange = self.exchange(req, worker);
             let Sent {
                 response,
                 connection,
             } = match tokio::time::timeout(self.timeout, exchange).await {
                 Ok(Ok(sent)) => sent,
-                Ok(Err(err)) => return Err(RequestError::Upstream(err)),
+                Ok(Err(err)) => return Err(err.into()),
                 Err(_) => return Err(RequestError::UpstreamTimeout),
             };
             if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-                if let Some((client_upgrade, tunnel)) = client_upgrade {
-                    return Ok(switch_protocols(
-                        response,
-                        connection,
-                        client_upgrade,
-                        tunnel,
-                    ));
-                }
+                // Only the WebSocket handshake forwarded may switch; the
+                // origin's connection is closed on any other `101`.
+                return match client_upgrade {
+                    Some((client_upgrade, tunnel)) if switches_to_websocket(&response) => Ok(
+                        switch_protocols(response, connection, client_upgrade, tunnel),
+                    ),
+                    _ => Err(RequestError::UnaskedSwitch),
+                };
             }
             let mut resp = response.map(|body| Body::Upstream(UpstreamBody::new(body, connection)));
             strip_hop_by_hop(resp.headers_mut());
@@ -340,12 +350,15 @@ impl Upstream {
     }
 
     /// The request as the origin gets it: origin URL, HTTP/1.1, hop-by-hop
-    /// headers removed, forwarding headers set.
+    /// headers removed (an `Upgrade` put back only for a WebSocket
+    /// handshake, `upgrade`), and the headers `withheld`, forwarding headers
+    /// set.
     fn rewrite(
         &self,
         mut req: Request<Incoming>,
         peer: &Peer,
-        upgrade: Option<&HeaderValue>,
+        upgrade: bool,
+        withheld: &[HeaderName],
     ) -> Result<Request<Incoming>, RequestError> {
         let original_host = original_host(&req);
         let path = req
@@ -363,6 +376,9 @@ impl Upstream {
             .then(|| client_ip::client_of(peer.addr.ip(), req.headers(), &self.client_ip));
         let headers = req.headers_mut();
         strip_hop_by_hop(headers);
+        for name in withheld {
+            headers.remove(name);
+        }
         // DESIGN §8.2: what a client says about itself in forwarding headers
         // reaches the origin only through a trusted proxy.
         if trusted {
@@ -406,9 +422,9 @@ impl Upstream {
             let host = self.host.as_ref().unwrap_or(&self.default_host);
             headers.insert(header::HOST, host.clone());
         }
-        if let Some(protocol) = upgrade {
+        if upgrade {
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-            headers.insert(header::UPGRADE, protocol.clone());
+            headers.insert(header::UPGRADE, WEBSOCKET);
         }
         Ok(req)
     }
@@ -566,7 +582,6 @@ fn switch_protocols(
     client_upgrade: hyper::upgrade::OnUpgrade,
     tunnel: Tunnel,
 ) -> Response<Body> {
-    let protocol = resp.headers().get(header::UPGRADE).cloned();
     tokio::spawn(async move {
         let (client, origin) = tokio::join!(client_upgrade, connection.upgraded());
         let (client, origin) = match (client, origin) {
@@ -587,9 +602,7 @@ fn switch_protocols(
     parts
         .headers
         .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    if let Some(protocol) = protocol {
-        parts.headers.insert(header::UPGRADE, protocol);
-    }
+    parts.headers.insert(header::UPGRADE, WEBSOCKET);
     Response::from_parts(parts, Body::Empty)
 }
 
@@ -651,6 +664,16 @@ fn stale(err: &upstream::Error) -> bool {
         source = cause.source();
     }
     false
+}
+
+/// Rejects the requests that are never forwarded, whatever their path:
+/// `CONNECT` (a tunnel to a place of the client's choosing, which a reverse
+/// proxy does not make) and those whose framing is ambiguous.
+pub fn check_request<B>(req: &Request<B>) -> Result<(), RequestError> {
+    if req.method() == Method::CONNECT {
+        return Err(RequestError::Connect);
+    }
+    check_framing(req.headers())
 }
 
 /// Rejects requests whose body length could be read two ways (RFC 9112
@@ -734,20 +757,31 @@ fn protected(name: &HeaderName) -> bool {
         || name == header::CONTENT_LENGTH
 }
 
-/// The protocol an HTTP/1.1 `Upgrade` request asks for, if it is one.
-fn upgrade_protocol<B>(req: &Request<B>) -> Option<HeaderValue> {
-    if req.version() != Version::HTTP_11 {
-        return None;
+/// Whether an HTTP/1.1 request asks to upgrade to WebSocket (among the
+/// protocols its `Upgrade` lists). Any other upgrade is not passed on: the
+/// request goes to the origin as the plain request it also is.
+fn asks_websocket<B>(req: &Request<B>) -> bool {
+    let headers = req.headers();
+    if req.version() != Version::HTTP_11 || !headers.contains_key(header::UPGRADE) {
+        return false;
     }
-    let protocol = req.headers().get(header::UPGRADE)?;
-    let asks = req
-        .headers()
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
-    asks.then(|| protocol.clone())
+    lists(headers, &header::CONNECTION, b"upgrade")
+        && lists(headers, &header::UPGRADE, b"websocket")
+}
+
+/// Whether an origin's `101` switches to WebSocket.
+fn switches_to_websocket<B>(resp: &Response<B>) -> bool {
+    lists(resp.headers(), &header::UPGRADE, b"websocket")
+}
+
+/// Whether the comma-separated lists in the `name` headers hold `token`
+/// (compared without case).
+fn lists(headers: &HeaderMap, name: &HeaderName, token: &[u8]) -> bool {
+    headers.get_all(name).iter().any(|v| {
+        v.as_bytes()
+            .split(|&b| b == b',')
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+    })
 }
 
 /// The host the client asked for: the `Host` header, or the HTTP/2 authority.

@@ -100,6 +100,9 @@ pub enum RequestError {
     /// §8.1) and `limits.ambiguous_paths` is `reject`.
     #[error("ambiguous path")]
     AmbiguousPath,
+    /// `CONNECT`: never forwarded, whatever its target.
+    #[error("CONNECT is not served")]
+    Connect,
     /// The request's host is missing, repeated or malformed (DESIGN §8.2).
     #[error("bad host: {0}")]
     BadHost(#[from] crate::host::HostError),
@@ -118,17 +121,40 @@ pub enum RequestError {
     /// The origin did not answer within `upstream.timeout`.
     #[error("origin timed out")]
     UpstreamTimeout,
+    /// The request's body could not be read (a malformed chunk, a body cut
+    /// short), found while it was relayed to the origin: the client's
+    /// error, never counted as the origin's.
+    #[error("request body unreadable: {}", Causes(.0))]
+    BadBody(#[source] hyper::Error),
+    /// The origin answered `101` to switch to a protocol queuegate did not
+    /// ask it for (only a WebSocket handshake is forwarded as one, DESIGN
+    /// §9.5): no tunnel is made, and the origin's connection is closed.
+    #[error("origin switched protocols unasked")]
+    UnaskedSwitch,
+}
+
+impl From<upstream::Error> for RequestError {
+    /// A failed exchange with the origin, blamed on whoever failed.
+    fn from(err: upstream::Error) -> RequestError {
+        match err {
+            upstream::Error::ClientBody(err) => RequestError::BadBody(err),
+            err => RequestError::Upstream(err),
+        }
+    }
 }
 
 impl RequestError {
     /// The short reason written into the `x-queuegate` header and metrics.
     pub fn reason(&self) -> &'static str {
         match self {
-            RequestError::AmbiguousFraming(_) => "bad-request",
+            RequestError::AmbiguousFraming(_) | RequestError::BadBody(_) => "bad-request",
             RequestError::AmbiguousPath => "ambiguous-path",
             RequestError::BadHost(_) => "bad-host",
+            RequestError::Connect => "method-not-allowed",
             RequestError::HostNotAllowed => "misdirected",
-            RequestError::Upstream(_) | RequestError::Rewrite(_) => "upstream-error",
+            RequestError::Upstream(_) | RequestError::Rewrite(_) | RequestError::UnaskedSwitch => {
+                "upstream-error"
+            }
             RequestError::UpstreamTimeout => "upstream-timeout",
         }
     }
@@ -138,9 +164,13 @@ impl RequestError {
         match self {
             RequestError::AmbiguousFraming(_)
             | RequestError::AmbiguousPath
-            | RequestError::BadHost(_) => StatusCode::BAD_REQUEST,
+            | RequestError::BadHost(_)
+            | RequestError::BadBody(_) => StatusCode::BAD_REQUEST,
             RequestError::HostNotAllowed => StatusCode::MISDIRECTED_REQUEST,
-            RequestError::Upstream(_) | RequestError::Rewrite(_) => StatusCode::BAD_GATEWAY,
+            RequestError::Connect => StatusCode::METHOD_NOT_ALLOWED,
+            RequestError::Upstream(_) | RequestError::Rewrite(_) | RequestError::UnaskedSwitch => {
+                StatusCode::BAD_GATEWAY
+            }
             RequestError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -165,21 +195,47 @@ impl std::fmt::Display for Causes<'_> {
 pub fn from_error(err: &RequestError) -> Response<Body> {
     let text = match err {
         RequestError::AmbiguousFraming(_) => "400 bad request: ambiguous message framing\n",
+        RequestError::BadBody(_) => "400 bad request: the request body could not be read\n",
         RequestError::AmbiguousPath => "400 bad request: ambiguous path\n",
         RequestError::BadHost(_) => "400 bad request: missing or malformed host\n",
+        RequestError::Connect => "405 method not allowed: CONNECT is not served here\n",
         RequestError::HostNotAllowed => "421 misdirected request: this host is not served here\n",
         RequestError::Upstream(_) | RequestError::Rewrite(_) => {
             "502 bad gateway: the application did not answer\n"
         }
+        RequestError::UnaskedSwitch => {
+            "502 bad gateway: the application switched to a protocol not asked for\n"
+        }
         RequestError::UpstreamTimeout => "504 gateway timeout: the application took too long\n",
     };
     let mut resp = plain(err.status(), err.reason(), text);
-    if matches!(err, RequestError::AmbiguousFraming(_)) {
+    // Where the request ends is unknown, or what follows it is the tunnel
+    // the client hoped for: nothing after it is read as a request.
+    if matches!(
+        err,
+        RequestError::AmbiguousFraming(_) | RequestError::BadBody(_) | RequestError::Connect
+    ) {
         resp.headers_mut()
             .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
     }
+    if matches!(err, RequestError::Connect) {
+        resp.headers_mut().insert(
+            http::header::ALLOW,
+            HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+        );
+    }
+    if err.status().is_client_error() {
+        resp.extensions_mut().insert(ClientError);
+    }
     resp
 }
+
+/// Marks an answer to a request the client got wrong, made by
+/// [`from_error`]: the request counts as a bad request, even one refused
+/// only after the gate had let it through (a body found unreadable while it
+/// was relayed).
+#[derive(Clone, Copy, Debug)]
+pub struct ClientError;
 
 /// A short plain-text response tagged with `reason`.
 pub fn plain(status: StatusCode, reason: &'static str, text: &'static str) -> Response<Body> {
@@ -272,6 +328,19 @@ mod tests {
         let resp = from_error(&RequestError::Rewrite(unrewritable));
         assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
         assert_eq!(resp.headers()[TAG], "upstream-error");
+    }
+
+    #[test]
+    fn connect_is_refused_naming_the_methods_served() {
+        let resp = from_error(&RequestError::Connect);
+        assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(resp.headers()[TAG], "method-not-allowed");
+        assert!(resp.headers()[http::header::ALLOW]
+            .to_str()
+            .unwrap()
+            .starts_with("GET, "));
+        assert_eq!(resp.headers()[http::header::CONNECTION], "close");
+        assert!(resp.extensions().get::<ClientError>().is_some());
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! origin keeps it open; idle ones are closed after the pool's idle timeout,
 //! or once the origin has closed them.
 //!
-//! It does not rewrite requests, retry them or make tunnels: `proxy` does.
+//! It does not rewrite requests (beyond leaving out of a body's trailers
+//! the fields `proxy` names), retry them or make tunnels: `proxy` does.
 
 use std::future::Future;
 use std::io;
@@ -21,7 +22,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{HeaderName, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
@@ -31,7 +32,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-/// Why an exchange with the origin failed (answered `502`).
+/// Why an exchange with the origin failed: the origin's failure (answered
+/// `502`), or the client's body (`ClientBody`).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot connect")]
@@ -42,40 +44,79 @@ pub enum Error {
     Tls(#[source] io::Error),
     #[error("HTTP exchange failed")]
     Http(#[source] hyper::Error),
+    /// The client's request body could not be read as it was relayed (a
+    /// malformed chunk, a body cut short): the client's error, not the
+    /// origin's. The connection it was relayed on is closed.
+    #[error("the request body could not be read")]
+    ClientBody(#[source] hyper::Error),
 }
+
+impl Error {
+    /// An exchange that failed in hyper: the client's when what failed was
+    /// reading its body (hyper gives that error back as the cause).
+    fn exchange(err: hyper::Error) -> Error {
+        let client = std::error::Error::source(&err).is_some_and(|cause| cause.is::<BodyError>());
+        if client {
+            Error::ClientBody(err)
+        } else {
+            Error::Http(err)
+        }
+    }
+}
+
+/// Reading the client's request body failed while it was relayed to the
+/// origin. Its own type, so that hyper's failure to send a request can be
+/// told to be the client's (see [`Error::ClientBody`]).
+#[derive(Debug, thiserror::Error)]
+#[error("reading the request body failed")]
+pub struct BodyError(#[source] hyper::Error);
 
 /// The body of a request sent to the origin: the client's, streamed, or
 /// none (a request sent again after a pooled connection turned out closed).
 #[derive(Debug)]
 pub enum Outgoing {
-    Client(Incoming),
+    /// The client's body, its trailers without the fields `withheld`.
+    Client {
+        body: Incoming,
+        withheld: &'static [HeaderName],
+    },
     Empty,
 }
 
 impl Body for Outgoing {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
-            Outgoing::Client(body) => Pin::new(body).poll_frame(cx),
+            Outgoing::Client { body, withheld } => Pin::new(body).poll_frame(cx).map(|frame| {
+                frame.map(|frame| {
+                    let mut frame = frame.map_err(BodyError)?;
+                    if let Some(trailers) = frame.trailers_mut() {
+                        for name in *withheld {
+                            trailers.remove(name);
+                        }
+                    }
+                    Ok(frame)
+                })
+            }),
             Outgoing::Empty => Poll::Ready(None),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
-            Outgoing::Client(body) => body.is_end_stream(),
+            Outgoing::Client { body, .. } => body.is_end_stream(),
             Outgoing::Empty => true,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            Outgoing::Client(body) => body.size_hint(),
+            Outgoing::Client { body, .. } => body.size_hint(),
             Outgoing::Empty => SizeHint::with_exact(0),
         }
     }
@@ -471,7 +512,7 @@ impl Pooled {
             }),
             Err(mut err) => Err(Failed {
                 request: err.take_message(),
-                error: Error::Http(err.into_error()),
+                error: Error::exchange(err.into_error()),
                 reused: self.reused,
             }),
         }

@@ -726,3 +726,68 @@ async fn forwarding_headers_of_a_trusted_peer_reach_the_origin() {
     )
     .await;
 }
+
+/// `CONNECT` asks for a tunnel to a place of the client's choosing: refused
+/// with `405` (naming the methods that are served) over HTTP/1.1 and
+/// HTTP/2, and nothing reaches the origin.
+#[tokio::test]
+async fn connect_is_refused_and_never_forwarded() {
+    let h = held(&proxy_config("http://127.0.0.1:1").store, |_| {}).await;
+    let refused = Expect::Refused(405, "method-not-allowed");
+    h.run(
+        "connect",
+        &[
+            case(
+                "authority form",
+                b"CONNECT gate.test:443 HTTP/1.1\r\nHost: gate.test:443\r\n\r\n".to_vec(),
+                refused,
+            ),
+            case(
+                "the origin's own address, bytes following",
+                b"CONNECT 127.0.0.1:1 HTTP/1.1\r\nHost: 127.0.0.1:1\r\n\r\n\
+                  GET /tickets HTTP/1.1\r\nHost: gate.test\r\n\r\n"
+                    .to_vec(),
+                refused,
+            ),
+            case(
+                "a gated path, with a body",
+                b"CONNECT /tickets HTTP/1.1\r\nHost: gate.test\r\nContent-Length: 2\r\n\r\nhi"
+                    .to_vec(),
+                refused,
+            ),
+        ],
+    )
+    .await;
+    let got = exchange(
+        h.gate.addr,
+        b"CONNECT gate.test:443 HTTP/1.1\r\nHost: gate.test:443\r\n\r\n",
+    )
+    .await;
+    assert!(
+        got.head.to_ascii_lowercase().contains("\r\nallow: get, "),
+        "{got:?}"
+    );
+
+    // HTTP/2, with prior knowledge: `:method CONNECT` and `:authority` only.
+    let stream = tokio::net::TcpStream::connect(h.gate.addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let req = Request::builder()
+        .method(http::Method::CONNECT)
+        .uri("gate.test:443")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED, "{resp:?}");
+    assert_eq!(resp.headers()["x-queuegate"], "method-not-allowed");
+    assert!(resp.headers().contains_key("allow"), "{resp:?}");
+    assert!(
+        h.seen.lock().unwrap().is_empty(),
+        "the origin saw a CONNECT"
+    );
+}

@@ -707,3 +707,246 @@ async fn the_pool_never_churns_within_its_size() {
         origin.accepted()
     );
 }
+
+/// A raw origin that switches to `h2c` at once: it answers `101` to any
+/// request asking for an upgrade (to every request when `always`), `200
+/// ok` to the others, and keeps every byte it was sent.
+async fn switching_origin(always: bool) -> (Origin, Arc<Mutex<Vec<u8>>>) {
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let log = got.clone();
+    let origin = spawn_raw_origin(move |mut stream: TcpStream| {
+        let log = log.clone();
+        async move {
+            let mut buf = vec![0u8; 8192];
+            let mut pending = Vec::new();
+            let mut switched = false;
+            while let Ok(n) = stream.read(&mut buf).await {
+                if n == 0 {
+                    return;
+                }
+                log.lock().unwrap().extend_from_slice(&buf[..n]);
+                if switched {
+                    continue;
+                }
+                pending.extend_from_slice(&buf[..n]);
+                while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let head = String::from_utf8_lossy(&pending[..end]).to_ascii_lowercase();
+                    pending.drain(..end + 4);
+                    let answer: &[u8] = if always || head.contains("\r\nupgrade:") {
+                        switched = true;
+                        b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"
+                    } else {
+                        OK
+                    };
+                    if stream.write_all(answer).await.is_err() || switched {
+                        break;
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    (origin, got)
+}
+
+/// `/tickets` gated (capacity 1), `/static/` bypassed.
+fn gated_config(origin: &Origin) -> queuegate::config::Config {
+    let mut config = proxy_config(&origin.url());
+    config.routes.push(route("tickets", "/tickets", 1));
+    config
+        .bypass
+        .push(queuegate::config::BypassRule::PathPrefix("/static/".into()));
+    config
+}
+
+/// The client's preface of HTTP/2 over the connection, then a request for
+/// a gated path: what a client sends once an `h2c` upgrade has switched.
+const H2_AFTER_SWITCH: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\
+    \x00\x00\x00\x04\x00\x00\x00\x00\x00GET /tickets/1 HTTP/1.1\r\nHost: a\r\n\r\n";
+
+/// DESIGN §9.5: only WebSocket upgrades are passed. An `h2c` upgrade is
+/// forwarded as the plain request under it, so an origin that would switch
+/// never does, and the connection stays queuegate's HTTP/1 (its framing
+/// checks still on, DESIGN §8.4).
+#[tokio::test]
+async fn an_h2c_upgrade_is_forwarded_as_a_plain_request() {
+    let (origin, got) = switching_origin(false).await;
+    let gate = spawn_gate(gated_config(&origin)).await;
+    for asks in [
+        "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n",
+        "Connection: upgrade\r\nUpgrade: h2c\r\n",
+        "Connection: keep-alive, Upgrade\r\nUpgrade: h2c, foo/2\r\n",
+    ] {
+        got.lock().unwrap().clear();
+        let mut client = KeepAlive::connect(gate.addr).await;
+        let request = format!(
+            "GET /static/x HTTP/1.1\r\nHost: a\r\n{asks}HTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n"
+        );
+        let (status, head) = client.send(request.as_bytes()).await;
+        assert_eq!(status, StatusCode::OK, "{asks:?}: {head}");
+        let seen = String::from_utf8_lossy(&got.lock().unwrap()).to_ascii_lowercase();
+        assert!(seen.starts_with("get /static/x http/1.1\r\n"), "{seen}");
+        assert!(!seen.contains("upgrade"), "{asks:?}: the origin saw {seen}");
+        assert!(!seen.contains("http2-settings"), "{asks:?}: {seen}");
+        assert!(!seen.contains("h2c"), "{asks:?}: {seen}");
+        // Still HTTP/1 with its framing watched: a smuggling attempt next
+        // on the connection is refused, not forwarded.
+        let (status, head) = client
+            .send(b"POST /static/y HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\n")
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{head}");
+        assert!(!String::from_utf8_lossy(&got.lock().unwrap()).contains("/static/y"));
+    }
+}
+
+/// An origin that switches protocols when nobody asked it to (or to
+/// anything but the WebSocket handshake queuegate forwarded) gets its
+/// client a `502`, not a tunnel: what the client sends next never reaches
+/// the origin, and the gated path it names stays gated.
+#[tokio::test]
+async fn a_switch_the_origin_was_not_asked_for_is_502_and_no_tunnel() {
+    let (origin, got) = switching_origin(true).await;
+    let gate = spawn_gate(gated_config(&origin)).await;
+    for (what, asks) in [
+        ("h2c", "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n"),
+        ("nothing", ""),
+        (
+            "websocket",
+            "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n",
+        ),
+    ] {
+        got.lock().unwrap().clear();
+        let mut client = KeepAlive::connect(gate.addr).await;
+        let request = format!("GET /static/x HTTP/1.1\r\nHost: a\r\n{asks}\r\n");
+        let (status, head) = client.send(request.as_bytes()).await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "{what}: {head}");
+        assert!(head.contains("x-queuegate: upstream-error"), "{what}: {head}");
+        let rest = client.finish(H2_AFTER_SWITCH).await;
+        let rest = String::from_utf8_lossy(&rest);
+        assert!(!rest.contains("HTTP/1.1 101"), "{what}: {rest}");
+        let seen = String::from_utf8_lossy(&got.lock().unwrap()).into_owned();
+        assert_eq!(
+            seen.matches("HTTP/1.1\r\n").count(),
+            1,
+            "{what}: only the first request reached the origin: {seen:?}"
+        );
+        assert!(!seen.contains("PRI *"), "{what}: {seen:?}");
+        assert!(!seen.contains("/tickets"), "{what}: {seen:?}");
+    }
+}
+
+/// Chunked bodies hyper cannot read: a size that overflows, a size with a
+/// `0x`, bare LF line ends, a quoted CRLF in a chunk extension.
+const BAD_BODIES: [&str; 4] = [
+    "fffffffffffffffff3\r\nabc\r\n0\r\n\r\n",
+    "0x3\r\nabc\r\n0\r\n\r\n",
+    "3\nabc\n0\n\n",
+    "3;ext=\"a\r\nb\"\r\nabc\r\n0\r\n\r\n",
+];
+
+/// A request body that cannot be read is the client's error, found only
+/// while the request is relayed to the origin: `400`, counted as a bad
+/// request and not as the origin's failure, and the origin connection it
+/// was relayed on is closed, never pooled.
+#[tokio::test]
+async fn a_malformed_request_body_is_the_client_s_400_not_an_upstream_error() {
+    let origin = spawn_origin(|req: Request<hyper::body::Incoming>| async move {
+        let read = req.into_body().collect().await.is_ok();
+        Response::new(full(if read { "ok" } else { "cut" }))
+    })
+    .await;
+    let mut config = gated_config(&origin);
+    config.routes[0].capacity = 10;
+    // One worker: one share of the pool, so the next request would meet a
+    // connection put back.
+    config.limits.workers = Some(1);
+    let gate = spawn_gate_opts(config, ring("k1"), queuegate::RunOptions::default()).await;
+    let mut visitor = Visitor::new();
+    assert!(visitor
+        .navigate(&gate.url("/tickets"))
+        .await
+        .reached_origin());
+    let pass = format!("qg_tickets={}", visitor.cookie("qg_tickets").unwrap());
+    let mut client = KeepAlive::connect(gate.addr).await;
+    let mut refused = 0.0;
+    for path in ["/static/upload", "/tickets/upload"] {
+        for body in BAD_BODIES {
+            let what = format!("{path} {body:?}");
+            let (status, head) = client.get(path, &pass).await;
+            assert_eq!(status, StatusCode::OK, "{what}: {head}");
+            let before = origin.accepted();
+            let mut bad = KeepAlive::connect(gate.addr).await;
+            let request = format!(
+                "POST {path} HTTP/1.1\r\nHost: a\r\nCookie: {pass}\r\n\
+                 Transfer-Encoding: chunked\r\n\r\n{body}"
+            );
+            let (status, head) = bad.send(request.as_bytes()).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{what}: {head}");
+            assert!(head.contains("x-queuegate: bad-request"), "{what}: {head}");
+            assert!(head.contains("connection: close"), "{what}: {head}");
+            refused += 1.0;
+            let (status, head) = client.get(path, &pass).await;
+            assert_eq!(status, StatusCode::OK, "{what}: {head}");
+            assert_eq!(
+                origin.accepted(),
+                before + 1,
+                "{what}: the connection the body broke on was closed, and replaced"
+            );
+        }
+    }
+    let errors = r#"queuegate_upstream_errors_total{kind="error"}"#;
+    assert_eq!(admin_sample(&gate, errors).await, 0.0);
+    let bad = r#"queuegate_requests_total{decision="bad_request"}"#;
+    assert_eq!(admin_sample(&gate, bad).await, refused);
+}
+
+/// queuegate's own fields are the origin's to give (DESIGN §8.5, §8.6):
+/// sent by a client as request trailers they are removed like the headers
+/// of those names, and the other trailers pass.
+#[tokio::test]
+async fn queuegate_s_own_fields_in_request_trailers_never_reach_the_origin() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let origin = spawn_origin(move |req: Request<hyper::body::Incoming>| {
+        let log = log.clone();
+        async move {
+            let collected = req.into_body().collect().await.unwrap();
+            let trailers = collected.trailers().cloned().unwrap_or_default();
+            log.lock().unwrap().push((collected.to_bytes(), trailers));
+            Response::new(full("ok"))
+        }
+    })
+    .await;
+    let gate = spawn_gate(gated_config(&origin)).await;
+    let mut visitor = Visitor::new();
+    assert!(visitor
+        .navigate(&gate.url("/tickets"))
+        .await
+        .reached_origin());
+    let pass = format!("qg_tickets={}", visitor.cookie("qg_tickets").unwrap());
+    let mut client = KeepAlive::connect(gate.addr).await;
+    for path in ["/static/upload", "/tickets/upload"] {
+        seen.lock().unwrap().clear();
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: a\r\nCookie: {pass}\r\nTransfer-Encoding: chunked\r\n\
+             Trailer: Queuegate-Command, Queuegate-Lane, X-Checksum\r\n\r\n\
+             3\r\nabc\r\n0\r\nQueuegate-Command: end-session\r\nqueuegate-lane: vip\r\n\
+             X-Checksum: 42\r\n\r\n"
+        );
+        let (status, head) = client.send(request.as_bytes()).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {head}");
+        let seen = seen.lock().unwrap();
+        let (body, trailers) = &seen[0];
+        assert_eq!(body, "abc", "{path}");
+        assert_eq!(trailers["x-checksum"], "42", "{path}: {trailers:?}");
+        assert!(
+            !trailers.contains_key("queuegate-command"),
+            "{path}: {trailers:?}"
+        );
+        assert!(
+            !trailers.contains_key("queuegate-lane"),
+            "{path}: {trailers:?}"
+        );
+    }
+}

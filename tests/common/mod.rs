@@ -523,27 +523,35 @@ impl KeepAlive {
     /// the status and the head as sent (hyper sends lower-case names). The
     /// answer must keep the connection open and carry a Content-Length.
     pub async fn get(&mut self, path: &str, cookie: &str) -> (http::StatusCode, String) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let cookie = if cookie.is_empty() {
             String::new()
         } else {
             format!("Cookie: {cookie}\r\n")
         };
         let req = format!("GET {path} HTTP/1.1\r\nHost: keepalive.test\r\n{cookie}\r\n");
-        self.stream.write_all(req.as_bytes()).await.unwrap();
+        let (status, head) = self.send(req.as_bytes()).await;
+        assert!(!head.contains("connection: close"), "closed: {head}");
+        (status, head)
+    }
+
+    /// Writes `request` as it is and reads one answer: its status and
+    /// head. The answer must carry a Content-Length, or be a `101`.
+    pub async fn send(&mut self, request: &[u8]) -> (http::StatusCode, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        self.stream.write_all(request).await.unwrap();
         loop {
             if let Some(end) = self.pending.windows(4).position(|w| w == b"\r\n\r\n") {
                 let head = String::from_utf8_lossy(&self.pending[..end]).into_owned();
+                let status = head[9..12].parse::<u16>().unwrap();
                 let length: usize = head
                     .to_ascii_lowercase()
                     .lines()
                     .find_map(|l| l.strip_prefix("content-length:"))
                     .map(|v| v.trim().parse().unwrap())
+                    .or((status == 101).then_some(0))
                     .unwrap_or_else(|| panic!("no content-length: {head}"));
                 if self.pending.len() >= end + 4 + length {
                     self.pending.drain(..end + 4 + length);
-                    assert!(!head.contains("connection: close"), "closed: {head}");
-                    let status = head[9..12].parse::<u16>().unwrap();
                     return (http::StatusCode::from_u16(status).unwrap(), head);
                 }
             }
@@ -552,6 +560,20 @@ impl KeepAlive {
             assert!(n > 0, "the connection closed before the answer");
             self.pending.extend_from_slice(&chunk[..n]);
         }
+    }
+
+    /// Writes `bytes` and reads what comes back until queuegate closes the
+    /// connection (failing after 10 s).
+    pub async fn finish(mut self, bytes: &[u8]) -> Vec<u8> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // Written to a connection queuegate may have closed already.
+        let _ = self.stream.write_all(bytes).await;
+        let mut out = std::mem::take(&mut self.pending);
+        tokio::time::timeout(Duration::from_secs(10), self.stream.read_to_end(&mut out))
+            .await
+            .expect("queuegate closes the connection within 10 s")
+            .ok();
+        out
     }
 }
 
@@ -800,4 +822,15 @@ impl Instance {
     pub fn url(&self, path: &str) -> String {
         self.process.url(path)
     }
+}
+
+/// The value of `series` (its name and labels as exported, e.g.
+/// `queuegate_requests_total{decision="bad_request"}`) on `gate`'s admin
+/// listener; 0 when it is not exported.
+pub async fn admin_sample(gate: &Gate, series: &str) -> f64 {
+    let (_, body) = get(&gate.admin_url("/metrics")).await;
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.trim().parse().expect("a sample value"))
 }
