@@ -9,6 +9,8 @@
 //! - `raw`: serde structs mirroring the YAML, unknown fields rejected.
 //! - `document`: node tree → raw structs, every unreadable field recorded.
 //! - `validate`: raw → `Config`, defaults filled in, every rule checked.
+//! - `problems`: the problems and warnings found so far, each at its field
+//!   path, written out in file order.
 //! - `locate`: the line of a field path, from the tree's positions.
 //! - `error`: `ConfigError` / `ConfigErrors`, one problem per line;
 //!   `ConfigWarning`.
@@ -20,6 +22,7 @@ mod error;
 mod locate;
 mod names;
 mod node;
+mod problems;
 mod raw;
 mod validate;
 
@@ -43,7 +46,7 @@ impl Config {
     /// [`Config::from_yaml`], keeping the warnings about the valid config
     /// (for `check` to show and `run` to log), in file order.
     pub fn from_yaml_with_warnings(text: &str) -> Result<Loaded, ConfigErrors> {
-        let mut problems = validate::Problems::default();
+        let mut problems = problems::Problems::default();
         let document = document::Document::parse(text)?;
         let config = document
             .read(&mut problems)
@@ -51,10 +54,10 @@ impl Config {
         match config {
             Some(config) if problems.is_empty() => Ok(Loaded {
                 config,
-                warnings: problems.into_warnings(&document),
+                warnings: problems.into_warnings(|path| document.line_of(path)),
             }),
             Some(_) | None => {
-                let errors = problems.into_errors(&document);
+                let errors = problems.into_errors(|path| document.line_of(path));
                 if errors.errors.is_empty() {
                     // Every path that rejects a config records why; this
                     // only guards against one that forgot to.

@@ -7,9 +7,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::document::Document;
-use super::error::{ConfigError, ConfigErrors, ConfigWarning, FieldPath};
-use super::locate;
+use super::error::FieldPath;
+use super::problems::Problems;
 use super::raw::{
     DurationText, RawBypass, RawClientIp, RawConfig, RawKey, RawLane, RawLimits, RawListen,
     RawMatch, RawRedis, RawRoute, RawStore, RawUpstream, RawWorkers,
@@ -54,80 +53,6 @@ const ABANDON_AFTER: Duration = Duration::from_secs(30);
 const MAX_WAITING: u64 = 200_000;
 const CONFIRM_WITHIN: Duration = Duration::from_secs(30);
 const WAITING_STATUS: u16 = 503;
-
-/// Problems found so far, each at its field path; and warnings, which do
-/// not stop a config from loading.
-#[derive(Debug, Default)]
-pub(crate) struct Problems {
-    found: Vec<(FieldPath, String)>,
-    /// Fields whose value could not be read: anything later said about them
-    /// (missing, out of range) is a consequence, not news.
-    skipped: Vec<FieldPath>,
-    warnings: Vec<(FieldPath, String)>,
-}
-
-impl Problems {
-    pub(crate) fn report(&mut self, path: FieldPath, message: impl Into<String>) {
-        if self.skipped.iter().any(|skipped| path.starts_with(skipped)) {
-            return;
-        }
-        self.found.push((path, message.into()));
-    }
-
-    pub(crate) fn skip(&mut self, path: FieldPath) {
-        self.skipped.push(path);
-    }
-
-    /// Records a warning: the config still loads.
-    pub(crate) fn warn(&mut self, path: FieldPath, message: impl Into<String>) {
-        self.warnings.push((path, message.into()));
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.found.is_empty()
-    }
-
-    /// Every problem with its line in `document`, in file order (problems
-    /// with no line last).
-    pub(crate) fn into_errors(self, document: &Document) -> ConfigErrors {
-        let errors = in_file_order(self.found, document)
-            .map(|(path, line, message)| ConfigError {
-                path,
-                line,
-                message,
-            })
-            .collect();
-        ConfigErrors { errors }
-    }
-
-    /// Every warning with its line in `document`, in file order.
-    pub(crate) fn into_warnings(self, document: &Document) -> Vec<ConfigWarning> {
-        in_file_order(self.warnings, document)
-            .map(|(path, line, message)| ConfigWarning {
-                path,
-                line,
-                message,
-            })
-            .collect()
-    }
-}
-
-/// `(path, line, message)` for each of `found`, sorted by line (those with
-/// no line last, in the order found).
-fn in_file_order(
-    found: Vec<(FieldPath, String)>,
-    document: &Document,
-) -> impl Iterator<Item = (String, Option<usize>, String)> {
-    let mut located: Vec<_> = found
-        .into_iter()
-        .map(|(path, message)| {
-            let line = locate::nearest_line(document.root(), &path);
-            (path.to_string(), line, message)
-        })
-        .collect();
-    located.sort_by_key(|(_, line, _)| line.unwrap_or(usize::MAX));
-    located.into_iter()
-}
 
 /// Builds the typed config, or records why it cannot (then `None`).
 pub(crate) fn validate(raw: RawConfig, problems: &mut Problems) -> Option<Config> {
@@ -1350,6 +1275,7 @@ fn to_usize(value: u64) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{ConfigErrors, ConfigWarning};
 
     const BASE: &str = "\
 listen: [{ addr: 127.0.0.1:8080 }]
