@@ -9,6 +9,7 @@
 //! - `raw`: serde structs mirroring the YAML, unknown fields rejected.
 //! - `document`: node tree → raw structs, every unreadable field recorded.
 //! - `validate`: raw → `Config`, defaults filled in, every rule checked.
+//! - `defaults`: every default, written once, as a named constant.
 //! - `problems`: the problems and warnings found so far, each at its field
 //!   path, written out in file order.
 //! - `locate`: the line of a field path, from the tree's positions.
@@ -17,6 +18,7 @@
 //! - `names`: the names of the config's enums (`Mode`, ...), as serde reads
 //!   them, so each name is written once, in the enum's `rename_all`.
 
+pub mod defaults;
 mod document;
 mod error;
 mod locate;
@@ -154,7 +156,8 @@ pub struct Config {
     pub store: StoreConfig,
     pub keys: Vec<KeySource>,
     pub cookie: CookieConfig,
-    /// Prefix of queuegate's own paths, default `/__queuegate`.
+    /// Prefix of queuegate's own paths, default
+    /// [`RESERVED_PREFIX`](defaults::RESERVED_PREFIX).
     pub reserved_prefix: String,
     pub bypass: Vec<BypassRule>,
     pub routes: Vec<Route>,
@@ -174,54 +177,64 @@ pub struct TlsFiles {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Admin {
+    /// Default [`defaults::ADMIN_ADDR`].
     pub addr: SocketAddr,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ServerLimits {
-    /// The whole request head must arrive within this (default 10s).
+    /// The whole request head must arrive within this (default
+    /// [`defaults::HEADER_TIMEOUT`]).
     pub header_timeout: Duration,
-    /// Beyond this the request gets 431 (default 16384).
+    /// Beyond this the request gets 431 (default [`defaults::MAX_HEADER_BYTES`]).
     pub max_header_bytes: usize,
-    /// Open client connections at most (default 10000).
+    /// Open client connections at most (default [`defaults::MAX_CONNECTIONS`]).
     pub max_connections: usize,
-    /// On SIGTERM, in-flight requests get this long (default 30s).
+    /// On SIGTERM, in-flight requests get this long (default
+    /// [`defaults::DRAIN_TIMEOUT`]).
     pub drain_timeout: Duration,
     /// A connection with nothing in flight is closed after this long,
-    /// HTTP/1 keep-alive and HTTP/2 alike (default 60s).
+    /// HTTP/1 keep-alive and HTTP/2 alike (default [`defaults::IDLE_TIMEOUT`]).
     pub idle_timeout: Duration,
     /// A client that accepts no bytes for this long while queuegate writes
     /// to it is dropped, and the origin connection serving it with it
-    /// (default 30s).
+    /// (default [`defaults::SEND_TIMEOUT`]).
     pub send_timeout: Duration,
     /// An upgraded tunnel (WebSocket) silent in both directions this long is
-    /// closed (default 10m).
+    /// closed (default [`defaults::TUNNEL_IDLE_TIMEOUT`]).
     pub tunnel_idle_timeout: Duration,
     /// Threads serving client connections, each with its own event loop and
-    /// its own share of the upstream pool; `None` (`auto`, the default) is
-    /// one per CPU the process may use.
+    /// its own share of the upstream pool; `None` (`auto`, the default:
+    /// [`defaults::WORKERS`]) is one per CPU the process may use.
     pub workers: Option<usize>,
     /// What a path whose readings disagree gets (DESIGN §8.1; default
-    /// `reject`).
+    /// [`defaults::AMBIGUOUS_PATHS`]).
     pub ambiguous_paths: AmbiguousPaths,
     /// Hosts served; others get `421` (DESIGN §8.2). Empty: any host.
     pub allowed_hosts: Vec<HostPattern>,
     /// Event streams (DESIGN §8.8) open at once per route on this
-    /// instance, at most (default 100000; `0`: none, everyone polls).
+    /// instance, at most (default [`defaults::MAX_EVENT_STREAMS`]; `0`: none,
+    /// everyone polls).
     /// Beyond, a page is told to poll.
     pub max_event_streams: usize,
 }
 
 /// What a request whose path an origin could read as another route gets
 /// (`limits.ambiguous_paths`, DESIGN §8.1).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AmbiguousPaths {
     /// `400`, tagged `x-queuegate`: browsers never send such paths.
-    #[default]
     Reject,
     /// Gated by the first route any reading matches, never bypassed.
     Gate,
+}
+
+impl Default for AmbiguousPaths {
+    /// [`defaults::AMBIGUOUS_PATHS`].
+    fn default() -> AmbiguousPaths {
+        defaults::AMBIGUOUS_PATHS
+    }
 }
 
 /// Who the client is behind proxies (`client_ip`, DESIGN §8.2).
@@ -252,15 +265,17 @@ impl ServerLimits {
 pub struct Upstream {
     /// `http://` or `https://` origin, no path beyond `/`.
     pub url: http::Uri,
-    /// Default 2s.
+    /// Default [`defaults::CONNECT_TIMEOUT`].
     pub connect_timeout: Duration,
-    /// Whole response head must arrive within this (default 60s).
+    /// Whole response head must arrive within this (default
+    /// [`defaults::UPSTREAM_TIMEOUT`]).
     pub timeout: Duration,
     pub pool: Pool,
     /// Replace the client's `Host` with this (default: keep the client's).
     pub host: Option<String>,
     /// With `host`: the origin picks the site from `X-Forwarded-Host` (the
-    /// client's host), so routes may match on the host (default false).
+    /// client's host), so routes may match on the host (default
+    /// [`defaults::ORIGIN_READS_FORWARDED_HOST`]).
     pub origin_reads_forwarded_host: bool,
     /// PEM file of private CAs to trust for an `https://` upstream.
     pub ca_file: Option<PathBuf>,
@@ -268,18 +283,20 @@ pub struct Upstream {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Pool {
-    /// Default 256.
+    /// Default [`defaults::POOL_MAX_IDLE_PER_HOST`].
     pub max_idle_per_host: usize,
-    /// Default 90s.
+    /// Default [`defaults::POOL_IDLE_TIMEOUT`].
     pub idle_timeout: Duration,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct StoreConfig {
+    /// Default [`defaults::BACKEND`].
     pub backend: Backend,
     /// Present when `backend` is redis (defaults filled in).
     pub redis: RedisConfig,
-    /// For the per-instance limit while the store is down (default 1).
+    /// For the per-instance limit while the store is down (default
+    /// [`defaults::EXPECTED_INSTANCES`]).
     pub expected_instances: u64,
 }
 
@@ -301,13 +318,13 @@ impl Backend {
 #[derive(Clone, Debug, PartialEq)]
 pub struct RedisConfig {
     pub mode: RedisMode,
-    /// Per-call timeout (default 200ms).
+    /// Per-call timeout (default [`defaults::REDIS_TIMEOUT`]).
     pub timeout: Duration,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum RedisMode {
-    /// `redis: { url: redis://host:port/db }` (default redis://127.0.0.1:6379).
+    /// `redis: { url: redis://host:port/db }` (default [`defaults::REDIS_URL`]).
     Standalone { url: String },
     /// `redis: { cluster: [redis://a:7000, redis://b:7001] }`.
     Cluster { nodes: Vec<String> },
@@ -349,30 +366,32 @@ pub struct Route {
     pub name: String,
     pub matcher: RouteMatch,
     pub capacity: u64,
-    /// Default 20.
+    /// Default [`defaults::MAX_ADMIT_PER_TICK`].
     pub max_admit_per_tick: u64,
-    /// Default 100ms.
+    /// Default [`defaults::TICK`].
     pub tick: Duration,
-    /// Default 10m.
+    /// Default [`defaults::SESSION_TTL`].
     pub session_ttl: Duration,
-    /// Default 60s.
+    /// Default [`defaults::PASS_TTL`].
     pub pass_ttl: Duration,
-    /// Default 60s.
+    /// Default [`defaults::ARRIVAL_GRACE`].
     pub arrival_grace: Duration,
-    /// Default 30s.
+    /// Default [`defaults::ABANDON_AFTER`].
     pub abandon_after: Duration,
-    /// Default 200000.
+    /// Default [`defaults::MAX_WAITING`].
     pub max_waiting: u64,
     /// Time a new ticket or admit-now session holds its place unconfirmed.
-    /// Default 30s, or `abandon_after` / `session_ttl` if shorter.
+    /// Default [`defaults::CONFIRM_WITHIN`], or `abandon_after` /
+    /// `session_ttl` if shorter.
     pub confirm_within: Duration,
-    /// Default 20 places, 120 joins per minute.
+    /// Default [`ClientLimits::default`], `places` at most a
+    /// [`defaults::CLIENT_PLACES_LINE_DIVISOR`]th of `max_waiting`.
     pub client_limits: ClientLimits,
-    /// Default 503.
+    /// Default [`defaults::WAITING_STATUS`].
     pub waiting_status: http::StatusCode,
-    /// Default gate.
+    /// Default [`defaults::MODE`].
     pub mode: Mode,
-    /// Default local.
+    /// Default [`defaults::ON_STORE_ERROR`].
     pub on_store_error: OnStoreError,
     /// Paths whose request ends the visitor's session once answered
     /// (DESIGN §8.6), normalised as `match.path_prefix` is and matched the
@@ -383,7 +402,7 @@ pub struct Route {
     /// the store; `None` (the default) for no limit.
     pub max_requests_per_session: Option<u64>,
     /// The route's lanes (DESIGN §8.5), at least one; the first is where
-    /// newcomers go. Default one lane, `main`, weight 1.
+    /// newcomers go. Default one lane, [`Lane::main`].
     pub lanes: Vec<Lane>,
     /// When the route opens (DESIGN §8.7): before it, arrivals wait in a
     /// pre-queue that is shuffled once at the opening. Default none: open.
@@ -392,7 +411,8 @@ pub struct Route {
     pub closes_at: Option<Timestamp>,
     /// Sub-lines the Redis store splits the route's line and capacity into,
     /// each in its own Cluster slot (DESIGN §8.9); 1 to [`MAX_SHARDS`].
-    /// Fixed while the store holds the route's line. Default 1.
+    /// Fixed while the store holds the route's line. Default
+    /// [`defaults::SHARDS`].
     pub shards: u32,
     pub page: PageConfig,
 }
@@ -450,22 +470,20 @@ impl Timestamp {
 pub struct Lane {
     /// See [`is_lane_name`]: it is part of store keys, tokens and cookies.
     pub name: String,
-    /// 1 to [`MAX_LANE_WEIGHT`].
+    /// 1 to [`MAX_LANE_WEIGHT`] (default [`defaults::LANE_WEIGHT`]).
     pub weight: u32,
 }
 
 impl Lane {
-    /// The one lane of a route that names none.
+    /// The one lane of a route that names none: [`defaults::LANE`], of
+    /// weight [`defaults::LANE_WEIGHT`].
     pub fn main() -> Lane {
         Lane {
-            name: DEFAULT_LANE.to_owned(),
-            weight: 1,
+            name: defaults::LANE.to_owned(),
+            weight: defaults::LANE_WEIGHT,
         }
     }
 }
-
-/// The lane of a route that names none.
-pub const DEFAULT_LANE: &str = "main";
 
 /// The largest lane weight.
 pub const MAX_LANE_WEIGHT: u32 = 1000;
@@ -485,10 +503,11 @@ pub struct ClientLimits {
 }
 
 impl Default for ClientLimits {
+    /// [`defaults::CLIENT_PLACES`] and [`defaults::CLIENT_JOINS_PER_MINUTE`].
     fn default() -> ClientLimits {
         ClientLimits {
-            places: 20,
-            joins_per_minute: 120,
+            places: defaults::CLIENT_PLACES,
+            joins_per_minute: defaults::CLIENT_JOINS_PER_MINUTE,
         }
     }
 }
@@ -501,6 +520,7 @@ pub struct RouteMatch {
     /// percent-escapes decoded, dot segments resolved, repeated slashes
     /// collapsed, no trailing slash except for `/` itself.
     pub path_prefix: Option<String>,
+    /// Default [`defaults::CASE_INSENSITIVE`].
     pub case_insensitive: bool,
 }
 

@@ -3,10 +3,11 @@
 //! and warnings about a valid config an operator likely did not mean.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::defaults;
 use super::error::FieldPath;
 use super::problems::Problems;
 use super::raw::{
@@ -14,45 +15,18 @@ use super::raw::{
     RawMatch, RawRedis, RawRoute, RawStore, RawUpstream, RawWorkers,
 };
 use super::{
-    is_key_id, is_lane_name, is_route_name, Admin, Backend, BypassRule, ClientIp, ClientLimits,
-    Config, CookieConfig, HostPattern, KeyFrom, KeySource, Lane, Listen, Mode, OnStoreError,
-    PageConfig, PageTemplate, Pool, RedisConfig, RedisMode, Route, RouteMatch, ServerLimits,
-    StoreConfig, Timestamp, TlsFiles, Upstream, MAX_KEY_ID_LEN, MAX_LANES, MAX_LANE_NAME_LEN,
-    MAX_LANE_WEIGHT, MAX_ROUTE_NAME_LEN, MAX_SHARDS,
+    is_key_id, is_lane_name, is_route_name, Admin, BypassRule, ClientIp, ClientLimits, Config,
+    CookieConfig, HostPattern, KeyFrom, KeySource, Lane, Listen, PageConfig, PageTemplate, Pool,
+    RedisConfig, RedisMode, Route, RouteMatch, ServerLimits, StoreConfig, Timestamp, TlsFiles,
+    Upstream, MAX_KEY_ID_LEN, MAX_LANES, MAX_LANE_NAME_LEN, MAX_LANE_WEIGHT, MAX_ROUTE_NAME_LEN,
+    MAX_SHARDS,
 };
 
-pub(crate) const DEFAULT_ADMIN_ADDR: SocketAddr =
-    SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 9901);
-pub(crate) const DEFAULT_RESERVED_PREFIX: &str = "/__queuegate";
-pub(crate) const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
-
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-const MAX_HEADER_BYTES: u64 = 16384;
 const MAX_HEADER_BYTES_RANGE: std::ops::RangeInclusive<u64> = 1024..=1_048_576;
-const MAX_CONNECTIONS: u64 = 10_000;
-const MAX_EVENT_STREAMS: u64 = 100_000;
 /// More worker threads than this is a typo, not a machine.
 const MAX_WORKERS: u64 = 1024;
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
-const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-const SEND_TIMEOUT: Duration = Duration::from_secs(30);
-const TUNNEL_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
-const POOL_MAX_IDLE_PER_HOST: u64 = 256;
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-const REDIS_TIMEOUT: Duration = Duration::from_millis(200);
-const MAX_ADMIT_PER_TICK: u64 = 20;
-const TICK: Duration = Duration::from_millis(100);
 const MIN_TICK: Duration = Duration::from_millis(10);
-const SESSION_TTL: Duration = Duration::from_secs(600);
-const PASS_TTL: Duration = Duration::from_secs(60);
 const MIN_PASS_TTL: Duration = Duration::from_secs(2);
-const ARRIVAL_GRACE: Duration = Duration::from_secs(60);
-const ABANDON_AFTER: Duration = Duration::from_secs(30);
-const MAX_WAITING: u64 = 200_000;
-const CONFIRM_WITHIN: Duration = Duration::from_secs(30);
-const WAITING_STATUS: u16 = 503;
 
 /// Builds the typed config, or records why it cannot (then `None`).
 pub(crate) fn validate(raw: RawConfig, problems: &mut Problems) -> Option<Config> {
@@ -208,16 +182,16 @@ fn listen(
 
 fn admin(addr: Option<SocketAddr>) -> Option<Admin> {
     Some(Admin {
-        addr: addr.unwrap_or(DEFAULT_ADMIN_ADDR),
+        addr: addr.unwrap_or(defaults::ADMIN_ADDR),
     })
 }
 
 fn limits(raw: RawLimits, at: &FieldPath, problems: &mut Problems) -> ServerLimits {
-    let header_timeout = duration(raw.header_timeout, HEADER_TIMEOUT);
+    let header_timeout = duration(raw.header_timeout, defaults::HEADER_TIMEOUT);
     if header_timeout.is_zero() {
         problems.report(at.key("header_timeout"), "must be more than 0s");
     }
-    let max_header_bytes = raw.max_header_bytes.unwrap_or(MAX_HEADER_BYTES);
+    let max_header_bytes = raw.max_header_bytes.unwrap_or(defaults::MAX_HEADER_BYTES);
     if !MAX_HEADER_BYTES_RANGE.contains(&max_header_bytes) {
         problems.report(
             at.key("max_header_bytes"),
@@ -228,7 +202,7 @@ fn limits(raw: RawLimits, at: &FieldPath, problems: &mut Problems) -> ServerLimi
             ),
         );
     }
-    let max_connections = raw.max_connections.unwrap_or(MAX_CONNECTIONS);
+    let max_connections = raw.max_connections.unwrap_or(defaults::MAX_CONNECTIONS);
     if max_connections == 0 {
         problems.report(at.key("max_connections"), "must be at least 1");
     }
@@ -245,7 +219,7 @@ fn limits(raw: RawLimits, at: &FieldPath, problems: &mut Problems) -> ServerLimi
         }
     }
     let workers = match raw.workers {
-        None => None,
+        None => defaults::WORKERS,
         Some(RawWorkers::Word(word)) if word == "auto" => None,
         Some(RawWorkers::Count(n)) if (1..=MAX_WORKERS).contains(&n) => Some(to_usize(n)),
         Some(RawWorkers::Count(n)) => {
@@ -267,29 +241,29 @@ fn limits(raw: RawLimits, at: &FieldPath, problems: &mut Problems) -> ServerLimi
         header_timeout,
         max_header_bytes: to_usize(max_header_bytes),
         max_connections: to_usize(max_connections),
-        drain_timeout: duration(raw.drain_timeout, DRAIN_TIMEOUT),
+        drain_timeout: duration(raw.drain_timeout, defaults::DRAIN_TIMEOUT),
         idle_timeout: positive(
             raw.idle_timeout,
-            IDLE_TIMEOUT,
+            defaults::IDLE_TIMEOUT,
             &at.key("idle_timeout"),
             problems,
         ),
         send_timeout: positive(
             raw.send_timeout,
-            SEND_TIMEOUT,
+            defaults::SEND_TIMEOUT,
             &at.key("send_timeout"),
             problems,
         ),
         tunnel_idle_timeout: positive(
             raw.tunnel_idle_timeout,
-            TUNNEL_IDLE_TIMEOUT,
+            defaults::TUNNEL_IDLE_TIMEOUT,
             &at.key("tunnel_idle_timeout"),
             problems,
         ),
         workers,
-        ambiguous_paths: raw.ambiguous_paths.unwrap_or_default(),
+        ambiguous_paths: raw.ambiguous_paths.unwrap_or(defaults::AMBIGUOUS_PATHS),
         allowed_hosts,
-        max_event_streams: to_usize(raw.max_event_streams.unwrap_or(MAX_EVENT_STREAMS)),
+        max_event_streams: to_usize(raw.max_event_streams.unwrap_or(defaults::MAX_EVENT_STREAMS)),
     }
 }
 
@@ -322,15 +296,23 @@ fn upstream(raw: Option<RawUpstream>, at: &FieldPath, problems: &mut Problems) -
         .and_then(|url| upstream_url(&url, &at.key("url"), problems));
     let connect_timeout = positive(
         raw.connect_timeout,
-        CONNECT_TIMEOUT,
+        defaults::CONNECT_TIMEOUT,
         &at.key("connect_timeout"),
         problems,
     );
-    let timeout = positive(raw.timeout, UPSTREAM_TIMEOUT, &at.key("timeout"), problems);
+    let timeout = positive(
+        raw.timeout,
+        defaults::UPSTREAM_TIMEOUT,
+        &at.key("timeout"),
+        problems,
+    );
     let pool = raw.pool.unwrap_or_default();
     let pool = Pool {
-        max_idle_per_host: to_usize(pool.max_idle_per_host.unwrap_or(POOL_MAX_IDLE_PER_HOST)),
-        idle_timeout: duration(pool.idle_timeout, POOL_IDLE_TIMEOUT),
+        max_idle_per_host: to_usize(
+            pool.max_idle_per_host
+                .unwrap_or(defaults::POOL_MAX_IDLE_PER_HOST),
+        ),
+        idle_timeout: duration(pool.idle_timeout, defaults::POOL_IDLE_TIMEOUT),
     };
     let host = match raw.host {
         None => Some(None),
@@ -365,7 +347,9 @@ fn upstream(raw: Option<RawUpstream>, at: &FieldPath, problems: &mut Problems) -
         timeout,
         pool,
         host: host?,
-        origin_reads_forwarded_host: raw.origin_reads_forwarded_host.unwrap_or(false),
+        origin_reads_forwarded_host: raw
+            .origin_reads_forwarded_host
+            .unwrap_or(defaults::ORIGIN_READS_FORWARDED_HOST),
         ca_file: ca_file?,
     })
 }
@@ -401,9 +385,11 @@ fn upstream_url(text: &str, at: &FieldPath, problems: &mut Problems) -> Option<h
 }
 
 fn store(raw: RawStore, at: &FieldPath, problems: &mut Problems) -> Option<StoreConfig> {
-    let backend = raw.backend.unwrap_or(Backend::Memory);
+    let backend = raw.backend.unwrap_or(defaults::BACKEND);
     let redis = redis(raw.redis.unwrap_or_default(), &at.key("redis"), problems);
-    let expected_instances = raw.expected_instances.unwrap_or(1);
+    let expected_instances = raw
+        .expected_instances
+        .unwrap_or(defaults::EXPECTED_INSTANCES);
     if expected_instances == 0 {
         problems.report(at.key("expected_instances"), "must be at least 1");
     }
@@ -415,7 +401,12 @@ fn store(raw: RawStore, at: &FieldPath, problems: &mut Problems) -> Option<Store
 }
 
 fn redis(raw: RawRedis, at: &FieldPath, problems: &mut Problems) -> Option<RedisConfig> {
-    let timeout = positive(raw.timeout, REDIS_TIMEOUT, &at.key("timeout"), problems);
+    let timeout = positive(
+        raw.timeout,
+        defaults::REDIS_TIMEOUT,
+        &at.key("timeout"),
+        problems,
+    );
     let given: Vec<&str> = [
         raw.url.as_ref().map(|_| "url"),
         raw.cluster.as_ref().map(|_| "cluster"),
@@ -465,7 +456,7 @@ fn redis(raw: RawRedis, at: &FieldPath, problems: &mut Problems) -> Option<Redis
             _ => None,
         }
     } else {
-        let url = raw.url.unwrap_or_else(|| DEFAULT_REDIS_URL.to_owned());
+        let url = raw.url.unwrap_or_else(|| defaults::REDIS_URL.to_owned());
         redis_url(&url, &at.key("url"), problems).then_some(RedisMode::Standalone { url })
     };
     Some(RedisConfig {
@@ -640,7 +631,7 @@ fn cookie(domain: Option<String>, at: &FieldPath, problems: &mut Problems) -> Op
 
 fn reserved_prefix(raw: Option<String>, at: &FieldPath, problems: &mut Problems) -> Option<String> {
     let Some(prefix) = raw else {
-        return Some(DEFAULT_RESERVED_PREFIX.to_owned());
+        return Some(defaults::RESERVED_PREFIX.to_owned());
     };
     let segments_ok = prefix.strip_prefix('/').is_some_and(|rest| {
         rest.split('/').all(|segment| {
@@ -657,7 +648,8 @@ fn reserved_prefix(raw: Option<String>, at: &FieldPath, problems: &mut Problems)
             at.clone(),
             format!(
                 "invalid reserved_prefix {prefix:?}: must start with `/`, have no trailing `/`, \
-                 and use only A-Z a-z 0-9 - . _ ~ between slashes, e.g. /__queuegate"
+                 and use only A-Z a-z 0-9 - . _ ~ between slashes, e.g. {}",
+                defaults::RESERVED_PREFIX
             ),
         );
         return None;
@@ -827,20 +819,27 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
     if capacity == Some(0) {
         problems.report(at.key("capacity"), "must be at least 1");
     }
-    let max_admit_per_tick = raw.max_admit_per_tick.unwrap_or(MAX_ADMIT_PER_TICK);
+    let max_admit_per_tick = raw
+        .max_admit_per_tick
+        .unwrap_or(defaults::MAX_ADMIT_PER_TICK);
     if max_admit_per_tick == 0 {
         problems.report(at.key("max_admit_per_tick"), "must be at least 1");
     }
-    let tick = at_least(raw.tick, TICK, MIN_TICK, "10ms", &at.key("tick"), problems);
+    let tick = at_least(
+        raw.tick,
+        defaults::TICK,
+        MIN_TICK,
+        &at.key("tick"),
+        problems,
+    );
     let pass_ttl = at_least(
         raw.pass_ttl,
-        PASS_TTL,
+        defaults::PASS_TTL,
         MIN_PASS_TTL,
-        "2s",
         &at.key("pass_ttl"),
         problems,
     );
-    let session_ttl = duration(raw.session_ttl, SESSION_TTL);
+    let session_ttl = duration(raw.session_ttl, defaults::SESSION_TTL);
     if session_ttl < pass_ttl {
         problems.report(
             at.key("session_ttl"),
@@ -853,23 +852,23 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
     }
     let arrival_grace = positive(
         raw.arrival_grace,
-        ARRIVAL_GRACE,
+        defaults::ARRIVAL_GRACE,
         &at.key("arrival_grace"),
         problems,
     );
     let abandon_after = positive(
         raw.abandon_after,
-        ABANDON_AFTER,
+        defaults::ABANDON_AFTER,
         &at.key("abandon_after"),
         problems,
     );
     let confirm_within =
         confirm_within(raw.confirm_within, session_ttl, abandon_after, at, problems);
-    let max_waiting = raw.max_waiting.unwrap_or(MAX_WAITING);
-    // By default one address may hold at most a fifth of a short line, so
-    // a handful of cookie-less requests cannot fill it for everyone else.
+    let max_waiting = raw.max_waiting.unwrap_or(defaults::MAX_WAITING);
     let default = ClientLimits::default();
-    let default_places = default.places.min((max_waiting / 5).max(1));
+    let default_places = default
+        .places
+        .min((max_waiting / defaults::CLIENT_PLACES_LINE_DIVISOR).max(1));
     let client_limits = match raw.client_limits {
         None => ClientLimits {
             places: default_places,
@@ -890,7 +889,7 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
             ),
         );
     }
-    let waiting_status = raw.waiting_status.unwrap_or(WAITING_STATUS);
+    let waiting_status = raw.waiting_status.unwrap_or(defaults::WAITING_STATUS);
     let waiting_status = match http::StatusCode::from_u16(waiting_status) {
         Ok(status) if (400..=599).contains(&waiting_status) => Some(status),
         _ => {
@@ -903,8 +902,8 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
             None
         }
     };
-    let mode = raw.mode.unwrap_or(Mode::Gate);
-    let on_store_error = raw.on_store_error.unwrap_or(OnStoreError::Local);
+    let mode = raw.mode.unwrap_or(defaults::MODE);
+    let on_store_error = raw.on_store_error.unwrap_or(defaults::ON_STORE_ERROR);
     let exit_paths = exit_paths(raw.exit_paths.unwrap_or_default(), at, problems);
     let max_requests_per_session = raw.max_requests_per_session;
     if max_requests_per_session == Some(0) {
@@ -915,11 +914,14 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
     }
     let lanes = lanes(raw.lanes, at, problems);
     let opening = opening(raw.opens_at, raw.closes_at, at, problems);
-    let shards = raw.shards.unwrap_or(1);
+    let shards = raw.shards.unwrap_or(defaults::SHARDS);
     if !(1..=MAX_SHARDS).contains(&shards) {
         problems.report(
             at.key("shards"),
-            format!("{shards} sub-lines: use 1 to {MAX_SHARDS} (1, the default, keeps one line)"),
+            format!(
+                "{shards} sub-lines: use 1 to {MAX_SHARDS} ({}, the default, keeps one line)",
+                defaults::SHARDS
+            ),
         );
     }
     let page = raw.page.unwrap_or_default();
@@ -1006,7 +1008,8 @@ fn opening(
 
 /// `confirm_within`: more than 0 and no longer than `session_ttl` or
 /// `abandon_after` (an unconfirmed place never outlives a confirmed one). The
-/// default 30s shrinks to fit those when they are shorter.
+/// default, [`defaults::CONFIRM_WITHIN`], shrinks to fit those when they are
+/// shorter.
 fn confirm_within(
     value: Option<DurationText>,
     session_ttl: Duration,
@@ -1015,7 +1018,7 @@ fn confirm_within(
     problems: &mut Problems,
 ) -> Duration {
     let Some(DurationText(value)) = value else {
-        return CONFIRM_WITHIN.min(session_ttl).min(abandon_after);
+        return defaults::CONFIRM_WITHIN.min(session_ttl).min(abandon_after);
     };
     let at = at.key("confirm_within");
     if value.is_zero() {
@@ -1039,8 +1042,8 @@ fn confirm_within(
 }
 
 /// `lanes`: one to [`MAX_LANES`], each named once ([`is_lane_name`]) with a
-/// weight of 1 to [`MAX_LANE_WEIGHT`] (default 1). Without the setting, one
-/// lane, `main`.
+/// weight of 1 to [`MAX_LANE_WEIGHT`] (default [`defaults::LANE_WEIGHT`]).
+/// Without the setting, one lane, [`Lane::main`].
 fn lanes(raw: Option<Vec<RawLane>>, at: &FieldPath, problems: &mut Problems) -> Option<Vec<Lane>> {
     let Some(raw) = raw else {
         return Some(vec![Lane::main()]);
@@ -1049,7 +1052,10 @@ fn lanes(raw: Option<Vec<RawLane>>, at: &FieldPath, problems: &mut Problems) -> 
     if raw.is_empty() {
         problems.report(
             at,
-            "give at least one lane, or leave `lanes` out for one lane, main",
+            format!(
+                "give at least one lane, or leave `lanes` out for one lane, {}",
+                defaults::LANE
+            ),
         );
         return None;
     }
@@ -1081,7 +1087,7 @@ fn lanes(raw: Option<Vec<RawLane>>, at: &FieldPath, problems: &mut Problems) -> 
             }
             Some(name) => Some(name),
         };
-        let weight = lane.weight.unwrap_or(1);
+        let weight = lane.weight.unwrap_or(defaults::LANE_WEIGHT);
         if !(1..=MAX_LANE_WEIGHT).contains(&weight) {
             problems.report(
                 at.key("weight"),
@@ -1139,7 +1145,7 @@ fn route_match(raw: RawMatch, at: &FieldPath, problems: &mut Problems) -> Option
     Some(RouteMatch {
         host: host?,
         path_prefix: path_prefix?,
-        case_insensitive: raw.case_insensitive.unwrap_or(false),
+        case_insensitive: raw.case_insensitive.unwrap_or(defaults::CASE_INSENSITIVE),
     })
 }
 
@@ -1236,7 +1242,6 @@ fn at_least(
     value: Option<DurationText>,
     default: Duration,
     min: Duration,
-    min_text: &str,
     at: &FieldPath,
     problems: &mut Problems,
 ) -> Duration {
@@ -1244,7 +1249,11 @@ fn at_least(
     if value < min {
         problems.report(
             at.clone(),
-            format!("{} is too short: must be at least {min_text}", show(value)),
+            format!(
+                "{} is too short: must be at least {}",
+                show(value),
+                show(min)
+            ),
         );
     }
     value
@@ -1275,6 +1284,9 @@ fn to_usize(value: u64) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::defaults::{
+        ADMIN_ADDR as DEFAULT_ADMIN_ADDR, REDIS_URL as DEFAULT_REDIS_URL,
+    };
     use crate::config::{ConfigErrors, ConfigWarning};
 
     const BASE: &str = "\

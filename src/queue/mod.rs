@@ -154,7 +154,7 @@ pub struct Limits {
 /// The name of the lane of a route without lanes configured; its waiters
 /// keep the route's waiting key, so a line from before lanes keeps every
 /// place.
-pub use crate::config::DEFAULT_LANE as MAIN_LANE;
+pub use crate::config::defaults::LANE as MAIN_LANE;
 pub use crate::config::{is_lane_name, Lane, MAX_LANES, MAX_LANE_WEIGHT};
 
 /// Why a list of lanes cannot be a route's.
