@@ -403,7 +403,7 @@ pub struct Route {
     pub max_requests_per_session: Option<u64>,
     /// The route's lanes (DESIGN §8.5), at least one; the first is where
     /// newcomers go. Default one lane, [`Lane::main`].
-    pub lanes: Vec<Lane>,
+    pub lanes: Lanes,
     /// When the route opens (DESIGN §8.7): before it, arrivals wait in a
     /// pre-queue that is shuffled once at the opening. Default none: open.
     pub opens_at: Option<Timestamp>,
@@ -482,6 +482,84 @@ impl Lane {
             name: defaults::LANE.to_owned(),
             weight: defaults::LANE_WEIGHT,
         }
+    }
+}
+
+/// A route's lanes, in order; the first is where newcomers go. Built only
+/// by validation (the config's `lanes`, or [`Lanes::new`], which runs the
+/// same rules), so every name is a valid key part, no name comes twice, every
+/// weight counts, and there is at least one and at most [`MAX_LANES`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lanes(std::sync::Arc<[Lane]>);
+
+impl Default for Lanes {
+    /// One lane, [`Lane::main`]: a route without lanes configured.
+    fn default() -> Lanes {
+        Lanes(std::sync::Arc::new([Lane::main()]))
+    }
+}
+
+impl Lanes {
+    /// Checks `lanes` by the rules of a route's `lanes` setting; the
+    /// problems are reported at `lanes`, `lanes[i].name`, `lanes[i].weight`.
+    pub fn new(lanes: Vec<Lane>) -> Result<Lanes, ConfigErrors> {
+        validate::lanes_from_code(lanes)
+    }
+
+    /// The lanes in order.
+    pub fn iter(&self) -> std::slice::Iter<'_, Lane> {
+        self.0.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Never true: there is always a first lane.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The lane at `index`; the first for an index out of range.
+    pub fn get(&self, index: usize) -> &Lane {
+        self.0.get(index).unwrap_or(&self.0[0])
+    }
+
+    /// `index` if it names a lane, else 0 (the first lane).
+    pub fn clamp(&self, index: usize) -> usize {
+        if index < self.0.len() {
+            index
+        } else {
+            0
+        }
+    }
+
+    /// The index of the lane named `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.0.iter().position(|l| l.name == name)
+    }
+
+    /// The share of the route's admissions lane `index` gets while the lanes
+    /// whose `waiting` count is not zero have waiters: its weight over the
+    /// sum of theirs (the lane itself counted as waiting). An ETA in the
+    /// lane is the route's admission rate times this share.
+    pub fn share(&self, index: usize, waiting: &[u64]) -> f64 {
+        let index = self.clamp(index);
+        let total: u64 = self
+            .0
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i == index || waiting.get(i).is_some_and(|&w| w > 0))
+            .map(|(_, l)| u64::from(l.weight))
+            .sum();
+        f64::from(self.0[index].weight) / total.max(1) as f64
+    }
+}
+
+/// The lanes, compared with a list written out.
+impl<const N: usize> PartialEq<[Lane; N]> for Lanes {
+    fn eq(&self, other: &[Lane; N]) -> bool {
+        *self.0 == other[..]
     }
 }
 

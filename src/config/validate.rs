@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::defaults;
-use super::error::FieldPath;
+use super::error::{ConfigErrors, FieldPath};
 use super::problems::Problems;
 use super::raw::{
     DurationText, RawBypass, RawClientIp, RawConfig, RawKey, RawLane, RawLimits, RawListen,
@@ -16,10 +16,10 @@ use super::raw::{
 };
 use super::{
     is_key_id, is_lane_name, is_route_name, Admin, BypassRule, ClientIp, ClientLimits, Config,
-    CookieConfig, HostPattern, KeyFrom, KeySource, Lane, Listen, PageConfig, PageTemplate, Pool,
-    RedisConfig, RedisMode, Route, RouteMatch, ServerLimits, StoreConfig, Timestamp, TlsFiles,
-    Upstream, MAX_KEY_ID_LEN, MAX_LANES, MAX_LANE_NAME_LEN, MAX_LANE_WEIGHT, MAX_ROUTE_NAME_LEN,
-    MAX_SHARDS,
+    CookieConfig, HostPattern, KeyFrom, KeySource, Lane, Lanes, Listen, PageConfig, PageTemplate,
+    Pool, RedisConfig, RedisMode, Route, RouteMatch, ServerLimits, StoreConfig, Timestamp,
+    TlsFiles, Upstream, MAX_KEY_ID_LEN, MAX_LANES, MAX_LANE_NAME_LEN, MAX_LANE_WEIGHT,
+    MAX_ROUTE_NAME_LEN, MAX_SHARDS,
 };
 
 const MAX_HEADER_BYTES_RANGE: std::ops::RangeInclusive<u64> = 1024..=1_048_576;
@@ -1044,9 +1044,9 @@ fn confirm_within(
 /// `lanes`: one to [`MAX_LANES`], each named once ([`is_lane_name`]) with a
 /// weight of 1 to [`MAX_LANE_WEIGHT`] (default [`defaults::LANE_WEIGHT`]).
 /// Without the setting, one lane, [`Lane::main`].
-fn lanes(raw: Option<Vec<RawLane>>, at: &FieldPath, problems: &mut Problems) -> Option<Vec<Lane>> {
+fn lanes(raw: Option<Vec<RawLane>>, at: &FieldPath, problems: &mut Problems) -> Option<Lanes> {
     let Some(raw) = raw else {
-        return Some(vec![Lane::main()]);
+        return Some(Lanes::default());
     };
     let at = at.key("lanes");
     if raw.is_empty() {
@@ -1100,7 +1100,23 @@ fn lanes(raw: Option<Vec<RawLane>>, at: &FieldPath, problems: &mut Problems) -> 
             None => ok = false,
         }
     }
-    ok.then_some(lanes)
+    ok.then(|| Lanes(lanes.into()))
+}
+
+/// [`Lanes::new`]: lanes built in code, checked by the rules of [`lanes`].
+pub(crate) fn lanes_from_code(lanes: Vec<Lane>) -> Result<Lanes, ConfigErrors> {
+    let raw = lanes
+        .into_iter()
+        .map(|lane| RawLane {
+            name: Some(lane.name),
+            weight: Some(lane.weight),
+        })
+        .collect();
+    let mut problems = Problems::default();
+    match self::lanes(Some(raw), &FieldPath::root(), &mut problems) {
+        Some(lanes) if problems.is_empty() => Ok(lanes),
+        _ => Err(problems.into_errors(|_| None)),
+    }
 }
 
 /// `exit_paths`: absolute paths, normalised as `match.path_prefix` is so a
@@ -1287,7 +1303,7 @@ mod tests {
     use crate::config::defaults::{
         ADMIN_ADDR as DEFAULT_ADMIN_ADDR, REDIS_URL as DEFAULT_REDIS_URL,
     };
-    use crate::config::{ConfigErrors, ConfigWarning};
+    use crate::config::ConfigWarning;
 
     const BASE: &str = "\
 listen: [{ addr: 127.0.0.1:8080 }]
@@ -1638,6 +1654,29 @@ keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]
             problem_paths(&route(&format!(", lanes: [{nine}]"))),
             ["routes[0].lanes"]
         );
+    }
+
+    #[test]
+    fn lanes_built_in_code_are_checked_by_the_same_rules() {
+        let lane = |name: &str, weight: u32| Lane {
+            name: name.to_owned(),
+            weight,
+        };
+        let paths = |lanes: Vec<Lane>| -> Vec<String> {
+            let errors = Lanes::new(lanes).expect_err("invalid lanes");
+            errors.errors.into_iter().map(|e| e.path).collect()
+        };
+        assert_eq!(paths(vec![]), ["lanes"]);
+        assert!(Lanes::new(vec![lane("main", 1), lane("vip-2_x", 1000)]).is_ok());
+        for bad in ["", "Main", "a b", "ab:c", "{x}", "seventeen-chars-x"] {
+            assert_eq!(paths(vec![lane(bad, 1)]), ["lanes[0].name"], "{bad:?}");
+        }
+        for weight in [0, 1001] {
+            assert_eq!(paths(vec![lane("a", weight)]), ["lanes[0].weight"]);
+        }
+        assert_eq!(paths(vec![lane("a", 1), lane("a", 2)]), ["lanes[1].name"]);
+        let many = (0..17).map(|i| lane(&format!("l{i}"), 1)).collect();
+        assert_eq!(paths(many), ["lanes"]);
     }
 
     #[test]
