@@ -8,7 +8,8 @@
 //!   there for being maintained and for its spans), read back through serde.
 //! - `raw`: serde structs mirroring the YAML, unknown fields rejected.
 //! - `document`: node tree → raw structs, every unreadable field recorded.
-//! - `validate`: raw → `Config`, defaults filled in, every rule checked.
+//! - `validate`: raw → `Config`, defaults filled in, every rule checked;
+//!   one file a section of the file (`validate/`).
 //! - `defaults`: every default, written once, as a named constant.
 //! - `problems`: the problems and warnings found so far, each at its field
 //!   path, written out in file order.
