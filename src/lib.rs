@@ -42,8 +42,10 @@
 //!   the coordinated tick's plan (`shards`).
 //! - `config`: the YAML file, parsed and validated into a typed `Config`:
 //!   text to a node tree with positions (`node`), serde structs mirroring it
-//!   (`raw`, filled by `document`), validation (`validate`), lines of field
-//!   paths (`locate`), the problems (`error`), enum names (`names`).
+//!   (`raw`, filled by `document`), validation (`validate`) with every
+//!   default written once (`defaults`), lines of field paths (`locate`), the
+//!   problems (`error`) and those found so far (`problems`), enum names
+//!   (`names`).
 //! - `template`: the waiting page's template language and phrase table.
 //! - `path`: every reading of a request path, and the segment-boundary prefix match.
 //! - `response`: the one body type and every response queuegate makes.

@@ -455,9 +455,7 @@ impl RouteRt {
             confirm_within: cfg.confirm_within,
             client_places: cfg.client_limits.places,
             client_joins_per_minute: cfg.client_limits.joins_per_minute,
-            // Validated with the config (names, weights, count); a route
-            // built in code with lanes that do not check keeps one lane.
-            lanes: Lanes::new(cfg.lanes.clone()).unwrap_or_default(),
+            lanes: cfg.lanes.clone(),
             opens_at_us: cfg.opens_at.map(|t| t.unix_us()),
             shards: cfg.shards,
         };

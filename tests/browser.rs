@@ -158,13 +158,14 @@ async fn an_invite_link_opens_the_waiting_page_in_the_priority_line() {
     let origin = html_origin().await;
     let mut config = proxy_config(&origin.url());
     let mut route = gated();
-    route.lanes = vec![
+    route.lanes = queuegate::config::Lanes::new(vec![
         queuegate::config::Lane::main(),
         queuegate::config::Lane {
             name: "vip".to_owned(),
             weight: 3,
         },
-    ];
+    ])
+    .expect("valid lanes");
     config.routes.push(route);
     let gate = spawn_gate(config).await;
     let vip = queuegate::lane_grant::Lane::new("vip").unwrap();

@@ -229,13 +229,14 @@ async fn lane_gate() -> (Gate, Origin) {
     shop.matcher.host = Some("shop.example".into());
     config.routes.push(shop);
     let mut soldout = route("soldout", "/soldout", 1);
-    soldout.lanes = vec![
+    soldout.lanes = queuegate::config::Lanes::new(vec![
         queuegate::config::Lane::main(),
         queuegate::config::Lane {
             name: "vip".to_owned(),
             weight: 3,
         },
-    ];
+    ])
+    .expect("valid lanes");
     config.routes.push(soldout);
     (spawn_gate_with(config, ring("k1")).await, origin)
 }

@@ -6,9 +6,10 @@
 use serde_saphyr::Spanned;
 
 use super::error::{ConfigErrors, FieldPath, Segment};
+use super::locate;
 use super::node::{self, Node};
+use super::problems::Problems;
 use super::raw::RawConfig;
-use super::validate::Problems;
 
 /// More rejected fields than this in one file: stop reading, report those.
 const MAX_READ_PROBLEMS: usize = 200;
@@ -43,9 +44,10 @@ impl Document {
         }
     }
 
-    /// The document's root node, with the positions of everything in it.
-    pub(crate) fn root(&self) -> &Spanned<Node> {
-        &self.root
+    /// The line of `path`, or of the nearest enclosing field written in the
+    /// file.
+    pub(crate) fn line_of(&self, path: &FieldPath) -> Option<usize> {
+        locate::nearest_line(&self.root, path)
     }
 
     /// Reads the raw structs, recording every unreadable field in
@@ -172,7 +174,7 @@ mod tests {
         let raw = document.read(&mut problems);
         assert!(raw.is_some(), "the rest of the file should still be read");
         problems
-            .into_errors(&document)
+            .into_errors(|path| document.line_of(path))
             .errors
             .into_iter()
             .map(|error| (error.path, error.message))

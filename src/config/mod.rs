@@ -8,18 +8,24 @@
 //!   there for being maintained and for its spans), read back through serde.
 //! - `raw`: serde structs mirroring the YAML, unknown fields rejected.
 //! - `document`: node tree → raw structs, every unreadable field recorded.
-//! - `validate`: raw → `Config`, defaults filled in, every rule checked.
+//! - `validate`: raw → `Config`, defaults filled in, every rule checked;
+//!   one file a section of the file (`validate/`).
+//! - `defaults`: every default, written once, as a named constant.
+//! - `problems`: the problems and warnings found so far, each at its field
+//!   path, written out in file order.
 //! - `locate`: the line of a field path, from the tree's positions.
 //! - `error`: `ConfigError` / `ConfigErrors`, one problem per line;
 //!   `ConfigWarning`.
 //! - `names`: the names of the config's enums (`Mode`, ...), as serde reads
 //!   them, so each name is written once, in the enum's `rename_all`.
 
+pub mod defaults;
 mod document;
 mod error;
 mod locate;
 mod names;
 mod node;
+mod problems;
 mod raw;
 mod validate;
 
@@ -43,7 +49,7 @@ impl Config {
     /// [`Config::from_yaml`], keeping the warnings about the valid config
     /// (for `check` to show and `run` to log), in file order.
     pub fn from_yaml_with_warnings(text: &str) -> Result<Loaded, ConfigErrors> {
-        let mut problems = validate::Problems::default();
+        let mut problems = problems::Problems::default();
         let document = document::Document::parse(text)?;
         let config = document
             .read(&mut problems)
@@ -51,10 +57,10 @@ impl Config {
         match config {
             Some(config) if problems.is_empty() => Ok(Loaded {
                 config,
-                warnings: problems.into_warnings(&document),
+                warnings: problems.into_warnings(|path| document.line_of(path)),
             }),
             Some(_) | None => {
-                let errors = problems.into_errors(&document);
+                let errors = problems.into_errors(|path| document.line_of(path));
                 if errors.errors.is_empty() {
                     // Every path that rejects a config records why; this
                     // only guards against one that forgot to.
@@ -151,7 +157,8 @@ pub struct Config {
     pub store: StoreConfig,
     pub keys: Vec<KeySource>,
     pub cookie: CookieConfig,
-    /// Prefix of queuegate's own paths, default `/__queuegate`.
+    /// Prefix of queuegate's own paths, default
+    /// [`RESERVED_PREFIX`](defaults::RESERVED_PREFIX).
     pub reserved_prefix: String,
     pub bypass: Vec<BypassRule>,
     pub routes: Vec<Route>,
@@ -171,54 +178,64 @@ pub struct TlsFiles {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Admin {
+    /// Default [`defaults::ADMIN_ADDR`].
     pub addr: SocketAddr,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ServerLimits {
-    /// The whole request head must arrive within this (default 10s).
+    /// The whole request head must arrive within this (default
+    /// [`defaults::HEADER_TIMEOUT`]).
     pub header_timeout: Duration,
-    /// Beyond this the request gets 431 (default 16384).
+    /// Beyond this the request gets 431 (default [`defaults::MAX_HEADER_BYTES`]).
     pub max_header_bytes: usize,
-    /// Open client connections at most (default 10000).
+    /// Open client connections at most (default [`defaults::MAX_CONNECTIONS`]).
     pub max_connections: usize,
-    /// On SIGTERM, in-flight requests get this long (default 30s).
+    /// On SIGTERM, in-flight requests get this long (default
+    /// [`defaults::DRAIN_TIMEOUT`]).
     pub drain_timeout: Duration,
     /// A connection with nothing in flight is closed after this long,
-    /// HTTP/1 keep-alive and HTTP/2 alike (default 60s).
+    /// HTTP/1 keep-alive and HTTP/2 alike (default [`defaults::IDLE_TIMEOUT`]).
     pub idle_timeout: Duration,
     /// A client that accepts no bytes for this long while queuegate writes
     /// to it is dropped, and the origin connection serving it with it
-    /// (default 30s).
+    /// (default [`defaults::SEND_TIMEOUT`]).
     pub send_timeout: Duration,
     /// An upgraded tunnel (WebSocket) silent in both directions this long is
-    /// closed (default 10m).
+    /// closed (default [`defaults::TUNNEL_IDLE_TIMEOUT`]).
     pub tunnel_idle_timeout: Duration,
     /// Threads serving client connections, each with its own event loop and
-    /// its own share of the upstream pool; `None` (`auto`, the default) is
-    /// one per CPU the process may use.
+    /// its own share of the upstream pool; `None` (`auto`, the default:
+    /// [`defaults::WORKERS`]) is one per CPU the process may use.
     pub workers: Option<usize>,
     /// What a path whose readings disagree gets (DESIGN §8.1; default
-    /// `reject`).
+    /// [`defaults::AMBIGUOUS_PATHS`]).
     pub ambiguous_paths: AmbiguousPaths,
     /// Hosts served; others get `421` (DESIGN §8.2). Empty: any host.
     pub allowed_hosts: Vec<HostPattern>,
     /// Event streams (DESIGN §8.8) open at once per route on this
-    /// instance, at most (default 100000; `0`: none, everyone polls).
+    /// instance, at most (default [`defaults::MAX_EVENT_STREAMS`]; `0`: none,
+    /// everyone polls).
     /// Beyond, a page is told to poll.
     pub max_event_streams: usize,
 }
 
 /// What a request whose path an origin could read as another route gets
 /// (`limits.ambiguous_paths`, DESIGN §8.1).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AmbiguousPaths {
     /// `400`, tagged `x-queuegate`: browsers never send such paths.
-    #[default]
     Reject,
     /// Gated by the first route any reading matches, never bypassed.
     Gate,
+}
+
+impl Default for AmbiguousPaths {
+    /// [`defaults::AMBIGUOUS_PATHS`].
+    fn default() -> AmbiguousPaths {
+        defaults::AMBIGUOUS_PATHS
+    }
 }
 
 /// Who the client is behind proxies (`client_ip`, DESIGN §8.2).
@@ -249,15 +266,17 @@ impl ServerLimits {
 pub struct Upstream {
     /// `http://` or `https://` origin, no path beyond `/`.
     pub url: http::Uri,
-    /// Default 2s.
+    /// Default [`defaults::CONNECT_TIMEOUT`].
     pub connect_timeout: Duration,
-    /// Whole response head must arrive within this (default 60s).
+    /// Whole response head must arrive within this (default
+    /// [`defaults::UPSTREAM_TIMEOUT`]).
     pub timeout: Duration,
     pub pool: Pool,
     /// Replace the client's `Host` with this (default: keep the client's).
     pub host: Option<String>,
     /// With `host`: the origin picks the site from `X-Forwarded-Host` (the
-    /// client's host), so routes may match on the host (default false).
+    /// client's host), so routes may match on the host (default
+    /// [`defaults::ORIGIN_READS_FORWARDED_HOST`]).
     pub origin_reads_forwarded_host: bool,
     /// PEM file of private CAs to trust for an `https://` upstream.
     pub ca_file: Option<PathBuf>,
@@ -265,18 +284,20 @@ pub struct Upstream {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Pool {
-    /// Default 256.
+    /// Default [`defaults::POOL_MAX_IDLE_PER_HOST`].
     pub max_idle_per_host: usize,
-    /// Default 90s.
+    /// Default [`defaults::POOL_IDLE_TIMEOUT`].
     pub idle_timeout: Duration,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct StoreConfig {
+    /// Default [`defaults::BACKEND`].
     pub backend: Backend,
     /// Present when `backend` is redis (defaults filled in).
     pub redis: RedisConfig,
-    /// For the per-instance limit while the store is down (default 1).
+    /// For the per-instance limit while the store is down (default
+    /// [`defaults::EXPECTED_INSTANCES`]).
     pub expected_instances: u64,
 }
 
@@ -298,13 +319,13 @@ impl Backend {
 #[derive(Clone, Debug, PartialEq)]
 pub struct RedisConfig {
     pub mode: RedisMode,
-    /// Per-call timeout (default 200ms).
+    /// Per-call timeout (default [`defaults::REDIS_TIMEOUT`]).
     pub timeout: Duration,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum RedisMode {
-    /// `redis: { url: redis://host:port/db }` (default redis://127.0.0.1:6379).
+    /// `redis: { url: redis://host:port/db }` (default [`defaults::REDIS_URL`]).
     Standalone { url: String },
     /// `redis: { cluster: [redis://a:7000, redis://b:7001] }`.
     Cluster { nodes: Vec<String> },
@@ -346,30 +367,32 @@ pub struct Route {
     pub name: String,
     pub matcher: RouteMatch,
     pub capacity: u64,
-    /// Default 20.
+    /// Default [`defaults::MAX_ADMIT_PER_TICK`].
     pub max_admit_per_tick: u64,
-    /// Default 100ms.
+    /// Default [`defaults::TICK`].
     pub tick: Duration,
-    /// Default 10m.
+    /// Default [`defaults::SESSION_TTL`].
     pub session_ttl: Duration,
-    /// Default 60s.
+    /// Default [`defaults::PASS_TTL`].
     pub pass_ttl: Duration,
-    /// Default 60s.
+    /// Default [`defaults::ARRIVAL_GRACE`].
     pub arrival_grace: Duration,
-    /// Default 30s.
+    /// Default [`defaults::ABANDON_AFTER`].
     pub abandon_after: Duration,
-    /// Default 200000.
+    /// Default [`defaults::MAX_WAITING`].
     pub max_waiting: u64,
     /// Time a new ticket or admit-now session holds its place unconfirmed.
-    /// Default 30s, or `abandon_after` / `session_ttl` if shorter.
+    /// Default [`defaults::CONFIRM_WITHIN`], or `abandon_after` /
+    /// `session_ttl` if shorter.
     pub confirm_within: Duration,
-    /// Default 20 places, 120 joins per minute.
+    /// Default [`ClientLimits::default`], `places` at most a
+    /// [`defaults::CLIENT_PLACES_LINE_DIVISOR`]th of `max_waiting`.
     pub client_limits: ClientLimits,
-    /// Default 503.
+    /// Default [`defaults::WAITING_STATUS`].
     pub waiting_status: http::StatusCode,
-    /// Default gate.
+    /// Default [`defaults::MODE`].
     pub mode: Mode,
-    /// Default local.
+    /// Default [`defaults::ON_STORE_ERROR`].
     pub on_store_error: OnStoreError,
     /// Paths whose request ends the visitor's session once answered
     /// (DESIGN §8.6), normalised as `match.path_prefix` is and matched the
@@ -380,8 +403,8 @@ pub struct Route {
     /// the store; `None` (the default) for no limit.
     pub max_requests_per_session: Option<u64>,
     /// The route's lanes (DESIGN §8.5), at least one; the first is where
-    /// newcomers go. Default one lane, `main`, weight 1.
-    pub lanes: Vec<Lane>,
+    /// newcomers go. Default one lane, [`Lane::main`].
+    pub lanes: Lanes,
     /// When the route opens (DESIGN §8.7): before it, arrivals wait in a
     /// pre-queue that is shuffled once at the opening. Default none: open.
     pub opens_at: Option<Timestamp>,
@@ -389,7 +412,8 @@ pub struct Route {
     pub closes_at: Option<Timestamp>,
     /// Sub-lines the Redis store splits the route's line and capacity into,
     /// each in its own Cluster slot (DESIGN §8.9); 1 to [`MAX_SHARDS`].
-    /// Fixed while the store holds the route's line. Default 1.
+    /// Fixed while the store holds the route's line. Default
+    /// [`defaults::SHARDS`].
     pub shards: u32,
     pub page: PageConfig,
 }
@@ -447,22 +471,98 @@ impl Timestamp {
 pub struct Lane {
     /// See [`is_lane_name`]: it is part of store keys, tokens and cookies.
     pub name: String,
-    /// 1 to [`MAX_LANE_WEIGHT`].
+    /// 1 to [`MAX_LANE_WEIGHT`] (default [`defaults::LANE_WEIGHT`]).
     pub weight: u32,
 }
 
 impl Lane {
-    /// The one lane of a route that names none.
+    /// The one lane of a route that names none: [`defaults::LANE`], of
+    /// weight [`defaults::LANE_WEIGHT`].
     pub fn main() -> Lane {
         Lane {
-            name: DEFAULT_LANE.to_owned(),
-            weight: 1,
+            name: defaults::LANE.to_owned(),
+            weight: defaults::LANE_WEIGHT,
         }
     }
 }
 
-/// The lane of a route that names none.
-pub const DEFAULT_LANE: &str = "main";
+/// A route's lanes, in order; the first is where newcomers go. Built only
+/// by validation (the config's `lanes`, or [`Lanes::new`], which runs the
+/// same rules), so every name is a valid key part, no name comes twice, every
+/// weight counts, and there is at least one and at most [`MAX_LANES`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lanes(std::sync::Arc<[Lane]>);
+
+impl Default for Lanes {
+    /// One lane, [`Lane::main`]: a route without lanes configured.
+    fn default() -> Lanes {
+        Lanes(std::sync::Arc::new([Lane::main()]))
+    }
+}
+
+impl Lanes {
+    /// Checks `lanes` by the rules of a route's `lanes` setting; the
+    /// problems are reported at `lanes`, `lanes[i].name`, `lanes[i].weight`.
+    pub fn new(lanes: Vec<Lane>) -> Result<Lanes, ConfigErrors> {
+        validate::lanes_from_code(lanes)
+    }
+
+    /// The lanes in order.
+    pub fn iter(&self) -> std::slice::Iter<'_, Lane> {
+        self.0.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Never true: there is always a first lane.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The lane at `index`; the first for an index out of range.
+    pub fn get(&self, index: usize) -> &Lane {
+        self.0.get(index).unwrap_or(&self.0[0])
+    }
+
+    /// `index` if it names a lane, else 0 (the first lane).
+    pub fn clamp(&self, index: usize) -> usize {
+        if index < self.0.len() {
+            index
+        } else {
+            0
+        }
+    }
+
+    /// The index of the lane named `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.0.iter().position(|l| l.name == name)
+    }
+
+    /// The share of the route's admissions lane `index` gets while the lanes
+    /// whose `waiting` count is not zero have waiters: its weight over the
+    /// sum of theirs (the lane itself counted as waiting). An ETA in the
+    /// lane is the route's admission rate times this share.
+    pub fn share(&self, index: usize, waiting: &[u64]) -> f64 {
+        let index = self.clamp(index);
+        let total: u64 = self
+            .0
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i == index || waiting.get(i).is_some_and(|&w| w > 0))
+            .map(|(_, l)| u64::from(l.weight))
+            .sum();
+        f64::from(self.0[index].weight) / total.max(1) as f64
+    }
+}
+
+/// The lanes, compared with a list written out.
+impl<const N: usize> PartialEq<[Lane; N]> for Lanes {
+    fn eq(&self, other: &[Lane; N]) -> bool {
+        *self.0 == other[..]
+    }
+}
 
 /// The largest lane weight.
 pub const MAX_LANE_WEIGHT: u32 = 1000;
@@ -482,10 +582,11 @@ pub struct ClientLimits {
 }
 
 impl Default for ClientLimits {
+    /// [`defaults::CLIENT_PLACES`] and [`defaults::CLIENT_JOINS_PER_MINUTE`].
     fn default() -> ClientLimits {
         ClientLimits {
-            places: 20,
-            joins_per_minute: 120,
+            places: defaults::CLIENT_PLACES,
+            joins_per_minute: defaults::CLIENT_JOINS_PER_MINUTE,
         }
     }
 }
@@ -498,6 +599,7 @@ pub struct RouteMatch {
     /// percent-escapes decoded, dot segments resolved, repeated slashes
     /// collapsed, no trailing slash except for `/` itself.
     pub path_prefix: Option<String>,
+    /// Default [`defaults::CASE_INSENSITIVE`].
     pub case_insensitive: bool,
 }
 

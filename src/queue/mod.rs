@@ -94,7 +94,6 @@ pub mod redis_store;
 pub mod shards;
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 pub use breaker::{Breaker, BreakerConfig, BreakerState, Guarded, Operation};
@@ -103,7 +102,7 @@ pub use record::{LaneRecord, LineRecord};
 pub use redis_store::RedisStore;
 
 use crate::clock::Clock;
-use crate::config::{Backend, StoreConfig, MAX_LANE_NAME_LEN};
+use crate::config::{Backend, StoreConfig};
 
 /// A visitor's id: 128 random bits, decoded from the cookie. Never part of a key.
 pub type VisitorId = [u8; 16];
@@ -154,115 +153,8 @@ pub struct Limits {
 /// The name of the lane of a route without lanes configured; its waiters
 /// keep the route's waiting key, so a line from before lanes keeps every
 /// place.
-pub use crate::config::DEFAULT_LANE as MAIN_LANE;
-pub use crate::config::{is_lane_name, Lane, MAX_LANES, MAX_LANE_WEIGHT};
-
-/// Why a list of lanes cannot be a route's.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum LaneError {
-    #[error("a route needs at least one lane")]
-    None,
-    #[error("at most {MAX_LANES} lanes per route")]
-    TooMany,
-    #[error("lane name {0:?} is not 1 to {MAX_LANE_NAME_LEN} of a-z 0-9 _ -")]
-    Name(String),
-    #[error("lane {name:?}: weight {weight} is not between 1 and {MAX_LANE_WEIGHT}")]
-    Weight { name: String, weight: u32 },
-    #[error("lane {0:?} is named twice")]
-    Duplicate(String),
-}
-
-/// A route's lanes, in order; the first is where newcomers go. Checked
-/// when built, so every name is a valid key part and every weight counts.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Lanes(Arc<[Lane]>);
-
-impl Default for Lanes {
-    /// One lane, `main`, of weight 1: a route without lanes configured.
-    fn default() -> Lanes {
-        Lanes(Arc::new([Lane {
-            name: MAIN_LANE.to_owned(),
-            weight: 1,
-        }]))
-    }
-}
-
-impl Lanes {
-    /// Checks `lanes`: at least one, at most [`MAX_LANES`], names
-    /// [`is_lane_name`] and unique, weights 1..=[`MAX_LANE_WEIGHT`].
-    pub fn new(lanes: Vec<Lane>) -> Result<Lanes, LaneError> {
-        if lanes.is_empty() {
-            return Err(LaneError::None);
-        }
-        if lanes.len() > MAX_LANES {
-            return Err(LaneError::TooMany);
-        }
-        for (i, lane) in lanes.iter().enumerate() {
-            if !is_lane_name(&lane.name) {
-                return Err(LaneError::Name(lane.name.clone()));
-            }
-            if !(1..=MAX_LANE_WEIGHT).contains(&lane.weight) {
-                return Err(LaneError::Weight {
-                    name: lane.name.clone(),
-                    weight: lane.weight,
-                });
-            }
-            if lanes[..i].iter().any(|l| l.name == lane.name) {
-                return Err(LaneError::Duplicate(lane.name.clone()));
-            }
-        }
-        Ok(Lanes(lanes.into()))
-    }
-
-    /// The lanes in order.
-    pub fn iter(&self) -> std::slice::Iter<'_, Lane> {
-        self.0.iter()
-    }
-
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Never true: there is always a first lane.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// The lane at `index`; the first for an index out of range.
-    pub fn get(&self, index: usize) -> &Lane {
-        self.0.get(index).unwrap_or(&self.0[0])
-    }
-
-    /// `index` if it names a lane, else 0 (the first lane).
-    pub fn clamp(&self, index: usize) -> usize {
-        if index < self.0.len() {
-            index
-        } else {
-            0
-        }
-    }
-
-    /// The index of the lane named `name`.
-    pub fn index_of(&self, name: &str) -> Option<usize> {
-        self.0.iter().position(|l| l.name == name)
-    }
-
-    /// The share of the route's admissions lane `index` gets while the lanes
-    /// whose `waiting` count is not zero have waiters: its weight over the
-    /// sum of theirs (the lane itself counted as waiting). An ETA in the
-    /// lane is the route's admission rate times this share.
-    pub fn share(&self, index: usize, waiting: &[u64]) -> f64 {
-        let index = self.clamp(index);
-        let total: u64 = self
-            .0
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| i == index || waiting.get(i).is_some_and(|&w| w > 0))
-            .map(|(_, l)| u64::from(l.weight))
-            .sum();
-        f64::from(self.0[index].weight) / total.max(1) as f64
-    }
-}
+pub use crate::config::defaults::LANE as MAIN_LANE;
+pub use crate::config::{is_lane_name, Lane, Lanes, MAX_LANES, MAX_LANE_WEIGHT};
 
 /// 32 bytes from the OS's CSPRNG: the key that orders a pre-queue at its
 /// opening (DESIGN §8.7). Drawn by the instance that runs the opening and
@@ -972,30 +864,6 @@ mod tests {
             name: name.to_owned(),
             weight,
         }
-    }
-
-    #[test]
-    fn lanes_are_checked_when_built() {
-        assert_eq!(Lanes::new(vec![]), Err(LaneError::None));
-        assert!(Lanes::new(vec![lane("main", 1), lane("vip-2_x", 1000)]).is_ok());
-        for bad in ["", "Main", "a b", "ab:c", "{x}", "seventeen-chars-x"] {
-            assert_eq!(
-                Lanes::new(vec![lane(bad, 1)]),
-                Err(LaneError::Name(bad.to_owned()))
-            );
-        }
-        for weight in [0, 1001] {
-            assert!(matches!(
-                Lanes::new(vec![lane("a", weight)]),
-                Err(LaneError::Weight { .. })
-            ));
-        }
-        assert_eq!(
-            Lanes::new(vec![lane("a", 1), lane("a", 2)]),
-            Err(LaneError::Duplicate("a".into()))
-        );
-        let many = (0..17).map(|i| lane(&format!("l{i}"), 1)).collect();
-        assert_eq!(Lanes::new(many), Err(LaneError::TooMany));
     }
 
     #[test]

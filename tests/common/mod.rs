@@ -292,7 +292,7 @@ pub fn route(name: &str, prefix: &str, capacity: u64) -> Route {
         on_store_error: OnStoreError::Local,
         exit_paths: Vec::new(),
         max_requests_per_session: None,
-        lanes: vec![queuegate::config::Lane::main()],
+        lanes: queuegate::config::Lanes::default(),
         opens_at: None,
         closes_at: None,
         shards: 1,
