@@ -2,8 +2,9 @@
 //! ephemeral ports (`origin`); queuegate run in-process on real sockets
 //! (`gate`); visitors and hand-written clients (`visitor`); the binary as a
 //! child process (`process`); several instances sharing one Redis (`fleet`);
-//! waiting until something holds (`poll`); and real `redis-server`s
-//! (`redis`). A test file says `mod common;` and `use common::*;`.
+//! waiting until something holds (`poll`); real `redis-server`s (`redis`);
+//! and fixtures for calling a store directly (`store`, imported by name).
+//! A test file says `mod common;` and `use common::*;`.
 //!
 //! `redis` is private, its items exported here: a module of that name in
 //! the glob would shadow the `redis` crate in the test files.
@@ -15,6 +16,7 @@ mod origin;
 mod poll;
 mod process;
 mod redis;
+pub mod store;
 mod visitor;
 
 // Each test file uses part of this: what it leaves is no warning.

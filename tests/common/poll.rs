@@ -52,6 +52,17 @@ where
     retry(what, WITHIN, EVERY, check).await
 }
 
+/// Retries `op` until it succeeds (a store reconnecting, say), every 50 ms,
+/// failing after 30 s with its last error; its value.
+pub async fn until_ok<T, E, F, Fut>(what: &str, op: F) -> T
+where
+    E: fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    retry(what, Duration::from_secs(30), Duration::from_millis(50), op).await
+}
+
 /// Polls `v`'s status of the route `tickets` on `at` every 20 ms until it
 /// is admitted; fails after 10 s.
 pub async fn wait_admitted(v: &mut Visitor, at: &impl PublicUrl) {
