@@ -1,6 +1,7 @@
 //! The Redis store against a real standalone `redis-server`: each operation's
 //! semantics, script reload, store loss (FLUSHALL), the key layout, and
-//! several instances sharing one Redis.
+//! several instances sharing one Redis. What every backend must do is
+//! checked by the store contract (tests/store_contract.rs), on Redis too.
 
 mod common;
 
@@ -80,18 +81,6 @@ async fn arrive_admits_at_once_while_free_then_queues_in_order() {
 }
 
 #[tokio::test]
-async fn arrive_without_admit_now_joins_even_when_free() {
-    let server = RedisServer::start();
-    let s = store(&server);
-    let p = waiting(
-        s.arrive("r", &id(1), &[], &long_limits(2), false, None, 0)
-            .await
-            .unwrap(),
-    );
-    assert_eq!((p.position, p.waiting_total), (1, 1));
-}
-
-#[tokio::test]
 async fn admit_now_shares_the_tick_budget_and_stops_when_someone_waits() {
     let server = RedisServer::start();
     let s = store(&server);
@@ -127,24 +116,6 @@ async fn admit_now_shares_the_tick_budget_and_stops_when_someone_waits() {
         .position,
         2
     );
-}
-
-#[tokio::test]
-async fn a_full_line_queues_nobody() {
-    let server = RedisServer::start();
-    let s = store(&server);
-    let l = Limits {
-        capacity: 0,
-        max_waiting: 2,
-        ..long_limits(2)
-    };
-    waiting(s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap());
-    waiting(s.arrive("r", &id(2), &[], &l, true, None, 0).await.unwrap());
-    assert_eq!(
-        s.arrive("r", &id(3), &[], &l, true, None, 0).await.unwrap(),
-        Arrival::Full { waiting_total: 2 }
-    );
-    assert_eq!(s.stats("r", &l).await.unwrap().waiting, 2);
 }
 
 #[tokio::test]
@@ -222,178 +193,6 @@ async fn admit_tick_admits_at_most_max_admit_per_tick() {
     assert_eq!(first.admitted_scores, scores[..2]);
     let second = tick_that_runs(&s, "r", &l).await;
     assert_eq!(second.admitted_scores, scores[2..4]);
-}
-
-#[tokio::test]
-async fn leave_frees_the_slot_and_the_place() {
-    let server = RedisServer::start();
-    let s = store(&server);
-    let l = Limits {
-        capacity: 1,
-        ..long_limits(2)
-    };
-    assert_eq!(
-        s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap(),
-        Arrival::Admitted
-    );
-    let b = waiting(s.arrive("r", &id(2), &[], &l, true, None, 0).await.unwrap());
-    let c = waiting(s.arrive("r", &id(3), &[], &l, true, None, 0).await.unwrap());
-    s.leave("r", &id(2), &long_limits(2)).await.unwrap();
-    let c_now = polled_place(
-        s.poll("r", &id(3), &[], polled_ticket(c.score_us), &l)
-            .await
-            .unwrap(),
-    );
-    assert_eq!((c_now.position, c_now.waiting_total), (1, 1));
-    s.leave("r", &id(1), &long_limits(2)).await.unwrap();
-    s.leave("r", &id(99), &long_limits(2)).await.unwrap();
-    let stats = s.stats("r", &l).await.unwrap();
-    assert_eq!((stats.active, stats.waiting), (0, 1));
-    // The pass of a visitor who left is not renewed (the pass was issued
-    // after the epoch, beyond the one-second allowance).
-    let issued_s = stats.epoch_us / 1_000_000 + 2;
-    assert!(!s
-        .renew("r", &id(1), &[], pass_of_second(issued_s), &l)
-        .await
-        .unwrap());
-    // b's ticket is young, but b left: its tombstone keeps it from coming
-    // back as a lost write.
-    assert_eq!(
-        s.poll("r", &id(2), &[], polled_ticket(b.score_us), &l)
-            .await
-            .unwrap(),
-        Poll::Gone
-    );
-}
-
-#[tokio::test]
-async fn renew_extends_live_sessions_only() {
-    let server = RedisServer::start();
-    let s = store(&server);
-    let l = long_limits(2);
-    assert_eq!(
-        s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap(),
-        Arrival::Admitted
-    );
-    let epoch_s = s.stats("r", &l).await.unwrap().epoch_us / 1_000_000;
-    assert!(s
-        .renew("r", &id(1), &[], pass_of_second(epoch_s + 2), &l)
-        .await
-        .unwrap());
-    // Unknown id, pass issued after the epoch: gone, not restored.
-    assert!(!s
-        .renew("r", &id(2), &[], pass_of_second(epoch_s + 2), &l)
-        .await
-        .unwrap());
-    let stats = s.stats("r", &l).await.unwrap();
-    assert_eq!((stats.active, stats.hold_until_us), (1, 0));
-}
-
-#[tokio::test]
-async fn sessions_expire_after_session_ttl() {
-    let server = RedisServer::start();
-    let s = store(&server);
-    let l = Limits {
-        session_ttl: Duration::from_millis(300),
-        ..long_limits(2)
-    };
-    assert_eq!(
-        s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap(),
-        Arrival::Admitted
-    );
-    let issued_s = s.stats("r", &l).await.unwrap().epoch_us / 1_000_000 + 2;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while s.stats("r", &l).await.unwrap().active > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "session never expired"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(!s
-        .renew("r", &id(1), &[], pass_of_second(issued_s), &l)
-        .await
-        .unwrap());
-}
-
-#[tokio::test]
-async fn silent_waiters_are_dropped_before_anyone_behind_is_admitted() {
-    let server = RedisServer::start();
-    let s = store(&server);
-    let l = Limits {
-        capacity: 0,
-        abandon_after: Duration::from_millis(800),
-        ..long_limits(2)
-    };
-    let a = waiting(
-        s.arrive("r", &id(1), &[], &l, false, None, 0)
-            .await
-            .unwrap(),
-    );
-    let b = waiting(
-        s.arrive("r", &id(2), &[], &l, false, None, 0)
-            .await
-            .unwrap(),
-    );
-    // a polls once (a ticket never polled is unconfirmed, not a ghost).
-    polled_place(
-        s.poll("r", &id(1), &[], polled_ticket(a.score_us), &l)
-            .await
-            .unwrap(),
-    );
-    // b keeps polling, a goes silent until it is a ghost. b polls last, just
-    // before the tick, so only a has been silent for long, however slowly
-    // the loop runs.
-    let silent_since = tokio::time::Instant::now();
-    while silent_since.elapsed() < Duration::from_millis(1_200) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        polled_place(
-            s.poll("r", &id(2), &[], polled_ticket(b.score_us), &l)
-                .await
-                .unwrap(),
-        );
-    }
-    let open = Limits {
-        capacity: 1,
-        ..l.clone()
-    };
-    let tick = s.admit_tick("r", &open, None).await.unwrap();
-    assert!(tick.ran);
-    assert_eq!(tick.admitted_scores, vec![b.score_us]);
-    assert_eq!(tick.abandoned, 1);
-    assert_eq!(
-        s.poll("r", &id(1), &[], polled_ticket(a.score_us), &l)
-            .await
-            .unwrap(),
-        Poll::Gone
-    );
-}
-
-#[tokio::test]
-async fn admitted_waiters_who_never_come_are_no_shows() {
-    let server = RedisServer::start();
-    let s = store(&server);
-    let l = Limits {
-        capacity: 1,
-        arrival_grace: Duration::from_millis(200),
-        tick: Duration::from_millis(100),
-        ..long_limits(2)
-    };
-    waiting(
-        s.arrive("r", &id(1), &[], &l, false, None, 0)
-            .await
-            .unwrap(),
-    );
-    let first = tick_that_runs(&s, "r", &l).await;
-    assert_eq!(first.admitted_scores.len(), 1);
-    let mut no_shows = 0;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while no_shows == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "no no-show counted");
-        no_shows += tick_that_runs(&s, "r", &l).await.no_shows;
-    }
-    assert_eq!(no_shows, 1);
-    assert_eq!(s.stats("r", &l).await.unwrap().active, 0);
 }
 
 #[tokio::test]
