@@ -7,8 +7,6 @@
 //! refused ones counted on the admin metrics, and the drain ends them.
 
 mod common;
-#[path = "common/redis.rs"]
-mod redis_harness;
 
 use std::time::Duration;
 
@@ -18,7 +16,6 @@ use http::Request;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 use queuegate::config::{Backend, Config};
-use redis_harness::RedisServer;
 
 /// How long a test waits for an event before failing.
 const EVENT_WITHIN: Duration = Duration::from_secs(20);

@@ -5,15 +5,12 @@
 //! each client it names is limited on its own.
 
 mod common;
-#[path = "common/redis.rs"]
-mod redis_harness;
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use common::*;
-use redis_harness::RedisServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Places one client may hold.
@@ -22,28 +19,16 @@ const CAPACITY: usize = 200;
 
 /// The flood's route, after the `client_ip` section under test.
 fn rest(client_ip: &str) -> String {
-    format!(
-        "{client_ip}routes:\n  \
-                 - name: tickets\n    \
-                   match: {{ path_prefix: /tickets }}\n    \
-                   capacity: {CAPACITY}\n    \
-                   max_admit_per_tick: 20\n    \
-                   tick: 50ms\n    \
-                   session_ttl: 60s\n    \
-                   confirm_within: 6s\n    \
-                   abandon_after: 8s\n    \
-                   client_limits: {{ places: {PLACES}, joins_per_minute: 0 }}\n"
-    )
-}
-
-async fn three(client_ip: &str) -> (RedisServer, Origin, Vec<Instance>) {
-    let redis = RedisServer::start();
-    let (origin, _hits) = counting_origin().await;
-    let mut instances = Vec::new();
-    for _ in 0..3 {
-        instances.push(Instance::start(&redis.url(), &origin.url(), &rest(client_ip)).await);
-    }
-    (redis, origin, instances)
+    let route = RouteYaml::tickets(CAPACITY)
+        .with("max_admit_per_tick", 20)
+        .with("session_ttl", "60s")
+        .with("confirm_within", "6s")
+        .with("abandon_after", "8s")
+        .with(
+            "client_limits",
+            format!("{{ places: {PLACES}, joins_per_minute: 0 }}"),
+        );
+    format!("{client_ip}{route}")
 }
 
 /// What one exchange got back.
@@ -183,7 +168,7 @@ impl Honest {
 
 #[tokio::test]
 async fn a_flood_from_one_address_holds_its_few_places_and_honest_visitors_keep_their_order() {
-    let (_redis, _origin, instances) = three("").await;
+    let (_redis, _origin, instances) = three(rest("")).await;
 
     // The room is filled by 40 households of 5 (127.0.1.1-40), each back
     // once so their sessions are confirmed and hold their slots.
@@ -296,7 +281,7 @@ async fn a_flood_from_one_address_holds_its_few_places_and_honest_visitors_keep_
 #[tokio::test]
 async fn behind_a_trusted_proxy_each_forwarded_client_is_limited_on_its_own() {
     let (_redis, _origin, instances) =
-        three("client_ip: { trusted_proxies: [\"127.0.0.1/32\"] }\n").await;
+        three(rest("client_ip: { trusted_proxies: [\"127.0.0.1/32\"] }\n")).await;
     for n in 1..=4 {
         let statuses = flood(
             &instances,

@@ -14,31 +14,6 @@ use http::StatusCode;
 use queuegate::admission::{KeyRing, Kind};
 use rand::{Rng, SeedableRng};
 
-async fn gated(
-    capacity: u64,
-    tune: impl FnOnce(&mut queuegate::config::Route),
-) -> (Gate, Origin, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-    let (origin, hits) = counting_origin().await;
-    let mut config = proxy_config(&origin.url());
-    let mut r = route("tickets", "/tickets", capacity);
-    tune(&mut r);
-    config.routes.push(r);
-    config.routes.push(route("other", "/other", 100));
-    let gate = spawn_gate_with(config, ring("k1")).await;
-    (gate, origin, hits)
-}
-
-/// Polls until the visitor is admitted; panics after 10 s.
-async fn wait_admitted(v: &mut Visitor, gate: &Gate) {
-    for _ in 0..500 {
-        if v.status(gate, "tickets").await["state"] == "admitted" {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("never admitted");
-}
-
 #[tokio::test]
 async fn capacity_n_then_the_line() {
     let (gate, _origin, hits) = gated(3, |_| {}).await;

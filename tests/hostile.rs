@@ -7,8 +7,6 @@
 //! store and a real `redis-server`.
 
 mod common;
-#[path = "common/redis.rs"]
-mod redis_harness;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -19,7 +17,6 @@ use queuegate::admission::{KeyRing, Kind};
 use queuegate::config::{
     AmbiguousPaths, Backend, BypassRule, Config, HostPattern, Mode, RouteMatch, StoreConfig,
 };
-use redis_harness::RedisServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// What the origin saw of one request.

@@ -20,8 +20,6 @@
 //! state: FIFO is checked exactly.
 
 mod common;
-#[path = "common/redis.rs"]
-mod redis_harness;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -39,7 +37,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use queuegate::admission::KeyRing;
 use queuegate::lane_grant::{self, Lane};
-use redis_harness::RedisServer;
 
 const ROUTE: &str = "tickets";
 
@@ -72,18 +69,11 @@ fn vip() -> Lane {
 /// and no per-client limits (every test visitor is 127.0.0.1); the other
 /// settings are the defaults (20 admissions a tick, `abandon_after` and
 /// `confirm_within` 30 s, `arrival_grace` 60 s).
-fn lanes_config(capacity: usize) -> String {
-    format!(
-        "routes:\n  - name: {ROUTE}\n    match: {{ path_prefix: /{ROUTE} }}\n    \
-         capacity: {capacity}\n    tick: 50ms\n    \
-         client_limits: {{ places: 0, joins_per_minute: 0 }}\n    \
-         lanes: [{{ name: main, weight: 1 }}, {{ name: vip, weight: 3 }}]\n"
+fn lanes_config(capacity: usize) -> RouteYaml {
+    RouteYaml::tickets(capacity).with(
+        "lanes",
+        "[{ name: main, weight: 1 }, { name: vip, weight: 3 }]",
     )
-}
-
-async fn three(redis: &RedisServer, origin: &Origin, capacity: usize) -> Vec<Instance> {
-    let (config, redis, origin) = (lanes_config(capacity), redis.url(), origin.url());
-    futures_util::future::join_all((0..3).map(|_| Instance::start(&redis, &origin, &config))).await
 }
 
 /// The sorted set of lane `lane` (docs/design.md §3).
@@ -479,7 +469,7 @@ fn sample(redis: &RedisServer, stop: Arc<AtomicBool>) -> std::thread::JoinHandle
 async fn two_lanes_over_three_instances_share_admissions_by_weight_and_keep_fifo_in_each() {
     let redis = RedisServer::start();
     let (origin, origin_log) = session_origin().await;
-    let instances = three(&redis, &origin, CAPACITY).await;
+    let instances = start_instances(&redis, &origin, lanes_config(CAPACITY), 3).await;
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     let mut con = redis.connection();
 
@@ -749,7 +739,7 @@ async fn two_lanes_over_three_instances_share_admissions_by_weight_and_keep_fifo
 async fn invite_uses_are_counted_once_across_instances() {
     let redis = RedisServer::start();
     let (origin, _hits) = counting_origin().await;
-    let instances = three(&redis, &origin, 1).await;
+    let instances = start_instances(&redis, &origin, lanes_config(1), 3).await;
     let _holder = hold_the_place(&instances[0]).await;
     let token = lane_grant::sign_invite(&instance_ring(), ROUTE, &vip(), now_unix() + 3600, 3);
 
@@ -810,7 +800,7 @@ async fn invite_uses_are_counted_once_across_instances() {
 async fn a_forged_expired_or_other_route_invite_puts_nobody_in_a_lane() {
     let redis = RedisServer::start();
     let (origin, _hits) = counting_origin().await;
-    let instances = three(&redis, &origin, 1).await;
+    let instances = start_instances(&redis, &origin, lanes_config(1), 3).await;
     let _holder = hold_the_place(&instances[0]).await;
     let ring = instance_ring();
     let later = now_unix() + 3600;
@@ -983,7 +973,7 @@ async fn a_waiter_moves_by_invite(
 async fn a_waiter_following_an_invite_link_in_a_browser_moves_to_its_lane() {
     let redis = RedisServer::start();
     let (origin, _hits) = counting_origin().await;
-    let instances = three(&redis, &origin, 1).await;
+    let instances = start_instances(&redis, &origin, lanes_config(1), 3).await;
     let _holder = hold_the_place(&instances[0]).await;
     let good = lane_grant::sign_invite(&instance_ring(), ROUTE, &vip(), now_unix() + 3600, 0);
     let mut first = Visitor::new();

@@ -5,68 +5,35 @@
 //! with the route's line split in three (`shards: 3`).
 
 mod common;
-#[path = "common/redis.rs"]
-mod redis_harness;
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use common::*;
 use rand::{Rng, SeedableRng};
-use redis_harness::{RedisCluster, RedisServer};
-
-fn route_yaml(capacity: u64, extra: &str) -> String {
-    format!(
-        "  - name: tickets\n    match: {{ path_prefix: /tickets }}\n    capacity: {capacity}\n    \
-         tick: 50ms\n    pass_ttl: 2s\n    \
-         client_limits: {{ places: 0, joins_per_minute: 0 }}\n{extra}"
-    )
-}
-
-async fn three(capacity: u64, extra: &str) -> (RedisServer, Origin, Vec<Instance>) {
-    let redis = RedisServer::start();
-    let (origin, _hits) = counting_origin().await;
-    let route = route_yaml(capacity, extra);
-    let mut instances = Vec::new();
-    for _ in 0..3 {
-        instances
-            .push(Instance::start(&redis.url(), &origin.url(), &format!("routes:\n{route}")).await);
-    }
-    (redis, origin, instances)
-}
-
-/// Three instances on a three-master Cluster, the route's line split in
-/// three sub-lines, one on each master.
-async fn three_on_a_cluster(capacity: u64, extra: &str) -> (RedisCluster, Origin, Vec<Instance>) {
-    let cluster = RedisCluster::start();
-    let (origin, _hits) = counting_origin().await;
-    let route = route_yaml(capacity, &format!("    shards: 3\n{extra}"));
-    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
-    let redis = format!("{{ cluster: [{}], timeout: 2s }}", nodes.join(", "));
-    let mut instances = Vec::new();
-    for _ in 0..3 {
-        instances
-            .push(Instance::start_on(&redis, &origin.url(), &format!("routes:\n{route}")).await);
-    }
-    (cluster, origin, instances)
-}
-
-async fn status(v: &mut Visitor, at: &Instance) -> serde_json::Value {
-    let a = v.fetch(&at.url("/__queuegate/status?route=tickets")).await;
-    assert_eq!(a.status, http::StatusCode::OK);
-    a.json()
-}
 
 #[tokio::test]
 async fn a_random_crowd_over_three_instances_never_exceeds_capacity() {
-    let (_redis, _origin, instances) = three(CAPACITY as u64, "    max_admit_per_tick: 2\n").await;
+    let (_redis, _origin, instances) = three(
+        RouteYaml::tickets(CAPACITY)
+            .with("pass_ttl", "2s")
+            .with("max_admit_per_tick", 2),
+    )
+    .await;
     random_crowd(&instances).await;
 }
 
 #[tokio::test]
 async fn a_random_crowd_on_a_split_line_over_a_cluster_never_exceeds_capacity() {
-    let (_cluster, _origin, instances) =
-        three_on_a_cluster(CAPACITY as u64, "    max_admit_per_tick: 2\n").await;
+    let (_cluster, _origin, instances) = fleet(
+        RedisCluster::start(),
+        RouteYaml::tickets(CAPACITY)
+            .with("pass_ttl", "2s")
+            .with("shards", 3)
+            .with("max_admit_per_tick", 2),
+        3,
+    )
+    .await;
     random_crowd(&instances).await;
 }
 
@@ -111,13 +78,20 @@ async fn random_crowd(instances: &[Instance]) {
 
 #[tokio::test]
 async fn sequential_joiners_over_three_instances_are_admitted_in_join_order() {
-    let (_redis, _origin, instances) = three(1, "").await;
+    let (_redis, _origin, instances) = three(RouteYaml::tickets(1).with("pass_ttl", "2s")).await;
     sequential_joiners(&instances).await;
 }
 
 #[tokio::test]
 async fn sequential_joiners_on_a_split_line_over_a_cluster_are_admitted_in_join_order() {
-    let (_cluster, _origin, instances) = three_on_a_cluster(1, "").await;
+    let (_cluster, _origin, instances) = fleet(
+        RedisCluster::start(),
+        RouteYaml::tickets(1)
+            .with("pass_ttl", "2s")
+            .with("shards", 3),
+        3,
+    )
+    .await;
     sequential_joiners(&instances).await;
 }
 
@@ -179,7 +153,8 @@ async fn sequential_joiners(instances: &[Instance]) {
 #[tokio::test]
 async fn flushall_loses_no_place_and_never_exceeds_capacity() {
     const CAPACITY: usize = 3;
-    let (redis, _origin, instances) = three(CAPACITY as u64, "").await;
+    let (redis, _origin, instances) =
+        three(RouteYaml::tickets(CAPACITY).with("pass_ttl", "2s")).await;
     let mut admitted = Vec::new();
     for i in 0..CAPACITY {
         let mut v = Visitor::new();

@@ -4,8 +4,6 @@
 //! up, into an order unrelated to arrival; later arrivals queue behind.
 
 mod common;
-#[path = "common/redis.rs"]
-mod redis_harness;
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -14,7 +12,6 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use common::*;
 use futures_util::stream::{self, StreamExt};
-use redis_harness::RedisServer;
 
 const WAITING_KEY: &str = "qg:{tickets}:waiting";
 const OPENED_LOG: &str = "opened: the pre-queue was shuffled";
@@ -33,23 +30,13 @@ fn rfc3339(unix_s: u64) -> String {
         .rfc3339()
 }
 
-/// Three instances with route `tickets` opening at `opens_at_s`; capacity
-/// 1, so the line stays for reading after the opening.
-async fn three(opens_at_s: u64) -> (RedisServer, Origin, Vec<Instance>) {
-    let redis = RedisServer::start();
-    let (origin, _hits) = counting_origin().await;
-    let route = format!(
-        "routes:\n  - name: tickets\n    match: {{ path_prefix: /tickets }}\n    capacity: 1\n    \
-         tick: 50ms\n    pass_ttl: 2s\n    max_waiting: 100000\n    \
-         client_limits: {{ places: 0, joins_per_minute: 0 }}\n    \
-         opens_at: \"{}\"\n",
-        rfc3339(opens_at_s)
-    );
-    let mut instances = Vec::new();
-    for _ in 0..3 {
-        instances.push(Instance::start(&redis.url(), &origin.url(), &route).await);
-    }
-    (redis, origin, instances)
+/// Route `tickets` opening at `opens_at_s`; capacity 1, so the line stays
+/// for reading after the opening.
+fn opening_at(opens_at_s: u64) -> RouteYaml {
+    RouteYaml::tickets(1)
+        .with("pass_ttl", "2s")
+        .with("max_waiting", 100_000)
+        .with("opens_at", format!("\"{}\"", rfc3339(opens_at_s)))
 }
 
 /// The store's name for the holder of ticket cookie `value`: the first 12
@@ -75,12 +62,6 @@ fn spearman(a: &[usize], b: &[usize]) -> f64 {
     1.0 - 6.0 * d2 / (n * (n * n - 1.0))
 }
 
-async fn status(v: &mut Visitor, at: &Instance) -> serde_json::Value {
-    let a = v.fetch(&at.url("/__queuegate/status?route=tickets")).await;
-    assert_eq!(a.status, http::StatusCode::OK);
-    a.json()
-}
-
 /// Sleeps until `unix_s` (and `extra` more).
 async fn until(unix_s: u64, extra: Duration) {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
@@ -94,7 +75,7 @@ async fn a_thousand_early_arrivals_are_admitted_in_an_order_unrelated_to_arrival
     const LATE: usize = 30;
     // Whole seconds in the config: at least 4 s to arrive.
     let opens_at_s = now_s() + 7;
-    let (redis, _origin, instances) = three(opens_at_s).await;
+    let (redis, _origin, instances) = three(opening_at(opens_at_s)).await;
     assert!(now_s() + 4 <= opens_at_s, "instances started too slowly");
 
     // A thousand visitors arrive before the opening, over the three
@@ -207,7 +188,7 @@ async fn a_thousand_early_arrivals_are_admitted_in_an_order_unrelated_to_arrival
 #[tokio::test]
 async fn the_opening_runs_once_when_the_instance_that_would_run_it_is_killed() {
     let opens_at_s = now_s() + 5;
-    let (redis, origin, mut instances) = three(opens_at_s).await;
+    let (redis, origin, mut instances) = three(opening_at(opens_at_s)).await;
     let mut crowd = Vec::new();
     for i in 0..60 {
         let mut v = Visitor::new();

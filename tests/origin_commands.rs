@@ -7,8 +7,6 @@
 //! Redis.
 
 mod common;
-#[path = "common/redis.rs"]
-mod redis_harness;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -20,7 +18,6 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use queuegate::config::{AmbiguousPaths, Backend};
-use redis_harness::RedisServer;
 
 /// An origin that counts its requests, says whether a request carried a
 /// `Queuegate-Command` header, and answers paths ending in `/end` with
@@ -58,30 +55,6 @@ async fn commanding_origin() -> (Origin, Arc<AtomicUsize>) {
     (origin, hits)
 }
 
-async fn gated(
-    capacity: u64,
-    tune: impl FnOnce(&mut queuegate::config::Config, &mut queuegate::config::Route),
-) -> (Gate, Origin, Arc<AtomicUsize>) {
-    let (origin, hits) = commanding_origin().await;
-    let mut config = proxy_config(&origin.url());
-    let mut r = route("tickets", "/tickets", capacity);
-    tune(&mut config, &mut r);
-    config.routes.push(r);
-    let gate = spawn_gate_with(config, ring("k1")).await;
-    (gate, origin, hits)
-}
-
-/// Polls until the visitor is admitted; panics after 10 s.
-async fn wait_admitted(v: &mut Visitor, gate: &Gate) {
-    for _ in 0..500 {
-        if v.status(gate, "tickets").await["state"] == "admitted" {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("never admitted");
-}
-
 /// Whether `a` clears the route's pass cookie.
 fn clears_pass(a: &Answer) -> bool {
     a.headers.get_all("set-cookie").iter().any(|v| {
@@ -108,7 +81,7 @@ async fn inside(gate: &Gate) -> Visitor {
 
 #[tokio::test]
 async fn end_session_from_the_origin_frees_the_slot_and_the_pass() {
-    let (gate, _origin, _hits) = gated(1, |_, _| {}).await;
+    let (gate, _origin, _hits) = gated_origin(commanding_origin().await, 1, |_, _| {}).await;
     let mut a = inside(&gate).await;
     let pass = a.cookie("qg_tickets").unwrap().to_owned();
     let mut b = Visitor::new();
@@ -131,7 +104,7 @@ async fn end_session_from_the_origin_frees_the_slot_and_the_pass() {
 
 #[tokio::test]
 async fn the_command_is_read_in_any_case_and_from_a_list() {
-    let (gate, _origin, _hits) = gated(10, |_, _| {}).await;
+    let (gate, _origin, _hits) = gated_origin(commanding_origin().await, 10, |_, _| {}).await;
     for path in ["/tickets/END", "/tickets/list"] {
         let mut v = inside(&gate).await;
         let ended = v.navigate(&gate.url(path)).await;
@@ -143,7 +116,7 @@ async fn the_command_is_read_in_any_case_and_from_a_list() {
 
 #[tokio::test]
 async fn unknown_commands_are_stripped_and_change_nothing() {
-    let (gate, _origin, _hits) = gated(10, |_, _| {}).await;
+    let (gate, _origin, _hits) = gated_origin(commanding_origin().await, 10, |_, _| {}).await;
     let mut v = inside(&gate).await;
     let a = v.navigate(&gate.url("/tickets/unknown")).await;
     assert!(a.reached_origin());
@@ -154,7 +127,7 @@ async fn unknown_commands_are_stripped_and_change_nothing() {
 
 #[tokio::test]
 async fn a_command_on_an_ungated_path_is_stripped_and_does_nothing() {
-    let (gate, _origin, _hits) = gated(1, |_, _| {}).await;
+    let (gate, _origin, _hits) = gated_origin(commanding_origin().await, 1, |_, _| {}).await;
     let mut v = inside(&gate).await;
     let a = v.navigate(&gate.url("/free/end")).await;
     assert!(a.reached_origin(), "{a:?}");
@@ -171,7 +144,7 @@ async fn a_command_on_an_ungated_path_is_stripped_and_does_nothing() {
 
 #[tokio::test]
 async fn a_client_sending_the_command_changes_nothing() {
-    let (gate, _origin, _hits) = gated(1, |_, _| {}).await;
+    let (gate, _origin, _hits) = gated_origin(commanding_origin().await, 1, |_, _| {}).await;
     let mut v = inside(&gate).await;
     for name in ["queuegate-command", "QueueGate-Command"] {
         let req = Request::get(gate.url("/tickets/x"))
@@ -192,7 +165,7 @@ async fn a_client_sending_the_command_changes_nothing() {
 
 #[tokio::test]
 async fn every_spelling_of_an_exit_path_ends_the_session() {
-    let (gate, _origin, _hits) = gated(1, |config, r| {
+    let (gate, _origin, _hits) = gated_origin(commanding_origin().await, 1, |config, r| {
         config.limits.ambiguous_paths = AmbiguousPaths::Gate;
         r.exit_paths = vec!["/tickets/done".into()];
     })
@@ -316,7 +289,10 @@ async fn one_and_three_requests_per_session_on_redis() {
 
 #[tokio::test]
 async fn a_used_up_navigation_goes_back_through_the_line() {
-    let (gate, _origin, hits) = gated(1, |_, r| r.max_requests_per_session = Some(2)).await;
+    let (gate, _origin, hits) = gated_origin(commanding_origin().await, 1, |_, r| {
+        r.max_requests_per_session = Some(2)
+    })
+    .await;
     let mut v = Visitor::new();
     assert!(v.navigate(&gate.url("/tickets/a")).await.reached_origin());
     let pass = v.cookie("qg_tickets").unwrap().to_owned();
@@ -346,43 +322,6 @@ async fn a_used_up_navigation_goes_back_through_the_line() {
 // Three `queuegate` processes on one Redis (as in tests/multi_instance.rs,
 // kept here so their load does not overlap that file's timing-bound tests).
 
-fn route_yaml(capacity: u64, extra: &str) -> String {
-    format!(
-        "  - name: tickets\n    match: {{ path_prefix: /tickets }}\n    capacity: {capacity}\n    \
-         tick: 50ms\n    pass_ttl: 2s\n    \
-         client_limits: {{ places: 0, joins_per_minute: 0 }}\n{extra}"
-    )
-}
-
-async fn three(capacity: u64, extra: &str) -> (RedisServer, Origin, Vec<Instance>) {
-    let redis = RedisServer::start();
-    let (origin, _hits) = counting_origin().await;
-    let route = route_yaml(capacity, extra);
-    let mut instances = Vec::new();
-    for _ in 0..3 {
-        instances
-            .push(Instance::start(&redis.url(), &origin.url(), &format!("routes:\n{route}")).await);
-    }
-    (redis, origin, instances)
-}
-
-async fn status(v: &mut Visitor, at: &Instance) -> serde_json::Value {
-    let a = v.fetch(&at.url("/__queuegate/status?route=tickets")).await;
-    assert_eq!(a.status, StatusCode::OK);
-    a.json()
-}
-
-/// Polls `v`'s status on `at` until it is admitted; panics after 10 s.
-async fn admitted_on(v: &mut Visitor, at: &Instance) {
-    for _ in 0..500 {
-        if status(v, at).await["state"] == "admitted" {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("never admitted");
-}
-
 /// Replays `pass` on `at` until it no longer reaches the origin; panics
 /// after 5 s (a pass is refused by every instance once it renews, at most
 /// half its two-second life after the session ended).
@@ -405,7 +344,12 @@ async fn refused_on(pass: &str, at: &Instance) {
 #[tokio::test]
 async fn an_ended_session_frees_its_slot_for_a_waiter_on_another_instance() {
     for exit in ["/tickets/done", "/tickets//done"] {
-        let (_redis, _origin, instances) = three(1, "    exit_paths: [/tickets/done]\n").await;
+        let (_redis, _origin, instances) = three(
+            RouteYaml::tickets(1)
+                .with("pass_ttl", "2s")
+                .with("exit_paths", "[/tickets/done]"),
+        )
+        .await;
         let mut a = Visitor::new();
         assert!(a
             .navigate(&instances[0].url("/tickets/x"))
@@ -449,7 +393,7 @@ async fn an_ended_session_frees_its_slot_for_a_waiter_on_another_instance() {
             );
         }
         // The slot is the waiter's, through another instance.
-        admitted_on(&mut b, &instances[1]).await;
+        wait_admitted(&mut b, &instances[1]).await;
         assert!(b
             .navigate(&instances[0].url("/tickets/x"))
             .await
@@ -465,13 +409,10 @@ async fn one_pass_over_three_instances_makes_exactly_its_requests() {
     let redis = RedisServer::start();
     for limit in [1, 3] {
         let (origin, hits) = counting_origin().await;
-        let route = route_yaml(5, &format!("    max_requests_per_session: {limit}\n"));
-        let mut instances = Vec::new();
-        for _ in 0..3 {
-            instances.push(
-                Instance::start(&redis.url(), &origin.url(), &format!("routes:\n{route}")).await,
-            );
-        }
+        let route = RouteYaml::tickets(5)
+            .with("pass_ttl", "2s")
+            .with("max_requests_per_session", limit);
+        let instances = start_instances(&redis, &origin, route, 3).await;
         let mut v = Visitor::new();
         let a = v
             .navigate(&instances[0].url("/__queuegate/waiting?route=tickets&return=/tickets/x"))

@@ -4,8 +4,6 @@
 //! on the dead store; when Redis is back the line resumes.
 
 mod common;
-#[path = "common/redis.rs"]
-mod redis_harness;
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -14,7 +12,6 @@ use std::time::Duration;
 use common::*;
 use http::StatusCode;
 use queuegate::config::{Backend, OnStoreError};
-use redis_harness::RedisServer;
 
 /// The store's call timeout in these tests.
 const STORE_TIMEOUT: Duration = Duration::from_millis(200);
@@ -470,21 +467,6 @@ async fn under_local_a_pause_just_after_an_opening_lets_nobody_in_at_once() {
     assert!(!a.reached_origin(), "{a:?}");
     redis.resume();
     gate.stop().await.unwrap();
-}
-
-/// Polls `cond` until it holds (a failure guard of 10 s, not a timing check).
-async fn eventually_async<F, Fut>(what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    for _ in 0..400 {
-        if cond().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("{what}: not within 10 s");
 }
 
 /// While the local line answers for a paused store, waiters are told to poll

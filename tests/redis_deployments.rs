@@ -1,92 +1,20 @@
 //! The Redis store across deployments and failures: a Redis that restarts or
 //! hangs, a three-node Cluster, and a Sentinel failover.
 
-#[path = "common/redis.rs"]
-mod redis_harness;
+mod common;
 
-use std::future::Future;
 use std::time::Duration;
 
+use common::store::{long_limits, pass_of_second, polled_place, polled_ticket, waiting};
+use common::{free_port, until_ok, RedisCluster, RedisSentinel, RedisServer};
 use queuegate::queue::{
-    Arrival, Lanes, Limits, PassTimes, Place, Poll, QueueStore, RedisStore, StoreError,
-    TicketTimes, VisitorId,
+    Arrival, Limits, PassTimes, Poll, QueueStore, RedisStore, StoreError, VisitorId,
 };
-use redis_harness::{RedisCluster, RedisSentinel, RedisServer};
-
-fn limits() -> Limits {
-    Limits {
-        capacity: 1,
-        max_admit_per_tick: 10,
-        tick: Duration::from_secs(600),
-        session_ttl: Duration::from_secs(600),
-        pass_ttl: Duration::from_secs(60),
-        arrival_grace: Duration::from_secs(60),
-        abandon_after: Duration::from_secs(30),
-        max_waiting: 1000,
-        confirm_within: Duration::from_secs(30),
-        client_places: 0,
-        client_joins_per_minute: 0,
-        lanes: Lanes::default(),
-        opens_at_us: None,
-        shards: 1,
-    }
-}
-
-/// A ticket polled once right after it was issued.
-fn polled_ticket(score_us: u64) -> TicketTimes {
-    TicketTimes {
-        score_us,
-        seen_us: score_us + 1,
-        lane: 0,
-    }
-}
-
-/// A confirmed pass issued at the start of second `issued_s`.
-fn pass_of_second(issued_s: u64) -> PassTimes {
-    PassTimes {
-        issued_ms: issued_s * 1_000,
-        confirmed: true,
-        granted_locally: false,
-    }
-}
 
 fn id(n: u8) -> VisitorId {
     let mut v = [0xa5; 16];
     v[0] = n;
     v
-}
-
-fn waiting(arrival: Arrival) -> Place {
-    match arrival {
-        Arrival::Waiting(place) => place,
-        other => panic!("expected to wait, got {other:?}"),
-    }
-}
-
-fn polled(poll: Poll) -> Place {
-    match poll {
-        Poll::Waiting(place) => place,
-        other => panic!("expected to wait, got {other:?}"),
-    }
-}
-
-/// Retries `op` until it succeeds (the store reconnecting), up to 30 s.
-async fn eventually<T, F, Fut>(what: &str, mut op: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, StoreError>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        match op().await {
-            Ok(v) => return v,
-            Err(e) if tokio::time::Instant::now() < deadline => {
-                tracing::debug!(error = %e, "{what}: retrying");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("{what} never succeeded: {e}"),
-        }
-    }
 }
 
 #[tokio::test]
@@ -95,7 +23,7 @@ async fn connect_does_not_wait_for_redis_and_ready_fails_while_it_is_down() {
     // the port is picked here; another test may bind it first, and then the
     // whole sequence is tried again on another port.
     for _ in 0..20 {
-        let port = redis_harness::free_port(false);
+        let port = free_port(false);
         let cfg = queuegate::config::RedisConfig {
             mode: queuegate::config::RedisMode::Standalone {
                 url: format!("redis://127.0.0.1:{port}"),
@@ -106,17 +34,17 @@ async fn connect_does_not_wait_for_redis_and_ready_fails_while_it_is_down() {
         let store = RedisStore::connect(&cfg).expect("connect is lazy");
         assert!(store.ready().await.is_err());
         assert!(store
-            .arrive("r", &id(1), &[], &limits(), true, None, 0)
+            .arrive("r", &id(1), &[], &long_limits(1), true, None, 0)
             .await
             .is_err());
         // Redis comes up: the same store starts answering.
         let Some(_server) = RedisServer::try_start(port, None, &[]) else {
             continue;
         };
-        eventually("ready after start", || store.ready()).await;
+        until_ok("ready after start", || store.ready()).await;
         assert_eq!(
             store
-                .arrive("r", &id(1), &[], &limits(), true, None, 0)
+                .arrive("r", &id(1), &[], &long_limits(1), true, None, 0)
                 .await
                 .unwrap(),
             Arrival::Admitted
@@ -133,11 +61,11 @@ async fn readiness_fails_when_redis_dies_and_recovers_after_restart() {
     store.ready().await.unwrap();
     server.kill();
     assert!(store.ready().await.is_err());
-    assert!(store.stats("r", &limits()).await.is_err());
+    assert!(store.stats("r", &long_limits(1)).await.is_err());
     server.restart();
-    eventually("ready after restart", || store.ready()).await;
+    until_ok("ready after restart", || store.ready()).await;
     // Scripts are gone with the old process: they are loaded again.
-    let stats = store.stats("r", &limits()).await.unwrap();
+    let stats = store.stats("r", &long_limits(1)).await.unwrap();
     assert_eq!((stats.waiting, stats.active), (0, 0));
 }
 
@@ -148,7 +76,7 @@ async fn calls_time_out_while_redis_is_stopped() {
     store.ready().await.unwrap();
     server.pause();
     let arrive = store
-        .arrive("r", &id(1), &[], &limits(), true, None, 0)
+        .arrive("r", &id(1), &[], &long_limits(1), true, None, 0)
         .await;
     assert!(
         matches!(arrive, Err(StoreError::Timeout)),
@@ -156,16 +84,16 @@ async fn calls_time_out_while_redis_is_stopped() {
     );
     assert!(matches!(store.ready().await, Err(StoreError::Timeout)));
     server.resume();
-    eventually("ready after SIGCONT", || store.ready()).await;
-    store.stats("r", &limits()).await.unwrap();
+    until_ok("ready after SIGCONT", || store.ready()).await;
+    store.stats("r", &long_limits(1)).await.unwrap();
 }
 
 #[tokio::test]
 async fn cluster_runs_each_route_on_its_slot() {
     let cluster = RedisCluster::start();
     let store = RedisStore::connect(&cluster.config(Duration::from_secs(2))).unwrap();
-    eventually("cluster ready", || store.ready()).await;
-    let l = limits();
+    until_ok("cluster ready", || store.ready()).await;
+    let l = long_limits(1);
     let routes = ["tickets", "shop", "news", "login", "api"];
     for route in routes {
         assert_eq!(
@@ -188,7 +116,7 @@ async fn cluster_runs_each_route_on_its_slot() {
                 .unwrap(),
         );
         assert_eq!((b.position, c.position), (1, 2));
-        store.leave(route, &id(1), &limits()).await.unwrap();
+        store.leave(route, &id(1), &long_limits(1)).await.unwrap();
         let tick = store.admit_tick(route, &l, None).await.unwrap();
         assert_eq!(tick.admitted_scores, vec![b.score_us]);
         assert_eq!(
@@ -226,8 +154,8 @@ async fn cluster_runs_each_route_on_its_slot() {
 async fn sentinel_failover_keeps_the_line_going() {
     let mut trio = RedisSentinel::start();
     let store = RedisStore::connect(&trio.config(Duration::from_millis(500))).unwrap();
-    eventually("sentinel ready", || store.ready()).await;
-    let l = limits();
+    until_ok("sentinel ready", || store.ready()).await;
+    let l = long_limits(1);
     assert_eq!(
         store
             .arrive("r", &id(1), &[], &l, true, None, 0)
@@ -256,8 +184,8 @@ async fn sentinel_failover_keeps_the_line_going() {
     let mut positions = Vec::new();
     for (i, place) in line.iter().enumerate() {
         let visitor = id(i as u8 + 2);
-        let now = polled(
-            eventually("poll after failover", || {
+        let now = polled_place(
+            until_ok("poll after failover", || {
                 store.poll("r", &visitor, &[], polled_ticket(place.score_us), &l)
             })
             .await,
@@ -282,14 +210,14 @@ async fn sentinel_failover_keeps_the_line_going() {
     // And the admitter admits the head once the slot frees. (A tick whose
     // answer came too late ran all the same, and the one after it in the
     // same window does not run: the head is asked.)
-    store.leave("r", &id(1), &limits()).await.unwrap();
-    let tick = eventually("tick after failover", || store.admit_tick("r", &l, None)).await;
+    store.leave("r", &id(1), &long_limits(1)).await.unwrap();
+    let tick = until_ok("tick after failover", || store.admit_tick("r", &l, None)).await;
     assert!(
         tick.admitted_scores.is_empty() || tick.admitted_scores == vec![line[0].score_us],
         "{tick:?}"
     );
     let first = id(2);
-    let head = eventually("poll the head", || {
+    let head = until_ok("poll the head", || {
         store.poll("r", &first, &[], polled_ticket(line[0].score_us), &l)
     })
     .await;
@@ -305,8 +233,8 @@ async fn sentinel_failover_keeps_the_line_going() {
 async fn sentinel_switchover_moves_writes_to_the_new_master() {
     let trio = RedisSentinel::start();
     let store = RedisStore::connect(&trio.config(Duration::from_millis(500))).unwrap();
-    eventually("sentinel ready", || store.ready()).await;
-    let l = limits();
+    until_ok("sentinel ready", || store.ready()).await;
+    let l = long_limits(1);
     assert_eq!(
         store
             .arrive("r", &id(1), &[], &l, true, None, 0)
@@ -327,14 +255,14 @@ async fn sentinel_switchover_moves_writes_to_the_new_master() {
     trio.wait_for_demotion();
 
     let c = waiting(
-        eventually("arrive after switchover", || {
+        until_ok("arrive after switchover", || {
             store.arrive("r", &[3; 16], &[], &l, true, None, 0)
         })
         .await,
     );
     assert_eq!((c.position, c.waiting_total), (2, 2));
     assert_eq!(
-        polled(
+        polled_place(
             store
                 .poll("r", &id(2), &[], polled_ticket(b.score_us), &l)
                 .await
@@ -356,14 +284,14 @@ async fn sentinel_switchover_moves_writes_to_the_new_master() {
 async fn a_split_route_lives_on_every_master_and_a_lost_sub_line_stays_within_capacity() {
     let cluster = RedisCluster::start();
     let store = RedisStore::connect(&cluster.config(Duration::from_secs(2))).unwrap();
-    eventually("cluster ready", || store.ready()).await;
+    until_ok("cluster ready", || store.ready()).await;
     let l = Limits {
         capacity: 30,
         max_admit_per_tick: 100,
         tick: Duration::from_millis(50),
         pass_ttl: Duration::from_secs(2),
         shards: 3,
-        ..limits()
+        ..long_limits(1)
     };
     let route = "launch";
     let visitor = |n: u32| {

@@ -1,63 +1,26 @@
 //! The Redis store against a real standalone `redis-server`: each operation's
 //! semantics, script reload, store loss (FLUSHALL), the key layout, and
-//! several instances sharing one Redis.
+//! several instances sharing one Redis. What every backend must do is
+//! checked by the store contract (tests/store_contract.rs), on Redis too.
 
-#[path = "common/redis.rs"]
-mod redis_harness;
+mod common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
+use common::store::{long_limits, pass_of_second, polled_place, polled_ticket, waiting};
+use common::RedisServer;
 use queuegate::queue::{
-    store_id, Arrival, Arriving, Heartbeat, Lanes, Limits, PassTimes, Poll, QueueStore, RedisStore,
-    StoreError, Tick, TicketTimes, VisitorId,
+    store_id, Arrival, Arriving, Heartbeat, Limits, Poll, QueueStore, RedisStore, StoreError, Tick,
+    TicketTimes, VisitorId,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use redis_harness::RedisServer;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 
-fn limits() -> Limits {
-    Limits {
-        capacity: 2,
-        max_admit_per_tick: 10,
-        // Long windows, so a test's calls share one window.
-        tick: Duration::from_secs(600),
-        session_ttl: Duration::from_secs(600),
-        pass_ttl: Duration::from_secs(60),
-        arrival_grace: Duration::from_secs(60),
-        abandon_after: Duration::from_secs(30),
-        max_waiting: 100,
-        confirm_within: Duration::from_secs(30),
-        client_places: 0,
-        client_joins_per_minute: 0,
-        lanes: Lanes::default(),
-        opens_at_us: None,
-        shards: 1,
-    }
-}
-
 /// Ids with bytes that would break a key (braces, colon, NUL, high bytes):
 /// they are members only.
-/// A ticket polled once right after it was issued.
-fn polled_ticket(score_us: u64) -> TicketTimes {
-    TicketTimes {
-        score_us,
-        seen_us: score_us + 1,
-        lane: 0,
-    }
-}
-
-/// A confirmed pass issued at the start of second `issued_s`.
-fn pass_of_second(issued_s: u64) -> PassTimes {
-    PassTimes {
-        issued_ms: issued_s * 1_000,
-        confirmed: true,
-        granted_locally: false,
-    }
-}
-
 fn id(n: u8) -> VisitorId {
     let mut v = *b"{x}:\0\xff\xfe qg:{rt}}";
     v[1] = n;
@@ -66,20 +29,6 @@ fn id(n: u8) -> VisitorId {
 
 fn store(server: &RedisServer) -> RedisStore {
     RedisStore::connect(&server.config(TIMEOUT)).expect("config is well formed")
-}
-
-fn waiting(arrival: Arrival) -> queuegate::queue::Place {
-    match arrival {
-        Arrival::Waiting(place) => place,
-        other => panic!("expected to wait, got {other:?}"),
-    }
-}
-
-fn polled_place(poll: Poll) -> queuegate::queue::Place {
-    match poll {
-        Poll::Waiting(place) => place,
-        other => panic!("expected to wait, got {other:?}"),
-    }
 }
 
 /// Runs admit_tick until it runs (a new window), polling in small steps.
@@ -98,7 +47,7 @@ async fn tick_that_runs(store: &RedisStore, route: &str, limits: &Limits) -> Tic
 async fn arrive_admits_at_once_while_free_then_queues_in_order() {
     let server = RedisServer::start();
     let s = store(&server);
-    let l = limits();
+    let l = long_limits(2);
     assert_eq!(
         s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap(),
         Arrival::Admitted
@@ -132,25 +81,13 @@ async fn arrive_admits_at_once_while_free_then_queues_in_order() {
 }
 
 #[tokio::test]
-async fn arrive_without_admit_now_joins_even_when_free() {
-    let server = RedisServer::start();
-    let s = store(&server);
-    let p = waiting(
-        s.arrive("r", &id(1), &[], &limits(), false, None, 0)
-            .await
-            .unwrap(),
-    );
-    assert_eq!((p.position, p.waiting_total), (1, 1));
-}
-
-#[tokio::test]
 async fn admit_now_shares_the_tick_budget_and_stops_when_someone_waits() {
     let server = RedisServer::start();
     let s = store(&server);
     let l = Limits {
         capacity: 10,
         max_admit_per_tick: 1,
-        ..limits()
+        ..long_limits(2)
     };
     assert_eq!(
         s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap(),
@@ -182,30 +119,12 @@ async fn admit_now_shares_the_tick_budget_and_stops_when_someone_waits() {
 }
 
 #[tokio::test]
-async fn a_full_line_queues_nobody() {
-    let server = RedisServer::start();
-    let s = store(&server);
-    let l = Limits {
-        capacity: 0,
-        max_waiting: 2,
-        ..limits()
-    };
-    waiting(s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap());
-    waiting(s.arrive("r", &id(2), &[], &l, true, None, 0).await.unwrap());
-    assert_eq!(
-        s.arrive("r", &id(3), &[], &l, true, None, 0).await.unwrap(),
-        Arrival::Full { waiting_total: 2 }
-    );
-    assert_eq!(s.stats("r", &l).await.unwrap().waiting, 2);
-}
-
-#[tokio::test]
 async fn admit_tick_admits_from_the_head_up_to_capacity_once_per_window() {
     let server = RedisServer::start();
     let s = store(&server);
     let l = Limits {
         capacity: 3,
-        ..limits()
+        ..long_limits(2)
     };
     let mut scores = Vec::new();
     for n in 1..=5 {
@@ -257,7 +176,7 @@ async fn admit_tick_admits_at_most_max_admit_per_tick() {
         capacity: 100,
         max_admit_per_tick: 2,
         tick: Duration::from_millis(100),
-        ..limits()
+        ..long_limits(2)
     };
     let mut scores = Vec::new();
     for n in 1..=5 {
@@ -277,185 +196,13 @@ async fn admit_tick_admits_at_most_max_admit_per_tick() {
 }
 
 #[tokio::test]
-async fn leave_frees_the_slot_and_the_place() {
-    let server = RedisServer::start();
-    let s = store(&server);
-    let l = Limits {
-        capacity: 1,
-        ..limits()
-    };
-    assert_eq!(
-        s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap(),
-        Arrival::Admitted
-    );
-    let b = waiting(s.arrive("r", &id(2), &[], &l, true, None, 0).await.unwrap());
-    let c = waiting(s.arrive("r", &id(3), &[], &l, true, None, 0).await.unwrap());
-    s.leave("r", &id(2), &limits()).await.unwrap();
-    let c_now = polled_place(
-        s.poll("r", &id(3), &[], polled_ticket(c.score_us), &l)
-            .await
-            .unwrap(),
-    );
-    assert_eq!((c_now.position, c_now.waiting_total), (1, 1));
-    s.leave("r", &id(1), &limits()).await.unwrap();
-    s.leave("r", &id(99), &limits()).await.unwrap();
-    let stats = s.stats("r", &l).await.unwrap();
-    assert_eq!((stats.active, stats.waiting), (0, 1));
-    // The pass of a visitor who left is not renewed (the pass was issued
-    // after the epoch, beyond the one-second allowance).
-    let issued_s = stats.epoch_us / 1_000_000 + 2;
-    assert!(!s
-        .renew("r", &id(1), &[], pass_of_second(issued_s), &l)
-        .await
-        .unwrap());
-    // b's ticket is young, but b left: its tombstone keeps it from coming
-    // back as a lost write.
-    assert_eq!(
-        s.poll("r", &id(2), &[], polled_ticket(b.score_us), &l)
-            .await
-            .unwrap(),
-        Poll::Gone
-    );
-}
-
-#[tokio::test]
-async fn renew_extends_live_sessions_only() {
-    let server = RedisServer::start();
-    let s = store(&server);
-    let l = limits();
-    assert_eq!(
-        s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap(),
-        Arrival::Admitted
-    );
-    let epoch_s = s.stats("r", &l).await.unwrap().epoch_us / 1_000_000;
-    assert!(s
-        .renew("r", &id(1), &[], pass_of_second(epoch_s + 2), &l)
-        .await
-        .unwrap());
-    // Unknown id, pass issued after the epoch: gone, not restored.
-    assert!(!s
-        .renew("r", &id(2), &[], pass_of_second(epoch_s + 2), &l)
-        .await
-        .unwrap());
-    let stats = s.stats("r", &l).await.unwrap();
-    assert_eq!((stats.active, stats.hold_until_us), (1, 0));
-}
-
-#[tokio::test]
-async fn sessions_expire_after_session_ttl() {
-    let server = RedisServer::start();
-    let s = store(&server);
-    let l = Limits {
-        session_ttl: Duration::from_millis(300),
-        ..limits()
-    };
-    assert_eq!(
-        s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap(),
-        Arrival::Admitted
-    );
-    let issued_s = s.stats("r", &l).await.unwrap().epoch_us / 1_000_000 + 2;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while s.stats("r", &l).await.unwrap().active > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "session never expired"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(!s
-        .renew("r", &id(1), &[], pass_of_second(issued_s), &l)
-        .await
-        .unwrap());
-}
-
-#[tokio::test]
-async fn silent_waiters_are_dropped_before_anyone_behind_is_admitted() {
-    let server = RedisServer::start();
-    let s = store(&server);
-    let l = Limits {
-        capacity: 0,
-        abandon_after: Duration::from_millis(800),
-        ..limits()
-    };
-    let a = waiting(
-        s.arrive("r", &id(1), &[], &l, false, None, 0)
-            .await
-            .unwrap(),
-    );
-    let b = waiting(
-        s.arrive("r", &id(2), &[], &l, false, None, 0)
-            .await
-            .unwrap(),
-    );
-    // a polls once (a ticket never polled is unconfirmed, not a ghost).
-    polled_place(
-        s.poll("r", &id(1), &[], polled_ticket(a.score_us), &l)
-            .await
-            .unwrap(),
-    );
-    // b keeps polling, a goes silent until it is a ghost. b polls last, just
-    // before the tick, so only a has been silent for long, however slowly
-    // the loop runs.
-    let silent_since = tokio::time::Instant::now();
-    while silent_since.elapsed() < Duration::from_millis(1_200) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        polled_place(
-            s.poll("r", &id(2), &[], polled_ticket(b.score_us), &l)
-                .await
-                .unwrap(),
-        );
-    }
-    let open = Limits {
-        capacity: 1,
-        ..l.clone()
-    };
-    let tick = s.admit_tick("r", &open, None).await.unwrap();
-    assert!(tick.ran);
-    assert_eq!(tick.admitted_scores, vec![b.score_us]);
-    assert_eq!(tick.abandoned, 1);
-    assert_eq!(
-        s.poll("r", &id(1), &[], polled_ticket(a.score_us), &l)
-            .await
-            .unwrap(),
-        Poll::Gone
-    );
-}
-
-#[tokio::test]
-async fn admitted_waiters_who_never_come_are_no_shows() {
-    let server = RedisServer::start();
-    let s = store(&server);
-    let l = Limits {
-        capacity: 1,
-        arrival_grace: Duration::from_millis(200),
-        tick: Duration::from_millis(100),
-        ..limits()
-    };
-    waiting(
-        s.arrive("r", &id(1), &[], &l, false, None, 0)
-            .await
-            .unwrap(),
-    );
-    let first = tick_that_runs(&s, "r", &l).await;
-    assert_eq!(first.admitted_scores.len(), 1);
-    let mut no_shows = 0;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while no_shows == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "no no-show counted");
-        no_shows += tick_that_runs(&s, "r", &l).await.no_shows;
-    }
-    assert_eq!(no_shows, 1);
-    assert_eq!(s.stats("r", &l).await.unwrap().active, 0);
-}
-
-#[tokio::test]
 async fn missing_entries_come_back_only_under_the_epoch_rules() {
     let server = RedisServer::start();
     let s = store(&server);
     let l = Limits {
         abandon_after: Duration::from_millis(200),
         capacity: 0,
-        ..limits()
+        ..long_limits(2)
     };
     let stats = s.stats("r", &l).await.unwrap();
     // Younger than abandon_after: restored, no hold (not a store loss).
@@ -506,7 +253,7 @@ async fn missing_entries_come_back_only_under_the_epoch_rules() {
 async fn script_flush_reloads_scripts_on_the_next_call() {
     let server = RedisServer::start();
     let s = store(&server);
-    let l = limits();
+    let l = long_limits(2);
     s.ready().await.unwrap();
     assert_eq!(
         s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap(),
@@ -527,7 +274,7 @@ async fn after_flushall_waiters_and_passes_come_back_and_a_hold_blocks_newcomers
     let s = store(&server);
     let l = Limits {
         capacity: 5,
-        ..limits()
+        ..long_limits(2)
     };
     assert_eq!(
         s.arrive("r", &id(1), &[], &l, true, None, 0).await.unwrap(),
@@ -609,7 +356,7 @@ async fn after_flushall_waiters_and_passes_come_back_and_a_hold_blocks_newcomers
 async fn an_instance_that_sees_the_epoch_change_starts_a_hold() {
     let server = RedisServer::start();
     let s = store(&server);
-    let l = limits();
+    let l = long_limits(2);
     let fresh = s.admit_tick("r", &l, None).await.unwrap();
     assert_eq!(s.stats("r", &l).await.unwrap().hold_until_us, 0);
     let _: () = server.query(&["FLUSHALL"]);
@@ -627,7 +374,7 @@ async fn an_instance_that_sees_the_epoch_change_starts_a_hold() {
 async fn only_the_six_route_keys_exist_and_no_id_is_in_a_key() {
     let server = RedisServer::start();
     let s = store(&server);
-    let l = limits();
+    let l = long_limits(2);
     for n in 1..=6 {
         s.arrive("tickets", &id(n), &[], &l, true, None, 0)
             .await
@@ -640,7 +387,7 @@ async fn only_the_six_route_keys_exist_and_no_id_is_in_a_key() {
     s.renew("tickets", &id(1), &[], pass_of_second(0), &l)
         .await
         .unwrap();
-    s.leave("tickets", &id(2), &limits()).await.unwrap();
+    s.leave("tickets", &id(2), &long_limits(2)).await.unwrap();
     s.stats("tickets", &l).await.unwrap();
     let mut keys: Vec<String> = server.query(&["KEYS", "*"]);
     keys.sort();
@@ -674,7 +421,7 @@ async fn three_instances_share_one_line() {
         capacity: 12,
         max_admit_per_tick: 3,
         tick: Duration::from_millis(50),
-        ..limits()
+        ..long_limits(2)
     };
     let tick_us = 50_000;
     let mut rng = StdRng::seed_from_u64(7);
@@ -716,7 +463,7 @@ async fn three_instances_share_one_line() {
             }
             7 if !admitted_ids.is_empty() => {
                 let gone = admitted_ids.swap_remove(rng.random_range(0..admitted_ids.len()));
-                st.leave("shared", &gone, &limits()).await.unwrap();
+                st.leave("shared", &gone, &long_limits(2)).await.unwrap();
             }
             _ => {}
         }
@@ -767,7 +514,7 @@ async fn ghosts_dropped_by_an_arrival_are_counted_by_the_next_tick() {
     let l = Limits {
         capacity: 0,
         abandon_after: Duration::from_millis(300),
-        ..limits()
+        ..long_limits(2)
     };
     let a = waiting(
         s.arrive("r", &id(1), &[], &l, false, None, 0)
@@ -807,7 +554,7 @@ async fn purged_no_shows_leave_tombstones_in_seen_until_abandon_after() {
         tick: Duration::from_millis(100),
         arrival_grace: Duration::from_millis(200),
         abandon_after: Duration::from_millis(1_500),
-        ..limits()
+        ..long_limits(2)
     };
     let seen_key = "qg:{r}:seen";
     let a = waiting(
@@ -890,7 +637,7 @@ async fn a_gap_in_the_ticks_does_not_run_sessions_out() {
     let l = Limits {
         tick: Duration::from_millis(100),
         session_ttl: Duration::from_millis(1_500),
-        ..limits()
+        ..long_limits(2)
     };
     for route in ["gap", "steady"] {
         assert_eq!(
@@ -934,7 +681,7 @@ async fn a_gap_in_the_ticks_does_not_run_sessions_out() {
 async fn an_arrival_run_after_its_caller_gave_up_stores_nothing() {
     let mut server = RedisServer::start();
     let s = store(&server);
-    let l = limits();
+    let l = long_limits(2);
     // The connection is up and the script loaded before Redis stops (a
     // script Redis does not know yet would only be answered NOSCRIPT).
     s.arrive("other", &id(9), &[], &l, false, None, 0)
@@ -979,7 +726,7 @@ async fn ghosts_in_a_long_line_are_dropped_by_the_scan() {
         abandon_after: Duration::from_millis(3_000),
         confirm_within: Duration::from_millis(1_000),
         max_waiting: 100_000,
-        ..limits()
+        ..long_limits(2)
     };
     let wide = |n: u32| {
         let mut v = [0x33; 16];
@@ -1042,11 +789,11 @@ async fn a_split_line_is_not_ticked_as_another_split() {
     let store = RedisStore::connect(&server.config(Duration::from_secs(2))).unwrap();
     let three = Limits {
         shards: 3,
-        ..limits()
+        ..long_limits(2)
     };
     let two = Limits {
         shards: 2,
-        ..limits()
+        ..long_limits(2)
     };
     store.admit_tick("split", &three, None).await.unwrap();
     for n in 0..6u8 {
@@ -1060,7 +807,7 @@ async fn a_split_line_is_not_ticked_as_another_split() {
     store.admit_tick("split", &three, None).await.unwrap();
 
     // Nor as one line.
-    let one = limits();
+    let one = long_limits(2);
     let refused = store.admit_tick("split", &one, None).await.unwrap_err();
     assert!(refused.to_string().contains("3 sub-lines"), "{refused}");
 

@@ -6,8 +6,6 @@
 //! session and a live ticket are restored.
 
 mod common;
-#[path = "common/redis.rs"]
-mod redis_harness;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -17,7 +15,6 @@ use common::*;
 use http::StatusCode;
 use queuegate::admission::Kind;
 use queuegate::config::{Backend, Config};
-use redis_harness::RedisServer;
 
 /// How the store is lost.
 enum Loss {

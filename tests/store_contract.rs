@@ -7,9 +7,13 @@
 //! checks compare orders and counts, never exact times. Seen and active times
 //! may be kept in milliseconds and join scores in microseconds.
 
+mod common;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
+use common::store::polled_ticket;
+use common::{RedisCluster, RedisServer};
 use queuegate::clock::Clock;
 use queuegate::queue::{
     store_id, Arrival, Arriving, Counted, Ended, Heartbeat, Lane, Lanes, Limits, LineRecord,
@@ -79,21 +83,18 @@ impl Harness for Memory {
     }
 }
 
-#[path = "common/redis.rs"]
-mod redis_harness;
-
 /// The Redis store on real `redis-server` processes, on real time.
 struct Redis {
     store: RedisStore,
     config: queuegate::config::RedisConfig,
     /// Every node holding data: one standalone server, or the Cluster's masters.
-    nodes: Vec<redis_harness::RedisServer>,
+    nodes: Vec<RedisServer>,
     routes: u32,
 }
 
 impl Redis {
     fn standalone() -> Redis {
-        let server = redis_harness::RedisServer::start();
+        let server = RedisServer::start();
         let config = server.config(Duration::from_secs(2));
         let store = RedisStore::connect(&config).expect("config is well formed");
         Redis {
@@ -105,7 +106,7 @@ impl Redis {
     }
 
     fn cluster() -> Redis {
-        let cluster = redis_harness::RedisCluster::start();
+        let cluster = RedisCluster::start();
         let config = cluster.config(Duration::from_secs(2));
         let store = RedisStore::connect(&config).expect("config is well formed");
         Redis {
@@ -207,12 +208,7 @@ async fn join<H: Harness>(h: &H, route: &str, n: u32, limits: &Limits) -> Place 
 
 /// Polls with a ticket polled once right after it was issued.
 async fn poll<H: Harness>(h: &H, route: &str, n: u32, score_us: u64, limits: &Limits) -> Poll {
-    let ticket = TicketTimes {
-        score_us,
-        seen_us: score_us + 1,
-        lane: 0,
-    };
-    poll_with(h, route, n, ticket, limits).await
+    poll_with(h, route, n, polled_ticket(score_us), limits).await
 }
 
 async fn poll_with<H: Harness>(

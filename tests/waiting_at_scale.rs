@@ -7,39 +7,14 @@
 //! place.
 
 mod common;
-#[path = "common/redis.rs"]
-mod redis_harness;
 
 use std::time::Duration;
 
 use common::*;
-use redis_harness::RedisServer;
 
 /// The first 100 places are always answered by the store.
 const HEAD: usize = 100;
 const LINE: usize = 260;
-
-async fn three(abandon_after: &str) -> (RedisServer, Origin, Vec<Instance>) {
-    let redis = RedisServer::start();
-    let (origin, _hits) = counting_origin().await;
-    let route = format!(
-        "  - name: tickets\n    match: {{ path_prefix: /tickets }}\n    capacity: 1\n    \
-         tick: 50ms\n    abandon_after: {abandon_after}\n    arrival_grace: 2s\n    \
-         client_limits: {{ places: 0, joins_per_minute: 0 }}\n"
-    );
-    let mut instances = Vec::new();
-    for _ in 0..3 {
-        instances
-            .push(Instance::start(&redis.url(), &origin.url(), &format!("routes:\n{route}")).await);
-    }
-    (redis, origin, instances)
-}
-
-async fn status(v: &mut Visitor, at: &Instance) -> serde_json::Value {
-    let a = v.fetch(&at.url("/__queuegate/status?route=tickets")).await;
-    assert_eq!(a.status, http::StatusCode::OK);
-    a.json()
-}
 
 /// Polls answered (from the record, by the store) over all instances.
 async fn polls(instances: &[Instance]) -> (u64, u64) {
@@ -108,7 +83,12 @@ async fn hold_and_line_up(instances: &[Instance], keep_polling: bool) -> Vec<Vis
 
 #[tokio::test]
 async fn polls_behind_the_head_are_answered_from_the_record() {
-    let (_redis, _origin, instances) = three("30s").await;
+    let (_redis, _origin, instances) = three(
+        RouteYaml::tickets(1)
+            .with("abandon_after", "30s")
+            .with("arrival_grace", "2s"),
+    )
+    .await;
     let mut line = hold_and_line_up(&instances, false).await;
     // A tick after the last join leaves a record with everyone in it.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -144,7 +124,12 @@ async fn polls_behind_the_head_are_answered_from_the_record() {
 
 #[tokio::test]
 async fn record_answered_waiters_stay_in_line_and_the_silent_and_the_gone_ask_the_store() {
-    let (_redis, _origin, instances) = three("4s").await;
+    let (_redis, _origin, instances) = three(
+        RouteYaml::tickets(1)
+            .with("abandon_after", "4s")
+            .with("arrival_grace", "2s"),
+    )
+    .await;
     let mut line = hold_and_line_up(&instances, true).await;
     // Waiters 200..210 go silent; everyone else polls, anywhere, for longer
     // than abandon_after (4 s), mostly answered from the record.

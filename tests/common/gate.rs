@@ -1,0 +1,263 @@
+//! queuegate run in-process on real sockets (`Gate`), the test config and
+//! routes it is given, and `gated`, a gate with one route in front of an
+//! origin.
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use queuegate::config::*;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::origin::{counting_origin, Origin};
+use super::visitor::PublicUrl;
+
+/// A config with one plain listener on 127.0.0.1:0 in front of `upstream`,
+/// no routes, and short timeouts fit for tests.
+pub fn proxy_config(upstream: &str) -> Config {
+    Config {
+        listen: vec![Listen {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            tls: None,
+        }],
+        admin: None,
+        limits: ServerLimits {
+            header_timeout: Duration::from_secs(10),
+            max_header_bytes: 16384,
+            max_connections: 10_000,
+            drain_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            send_timeout: Duration::from_secs(30),
+            tunnel_idle_timeout: Duration::from_secs(600),
+            workers: None,
+            ambiguous_paths: AmbiguousPaths::Reject,
+            allowed_hosts: vec![],
+            max_event_streams: 100_000,
+        },
+        client_ip: ClientIp::default(),
+        upstream: Upstream {
+            url: upstream.parse().unwrap(),
+            connect_timeout: Duration::from_secs(2),
+            timeout: Duration::from_secs(60),
+            pool: Pool {
+                max_idle_per_host: 256,
+                idle_timeout: Duration::from_secs(90),
+            },
+            host: None,
+            origin_reads_forwarded_host: false,
+            ca_file: None,
+        },
+        store: StoreConfig {
+            backend: Backend::Memory,
+            redis: RedisConfig {
+                mode: RedisMode::Standalone {
+                    url: "redis://127.0.0.1:6379".into(),
+                },
+                timeout: Duration::from_millis(200),
+            },
+            expected_instances: 1,
+        },
+        keys: vec![],
+        cookie: CookieConfig::default(),
+        reserved_prefix: "/__queuegate".into(),
+        bypass: vec![],
+        routes: vec![],
+    }
+}
+
+/// queuegate running in-process on real sockets.
+pub struct Gate {
+    pub addr: SocketAddr,
+    /// The admin listener, when the gate was started with one.
+    pub admin: Option<SocketAddr>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Gate {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// A URL on the admin listener.
+    pub fn admin_url(&self, path: &str) -> String {
+        let admin = self.admin.expect("gate started without an admin listener");
+        format!("http://{admin}{path}")
+    }
+
+    /// Starts the drain without waiting for it.
+    pub fn start_drain(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+
+    /// Starts the drain and waits until queuegate has returned.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        self.start_drain();
+        match self.task.take() {
+            Some(task) => task.await.unwrap(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+impl PublicUrl for Gate {
+    fn url(&self, path: &str) -> String {
+        Gate::url(self, path)
+    }
+}
+
+/// Runs queuegate with `config` on listeners bound here on 127.0.0.1:0,
+/// with a test key ring.
+pub async fn spawn_gate(config: Config) -> Gate {
+    spawn_gate_with(config, ring("k1")).await
+}
+
+/// A test key ring with one key.
+pub fn ring(id: &str) -> queuegate::admission::KeyRing {
+    queuegate::admission::KeyRing::new(vec![(
+        id.to_owned(),
+        format!("test key {id} ").repeat(4).into_bytes(),
+    )])
+    .unwrap()
+}
+
+/// A gated route with test-friendly timings.
+pub fn route(name: &str, prefix: &str, capacity: u64) -> Route {
+    Route {
+        name: name.into(),
+        matcher: RouteMatch {
+            host: None,
+            path_prefix: Some(prefix.into()),
+            case_insensitive: false,
+        },
+        capacity,
+        max_admit_per_tick: 20,
+        tick: Duration::from_millis(20),
+        session_ttl: Duration::from_secs(600),
+        pass_ttl: Duration::from_secs(60),
+        arrival_grace: Duration::from_secs(60),
+        abandon_after: Duration::from_secs(30),
+        max_waiting: 200_000,
+        confirm_within: Duration::from_secs(30),
+        // Every test visitor comes from 127.0.0.1: crowds in tests would hit
+        // the per-client limits, so tests that check them turn them on.
+        client_limits: ClientLimits {
+            places: 0,
+            joins_per_minute: 0,
+        },
+        waiting_status: http::StatusCode::SERVICE_UNAVAILABLE,
+        mode: Mode::Gate,
+        on_store_error: OnStoreError::Local,
+        exit_paths: Vec::new(),
+        max_requests_per_session: None,
+        lanes: queuegate::config::Lanes::default(),
+        opens_at: None,
+        closes_at: None,
+        shards: 1,
+        page: PageConfig::default(),
+    }
+}
+
+/// Runs queuegate with `config` and key ring `ring`.
+pub async fn spawn_gate_with(config: Config, ring: queuegate::admission::KeyRing) -> Gate {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let listeners = queuegate::Listeners {
+        public: vec![listener.into()],
+        admin: None,
+    };
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(queuegate::run_with(config, ring, listeners, async move {
+        let _ = rx.await;
+    }));
+    Gate {
+        addr,
+        admin: None,
+        shutdown: Some(tx),
+        task: Some(task),
+    }
+}
+
+/// Runs queuegate with `config`, key ring `ring` and `options`, with an
+/// admin listener on 127.0.0.1:0 as well.
+pub async fn spawn_gate_opts(
+    config: Config,
+    ring: queuegate::admission::KeyRing,
+    options: queuegate::RunOptions,
+) -> Gate {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let admin_addr = admin.local_addr().unwrap();
+    let listeners = queuegate::Listeners {
+        public: vec![listener.into()],
+        admin: Some(admin),
+    };
+    let (tx, rx) = oneshot::channel::<()>();
+    let shutdown = async move {
+        let _ = rx.await;
+    };
+    let task = tokio::spawn(queuegate::run_with_options(
+        config, ring, listeners, shutdown, options,
+    ));
+    Gate {
+        addr,
+        admin: Some(admin_addr),
+        shutdown: Some(tx),
+        task: Some(task),
+    }
+}
+
+/// queuegate in front of a counting origin, with the route `tickets` on
+/// `/tickets` of `capacity`, which `tune` changes, and the route `other` on
+/// `/other` of 100: the gate, the origin and the origin's request count.
+pub async fn gated(
+    capacity: u64,
+    tune: impl FnOnce(&mut Route),
+) -> (Gate, Origin, Arc<AtomicUsize>) {
+    gated_origin(counting_origin().await, capacity, |config, r| {
+        tune(r);
+        config.routes.push(route("other", "/other", 100));
+    })
+    .await
+}
+
+/// queuegate in front of `origin`, which counts its requests in `hits`,
+/// with the route `tickets` on `/tickets` of `capacity` first; `tune`
+/// changes it and the config (and may add routes after it).
+pub async fn gated_origin(
+    (origin, hits): (Origin, Arc<AtomicUsize>),
+    capacity: u64,
+    tune: impl FnOnce(&mut Config, &mut Route),
+) -> (Gate, Origin, Arc<AtomicUsize>) {
+    let mut config = proxy_config(&origin.url());
+    let mut r = route("tickets", "/tickets", capacity);
+    tune(&mut config, &mut r);
+    config.routes.insert(0, r);
+    let gate = spawn_gate_with(config, ring("k1")).await;
+    (gate, origin, hits)
+}
+
+/// The value of `series` (its name and labels as exported, e.g.
+/// `queuegate_requests_total{decision="bad_request"}`) on `gate`'s admin
+/// listener; 0 when it is not exported.
+pub async fn admin_sample(gate: &Gate, series: &str) -> f64 {
+    let (_, body) = super::visitor::get(&gate.admin_url("/metrics")).await;
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.trim().parse().expect("a sample value"))
+}
