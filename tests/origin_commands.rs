@@ -92,9 +92,7 @@ fn clears_pass(a: &Answer) -> bool {
 
 /// A visitor holding `pass`, as a client replaying it would.
 fn holding(pass: &str) -> Visitor {
-    let mut v = Visitor::new();
-    v.jar.insert("qg_tickets".into(), pass.to_owned());
-    v
+    Visitor::holding("qg_tickets", pass)
 }
 
 /// A visitor admitted at once, whose session is confirmed (its second

@@ -189,6 +189,13 @@ impl Gate {
         format!("http://{admin}{path}")
     }
 
+    /// The admin listener's metrics, as text.
+    pub async fn metrics(&self) -> String {
+        let (parts, body) = get(&self.admin_url("/metrics")).await;
+        assert_eq!(parts.status, http::StatusCode::OK);
+        String::from_utf8_lossy(&body).into_owned()
+    }
+
     /// Starts the drain without waiting for it.
     pub fn start_drain(&mut self) {
         if let Some(tx) = self.shutdown.take() {
@@ -252,6 +259,14 @@ pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("timed out waiting until {what}");
+}
+
+/// The value of `series` (a metric's name and labels, as exported) in
+/// metrics `text`; 0 when it is absent.
+pub fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |n| n.trim().parse().expect("a number"))
 }
 
 /// A test key ring with one key.
@@ -410,6 +425,14 @@ impl Answer {
 impl Visitor {
     pub fn new() -> Visitor {
         Visitor::default()
+    }
+
+    /// A visitor whose jar holds `value` as cookie `name`, as a client
+    /// replaying a cookie it kept would.
+    pub fn holding(name: &str, value: &str) -> Visitor {
+        let mut v = Visitor::new();
+        v.jar.insert(name.to_owned(), value.to_owned());
+        v
     }
 
     fn cookie_header(&self) -> Option<String> {
