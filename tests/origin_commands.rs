@@ -26,6 +26,7 @@ use redis_harness::RedisServer;
 /// `Queuegate-Command` header, and answers paths ending in `/end` with
 /// `end-session`, `/END` with the header name and value in upper case,
 /// `/unknown` with a command it does not know, and `/list` with a list.
+/// A request whose query is `slow` is answered 300 ms after it came.
 async fn commanding_origin() -> (Origin, Arc<AtomicUsize>) {
     let hits = Arc::new(AtomicUsize::new(0));
     let counter = hits.clone();
@@ -33,6 +34,9 @@ async fn commanding_origin() -> (Origin, Arc<AtomicUsize>) {
         let counter = counter.clone();
         async move {
             counter.fetch_add(1, Ordering::SeqCst);
+            if req.uri().query() == Some("slow") {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
             let saw = req.headers().contains_key("queuegate-command");
             let mut resp = Response::new(full(format!("origin {}", req.uri().path())));
             let h = resp.headers_mut();
@@ -489,4 +493,85 @@ async fn one_pass_over_three_instances_makes_exactly_its_requests() {
         assert_eq!(reached, limit, "limit {limit}");
         assert_eq!(hits.load(Ordering::SeqCst), limit, "limit {limit}");
     }
+}
+
+// The client hangs up before the origin answers.
+
+/// Sends `GET target` with `pass` on a socket of its own, waits until the
+/// origin has the request, and closes the socket before the answer.
+async fn hang_up_before_the_answer(gate: &Gate, target: &str, pass: &str, hits: &AtomicUsize) {
+    use tokio::io::AsyncWriteExt;
+    let before = hits.load(Ordering::SeqCst);
+    let mut socket = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
+    let req = format!(
+        "GET {target} HTTP/1.1\r\nHost: shop.test\r\nAccept: text/html\r\n\
+         Sec-Fetch-Mode: navigate\r\nCookie: qg_tickets={pass}\r\n\r\n"
+    );
+    socket.write_all(req.as_bytes()).await.unwrap();
+    eventually("the origin has the request", || {
+        hits.load(Ordering::SeqCst) > before
+    })
+    .await;
+    drop(socket);
+}
+
+/// Whatever way a session ends with the origin's answer (an exit path, the
+/// origin's command, the last request `max_requests_per_session` allows),
+/// it ends when that answer comes although the client hung up before it:
+/// the slot goes to the next waiter, the pass admits no more, and the
+/// request is counted as one whose client went away.
+async fn a_session_ends_though_its_client_hung_up(on_redis: bool) {
+    for (how, target) in [
+        ("exit_path", "/tickets/done?slow"),
+        ("origin", "/tickets/end?slow"),
+        ("max_requests", "/tickets/x?slow"),
+    ] {
+        let redis = on_redis.then(RedisServer::start);
+        let (origin, hits) = commanding_origin().await;
+        let mut config = proxy_config(&origin.url());
+        if let Some(redis) = &redis {
+            config.store.backend = Backend::Redis;
+            config.store.redis = redis.config(Duration::from_secs(2));
+        }
+        let mut r = route("tickets", "/tickets", 1);
+        r.exit_paths = vec!["/tickets/done".into()];
+        // The visitor's two requests that confirm it, and this one.
+        r.max_requests_per_session = (how == "max_requests").then_some(3);
+        config.routes.push(r);
+        let gate = spawn_gate_opts(config, ring("k1"), queuegate::RunOptions::default()).await;
+        let a = inside(&gate).await;
+        let pass = a.cookie("qg_tickets").unwrap().to_owned();
+        let mut b = Visitor::new();
+        assert!(!b.navigate(&gate.url("/tickets/x")).await.reached_origin());
+        assert_eq!(b.status(&gate, "tickets").await["state"], "waiting");
+
+        hang_up_before_the_answer(&gate, target, &pass, &hits).await;
+        wait_admitted(&mut b, &gate).await;
+        let replay = holding(&pass).navigate(&gate.url("/tickets/x")).await;
+        assert!(!replay.reached_origin(), "{how}: {replay:?}");
+        let metrics = gate.metrics().await;
+        let count = |series: &str| sample(&metrics, series);
+        assert_eq!(
+            count("queuegate_requests_total{decision=\"client_gone\"}"),
+            1.0,
+            "{how}"
+        );
+        assert_eq!(
+            count("queuegate_client_gone_total{route=\"tickets\"}"),
+            1.0,
+            "{how}"
+        );
+        let ended = format!("queuegate_sessions_ended_total{{route=\"tickets\",reason=\"{how}\"}}");
+        assert_eq!(count(&ended), 1.0, "{how}");
+    }
+}
+
+#[tokio::test]
+async fn a_session_ends_though_its_client_hung_up_on_memory() {
+    a_session_ends_though_its_client_hung_up(false).await;
+}
+
+#[tokio::test]
+async fn a_session_ends_though_its_client_hung_up_on_redis() {
+    a_session_ends_though_its_client_hung_up(true).await;
 }
