@@ -319,7 +319,9 @@ impl App {
     /// counted before the decision: the session may have made its requests
     /// (answered, never forwarded nor admitted anew in this request), or
     /// this may be its last (forwarded, no decision needed), so concurrent
-    /// requests with one pass let exactly the allowed number through.
+    /// requests with one pass let exactly the allowed number through. The
+    /// decision then admits nobody anew on a used-up credential (see
+    /// [`Gate::decide_counted`]).
     #[allow(clippy::too_many_arguments)]
     async fn counted(
         &self,
@@ -346,9 +348,17 @@ impl App {
             },
             None => None,
         };
-        let decision = self.gate.decide(s, index, who, || creds).await;
-        self.admit_or_hold(s, index, req, conn, decision, exit, counted)
-            .await
+        let decided = self
+            .gate
+            .decide_counted(s, index, who, &creds, counted.map(|(_, c)| c))
+            .await;
+        match decided {
+            Some(decision) => {
+                self.admit_or_hold(s, index, req, conn, decision, exit, counted)
+                    .await
+            }
+            None => (Outcome::UsedUp, self.used_up(s, route, &req, who.tls)),
+        }
     }
 
     /// Answers the gate's `decision` on a request to route `index`: an

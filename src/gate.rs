@@ -259,6 +259,75 @@ impl Gate {
         if let Some(decision) = self.held(s, route, &creds, who).await {
             return decision;
         }
+        self.arrive_for(s, route, &creds, who).await
+    }
+
+    /// [`Gate::decide`] on a route that counts requests (DESIGN §8.6), once
+    /// the pass in `creds`, if any, was counted as `counted` (an exhausted
+    /// or last count needs no decision). No request arrives anew on a
+    /// credential whose session made its requests, so concurrent requests
+    /// with one pass or one ticket let exactly the allowed number through:
+    ///
+    /// - a pass counted `Allowed` is admitted on its session even when that
+    ///   ended meanwhile (a concurrent request was its last): this request
+    ///   was counted within the limit;
+    /// - a ticket whose place is gone because its session, admitted from
+    ///   the line, made its requests (or left) answers `None`: used up.
+    pub async fn decide_counted(
+        &self,
+        s: &Settings,
+        index: usize,
+        who: Requester<'_>,
+        creds: &Credentials,
+        counted: Option<Counted>,
+    ) -> Option<Decision> {
+        let route = &s.routes[index];
+        if let Some(decision) = by_mode(route, self.clock) {
+            return Some(decision);
+        }
+        if let Some(decision) = self.held(s, route, creds, who).await {
+            return Some(decision);
+        }
+        match (creds.pass, creds.ticket, counted) {
+            (Some(pass), _, Some(Counted::Allowed)) => {
+                return Some(Decision::Admit {
+                    how: Admitted::Pass,
+                    set_cookie: None,
+                    session: Some(pass.id),
+                });
+            }
+            (None, Some(ticket), _) if self.made_its_requests(route, &ticket.id).await => {
+                return None;
+            }
+            _ => {}
+        }
+        Some(self.arrive_for(s, route, creds, who).await)
+    }
+
+    /// Whether session `id`, which holds no place any more, ended by
+    /// making its requests or leaving: the store's count answers exhausted.
+    /// It counts nothing for an id without a live session, which is what a
+    /// place found gone is. A store that cannot answer says no.
+    async fn made_its_requests(&self, route: &RouteRt, id: &VisitorId) -> bool {
+        let Some(limit) = route.cfg.max_requests_per_session else {
+            return false;
+        };
+        let counted = self
+            .store
+            .count_request(route.name(), id, limit, &route.limits)
+            .await;
+        matches!(counted, Ok(Counted::Exhausted))
+    }
+
+    /// A visitor without a usable credential arrives: admitted at once or
+    /// in line, in its invite's lane, its lane cookie's or the first.
+    async fn arrive_for(
+        &self,
+        s: &Settings,
+        route: &RouteRt,
+        creds: &Credentials,
+        who: Requester<'_>,
+    ) -> Decision {
         // Only an arrival reads its lane (and the clock for the cookie's
         // expiry): the admitted path does not.
         let lane = who.lane.unwrap_or_else(|| {

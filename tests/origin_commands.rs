@@ -317,6 +317,106 @@ async fn one_and_three_requests_per_session_on_redis() {
 }
 
 #[tokio::test]
+async fn one_request_per_session_lets_one_of_twenty_through_on_memory_and_redis() {
+    assert_eq!(concurrent_with_one_pass(1, 20, None).await, 1);
+    let redis = RedisServer::start();
+    assert_eq!(concurrent_with_one_pass(1, 20, Some(&redis)).await, 1);
+}
+
+// A request counted within the limit that loses the race to the session's
+// last request is still forwarded on its session, not admitted anew.
+
+#[tokio::test]
+async fn ten_requests_per_session_let_ten_of_fifty_through() {
+    assert_eq!(concurrent_with_one_pass(10, 50, None).await, 10);
+}
+
+#[tokio::test]
+async fn ten_requests_per_session_let_ten_of_fifty_through_on_redis() {
+    let redis = RedisServer::start();
+    assert_eq!(concurrent_with_one_pass(10, 50, Some(&redis)).await, 10);
+}
+
+/// `concurrent` navigations carrying the ticket of a visitor the line
+/// admitted (who has not come for the pass yet), on a route allowing one
+/// request per session, with nobody else waiting: how many reached the
+/// origin. The session's one request is made by one of them; the others
+/// are used up, none is admitted anew.
+async fn concurrent_with_an_admitted_ticket(
+    concurrent: usize,
+    redis: Option<&RedisServer>,
+) -> usize {
+    let (origin, hits) = commanding_origin().await;
+    let mut config = proxy_config(&origin.url());
+    if let Some(redis) = redis {
+        config.store.backend = Backend::Redis;
+        config.store.redis = redis.config(Duration::from_secs(2));
+    }
+    let mut r = route("tickets", "/tickets", 1);
+    r.max_requests_per_session = Some(1);
+    config.routes.push(r);
+    let gate = spawn_gate_opts(config, ring("k1"), queuegate::RunOptions::default()).await;
+    let mut holder = pass_from_the_waiting_page(&gate).await;
+    let mut v = Visitor::new();
+    let a = v
+        .navigate(&gate.url("/__queuegate/waiting?route=tickets&return=/tickets/x"))
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert!(v.cookie("qg_tickets").unwrap().starts_with("v1.w."));
+    holder.leave(&gate, "tickets").await;
+    // Admitted by one of the admitter's next ticks; nobody else waits.
+    let from_line = "queuegate_admitted_total{route=\"tickets\",how=\"from_line\"}";
+    for _ in 0..500 {
+        if sample(&gate.metrics().await, from_line) == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(sample(&gate.metrics().await, from_line), 1.0);
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+    let tasks: Vec<_> = (0..concurrent)
+        .map(|_| {
+            let mut tab = v.clone();
+            let url = gate.url("/tickets/x");
+            tokio::spawn(async move { tab.navigate(&url).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    // And once the session has surely ended, a few more.
+    for _ in 0..3 {
+        answers.push(v.clone().navigate(&gate.url("/tickets/x")).await);
+    }
+    let mut reached = 0;
+    for a in answers {
+        if a.reached_origin() {
+            reached += 1;
+        } else {
+            assert_eq!(a.headers["x-queuegate"], "used-up", "{a:?}");
+            assert!(clears_pass(&a), "{a:?}");
+        }
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), reached);
+    reached
+}
+
+#[tokio::test]
+async fn an_admitted_ticket_makes_one_request_of_twenty() {
+    assert_eq!(concurrent_with_an_admitted_ticket(20, None).await, 1);
+}
+
+#[tokio::test]
+async fn an_admitted_ticket_makes_one_request_of_twenty_on_redis() {
+    let redis = RedisServer::start();
+    assert_eq!(
+        concurrent_with_an_admitted_ticket(20, Some(&redis)).await,
+        1
+    );
+}
+
+#[tokio::test]
 async fn a_used_up_navigation_goes_back_through_the_line() {
     let (gate, _origin, hits) = gated(1, |_, r| r.max_requests_per_session = Some(2)).await;
     let mut v = Visitor::new();
