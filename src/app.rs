@@ -172,23 +172,10 @@ impl App {
         }
         let path = req.uri().path();
         if s.is_reserved(path) {
-            return (
-                None,
-                Outcome::Reserved,
-                // Boxed so the waiting room's larger future does not set the
-                // size of every request's future (see `Gate::decide`).
-                Box::pin(async {
-                    let key = self.limit_key(peer, req.headers());
-                    let who = Requester {
-                        tls: peer.tls,
-                        client: key.as_bytes(),
-                        invite: invite.as_deref(),
-                        lane: None,
-                    };
-                    waiting::serve(&self.gate, s, req, who, &conn.cookies, &self.streams).await
-                })
-                .await,
-            );
+            // Boxed so the waiting room's larger future does not set the
+            // size of every request's future (see `Gate::decide`).
+            let resp = Box::pin(self.reserved(s, req, conn, invite.as_deref())).await;
+            return (None, Outcome::Reserved, resp);
         }
         // Bypass rules and routes see every reading of the path an origin
         // could make (DESIGN §8.1): bypassed only if every reading is,
@@ -230,6 +217,24 @@ impl App {
         unanswered.answered();
         route.metrics.request(outcome);
         (Some(route.name()), outcome, resp)
+    }
+
+    /// A request for one of queuegate's own paths (the waiting room).
+    async fn reserved(
+        &self,
+        s: &Settings,
+        req: Request<Incoming>,
+        conn: &Conn,
+        invite: Option<&str>,
+    ) -> Response<Body> {
+        let key = self.limit_key(&conn.peer, req.headers());
+        let who = Requester {
+            tls: conn.peer.tls,
+            client: key.as_bytes(),
+            invite,
+            lane: None,
+        };
+        waiting::serve(&self.gate, s, req, who, &conn.cookies, &self.streams).await
     }
 
     /// A request to gated route `index` of `s`, `exit` when it is for one of
@@ -624,7 +629,9 @@ impl SessionStep {
 /// is spawned on the worker's runtime (where its origin connection lives)
 /// to finish there, its output dropped. It costs the admitted request one
 /// allocation, and a client gone costs the origin connection until the
-/// answer's head (at most `upstream.timeout`), as it costs the origin.
+/// answer's head (at most `upstream.timeout`), as it costs the origin, and
+/// the client connection's slot (the exchange holds the client's `Peer`,
+/// whose lease a tunnel holds too), so the drain waits for it.
 struct Detached<F>
 where
     F: Future + Send + 'static,
