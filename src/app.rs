@@ -6,8 +6,10 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
@@ -16,16 +18,15 @@ use http::header::SET_COOKIE;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
-use crate::admission::KeyRing;
-use crate::admission::VisitorId;
+use crate::admission::{Claims, KeyRing, VisitorId};
 use crate::client_ip::{self, LimitKey};
 use crate::clock::Clock;
 use crate::config::{AmbiguousPaths, ClientIp, Config, HostPattern};
-use crate::cookie::{self, CookieMemo};
+use crate::cookie::{self, CookieMemo, Credentials};
 use crate::framing::AmbiguousHead;
 use crate::gate::{Admitted, Decision, Gate, Requester};
 use crate::lane_grant::{self, Lane};
-use crate::metrics::{Metrics, Outcome, SessionEnd, UpstreamFailure};
+use crate::metrics::{Metrics, Outcome, RouteMetrics, SessionEnd, UpstreamFailure};
 use crate::proxy::{self, OriginCommand, Peer, Upstream};
 use crate::queue::{BreakerConfig, Counted, Guarded, Store};
 use crate::response::{self, Body, RequestError};
@@ -120,7 +121,9 @@ impl App {
     pub async fn handle(&self, req: Request<Incoming>, conn: &Conn) -> Response<Body> {
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
         let s = self.settings.load();
+        let unanswered = Unanswered::request(&self.metrics);
         let (route, mut outcome, resp) = self.answer(&s, req, conn).await;
+        unanswered.answered();
         // Refused only once forwarding began (a body that could not be
         // read): the client's error, whatever the gate had decided.
         if resp.extensions().get::<response::ClientError>().is_some() {
@@ -142,7 +145,7 @@ impl App {
     /// The answer to one request, the route it matched and how it was decided.
     async fn answer<'s>(
         &self,
-        s: &'s Settings,
+        s: &'s Arc<Settings>,
         mut req: Request<Incoming>,
         conn: &Conn,
     ) -> (Option<&'s str>, Outcome, Response<Body>) {
@@ -174,23 +177,10 @@ impl App {
         }
         let path = req.uri().path();
         if s.is_reserved(path) {
-            return (
-                None,
-                Outcome::Reserved,
-                // Boxed so the waiting room's larger future does not set the
-                // size of every request's future (see `Gate::decide`).
-                Box::pin(async {
-                    let key = self.limit_key(peer, req.headers());
-                    let who = Requester {
-                        tls: peer.tls,
-                        client: key.as_bytes(),
-                        invite: invite.as_deref(),
-                        lane: None,
-                    };
-                    waiting::serve(&self.gate, s, req, who, &conn.cookies, &self.streams).await
-                })
-                .await,
-            );
+            // Boxed so the waiting room's larger future does not set the
+            // size of every request's future (see `Gate::decide`).
+            let resp = Box::pin(self.reserved(s, req, conn, invite.as_deref())).await;
+            return (None, Outcome::Reserved, resp);
         }
         // Bypass rules and routes see every reading of the path an origin
         // could make (DESIGN §8.1): bypassed only if every reading is,
@@ -227,18 +217,49 @@ impl App {
         let route = &s.routes[index];
         let exit = route.is_exit(&readings);
         drop(readings);
+        let unanswered = Unanswered::on_route(&route.metrics);
+        let (outcome, resp) = self.gated(s, index, req, conn, invite, exit).await;
+        unanswered.answered();
+        route.metrics.request(outcome);
+        (Some(route.name()), outcome, resp)
+    }
+
+    /// A request for one of queuegate's own paths (the waiting room).
+    async fn reserved(
+        &self,
+        s: &Settings,
+        req: Request<Incoming>,
+        conn: &Conn,
+        invite: Option<&str>,
+    ) -> Response<Body> {
+        let key = self.limit_key(&conn.peer, req.headers());
+        let who = Requester {
+            tls: conn.peer.tls,
+            client: key.as_bytes(),
+            invite,
+            lane: None,
+        };
+        waiting::serve(&self.gate, s, req, who, &conn.cookies, &self.streams).await
+    }
+
+    /// A request to gated route `index` of `s`, `exit` when it is for one of
+    /// the route's exit paths: takes its invite, then decides and answers.
+    async fn gated(
+        &self,
+        s: &Arc<Settings>,
+        index: usize,
+        req: Request<Incoming>,
+        conn: &Conn,
+        invite: Option<String>,
+        exit: bool,
+    ) -> (Outcome, Response<Body>) {
+        let (route, peer) = (&s.routes[index], &conn.peer);
         let key = self.limit_key(peer, req.headers());
-        // On a route that counts requests, a pass is counted before the
-        // decision (DESIGN §8.6): its session may have made its requests, or
-        // this may be its last, and neither may send the visitor through the
-        // line again in the same request (so concurrent requests with one
-        // pass let exactly the allowed number through). An invite needs
-        // them too.
+        // A route that counts requests needs the credentials before the
+        // decision (see `counted`); an invite needs them too.
         let creds = (route.counts_requests() || invite.is_some())
             .then(|| s.credentials(index, req.headers(), peer.tls, &conn.cookies));
-        // An invite puts the visitor in its lane (DESIGN §8.5). A browser
-        // is sent on to the same target without it, so the token leaves the
-        // address bar (and later `Referer`s) at once.
+        // An invite puts the visitor in its lane (DESIGN §8.5).
         let (lane, lane_cookie) = match (invite.as_deref(), creds.as_ref()) {
             (Some(token), Some(c)) => {
                 match Box::pin(self.gate.take_invite(s, route, token, c, peer.tls)).await {
@@ -249,25 +270,9 @@ impl App {
             _ => (None, None),
         };
         if invite.is_some() && waiting::is_navigation(req.method(), req.headers()) {
-            let target = req.uri().path_and_query().map_or("/", |t| t.as_str());
-            let mut resp = response::redirect("invite", &return_to::sanitize(target));
-            // A ticket held moves to the lane now, keeping its place in time,
-            // and is written again to name it.
             let held = creds.and_then(|c| c.ticket);
-            if let (Some(lane), Some(ticket)) = (lane, held) {
-                if Box::pin(self.gate.move_ticket(route, &ticket, lane)).await {
-                    let cookie = self
-                        .gate
-                        .ticket_cookie(s, route, &ticket.id, ticket.t, ticket.at, lane, peer.tls);
-                    resp.headers_mut().append(SET_COOKIE, cookie);
-                }
-            }
-            route.metrics.request(Outcome::Invite);
-            return (
-                Some(route.name()),
-                Outcome::Invite,
-                with_cookie(resp, lane_cookie),
-            );
+            let resp = Box::pin(self.invited(s, route, &req, held, lane, peer.tls)).await;
+            return (Outcome::Invite, with_cookie(resp, lane_cookie));
         }
         let who = Requester {
             tls: peer.tls,
@@ -275,92 +280,147 @@ impl App {
             invite: invite.as_deref(),
             lane,
         };
-        let counted = match creds.and_then(|c| c.pass) {
-            Some(pass) => {
-                let counted = Box::pin(self.gate.count_request(route, &pass.id)).await;
-                match counted {
-                    Counted::Exhausted => {
-                        let resp = self.used_up(s, route, &req, peer.tls);
-                        route.metrics.request(Outcome::UsedUp);
-                        return (Some(route.name()), Outcome::UsedUp, resp);
-                    }
-                    Counted::Last => {
-                        let resp = Box::pin(self.forward_session(
-                            s,
-                            route,
-                            req,
-                            peer,
-                            None,
-                            pass.id,
-                            exit,
-                            Counted::Last,
-                        ))
-                        .await;
-                        route.metrics.request(Outcome::Pass);
-                        return (Some(route.name()), Outcome::Pass, resp);
-                    }
-                    Counted::Allowed | Counted::Gone => Some((pass.id, counted)),
-                }
+        let (outcome, resp) = match creds.filter(|_| route.counts_requests()) {
+            // Boxed: store calls' futures are large (see `Gate::decide`).
+            Some(creds) => Box::pin(self.counted(s, index, req, conn, who, creds, exit)).await,
+            None => {
+                let decision = self
+                    .gate
+                    .decide(s, index, who, || {
+                        creds.unwrap_or_else(|| {
+                            s.credentials(index, req.headers(), peer.tls, &conn.cookies)
+                        })
+                    })
+                    .await;
+                self.admit_or_hold(s, index, req, conn, decision, exit, None)
+                    .await
             }
+        };
+        (outcome, with_cookie(resp, lane_cookie))
+    }
+
+    /// A navigation that carried an invite: sent on to the same target
+    /// without it, so the token leaves the address bar (and later
+    /// `Referer`s) at once. A ticket `held` moves to the invite's lane now,
+    /// keeping its place in time, and is written again to name it.
+    async fn invited(
+        &self,
+        s: &Settings,
+        route: &RouteRt,
+        req: &Request<Incoming>,
+        held: Option<Claims>,
+        lane: Option<usize>,
+        tls: bool,
+    ) -> Response<Body> {
+        let target = req.uri().path_and_query().map_or("/", |t| t.as_str());
+        let mut resp = response::redirect("invite", &return_to::sanitize(target));
+        if let (Some(lane), Some(ticket)) = (lane, held) {
+            if self.gate.move_ticket(route, &ticket, lane).await {
+                let cookie = self
+                    .gate
+                    .ticket_cookie(s, route, &ticket.id, ticket.t, ticket.at, lane, tls);
+                resp.headers_mut().append(SET_COOKIE, cookie);
+            }
+        }
+        resp
+    }
+
+    /// A request to a route that counts requests (DESIGN §8.6). Its pass is
+    /// counted before the decision: the session may have made its requests
+    /// (answered, never forwarded nor admitted anew in this request), or
+    /// this may be its last (forwarded, no decision needed), so concurrent
+    /// requests with one pass let exactly the allowed number through. The
+    /// decision then admits nobody anew on a used-up credential (see
+    /// [`Gate::decide_counted`]).
+    #[allow(clippy::too_many_arguments)]
+    async fn counted(
+        &self,
+        s: &Arc<Settings>,
+        index: usize,
+        req: Request<Incoming>,
+        conn: &Conn,
+        who: Requester<'_>,
+        creds: Credentials,
+        exit: bool,
+    ) -> (Outcome, Response<Body>) {
+        let route = &s.routes[index];
+        let counted = match creds.pass {
+            Some(pass) => match self.gate.count_request(route, &pass.id).await {
+                Counted::Exhausted => {
+                    return (Outcome::UsedUp, self.used_up(s, route, &req, who.tls));
+                }
+                Counted::Last => {
+                    let session = (pass.id, Counted::Last);
+                    let resp = self.forward_session(s, index, req, conn, None, session, exit);
+                    return (Outcome::Pass, resp.await);
+                }
+                counted => Some((pass.id, counted)),
+            },
             None => None,
         };
-        let decision = self
+        let decided = self
             .gate
-            .decide(s, index, who, || {
-                creds
-                    .unwrap_or_else(|| s.credentials(index, req.headers(), peer.tls, &conn.cookies))
-            })
+            .decide_counted(s, index, who, &creds, counted.map(|(_, c)| c))
             .await;
-        let mut outcome = outcome_of(&decision);
-        let resp = match decision {
+        match decided {
+            Some(decision) => {
+                self.admit_or_hold(s, index, req, conn, decision, exit, counted)
+                    .await
+            }
+            None => (Outcome::UsedUp, self.used_up(s, route, &req, who.tls)),
+        }
+    }
+
+    /// Answers the gate's `decision` on a request to route `index`: an
+    /// admitted one is forwarded (under its session, counted first where
+    /// the route counts requests unless `counted` already counted it), any
+    /// other is held back.
+    #[allow(clippy::too_many_arguments)]
+    async fn admit_or_hold(
+        &self,
+        s: &Arc<Settings>,
+        index: usize,
+        req: Request<Incoming>,
+        conn: &Conn,
+        decision: Decision,
+        exit: bool,
+        counted: Option<(VisitorId, Counted)>,
+    ) -> (Outcome, Response<Body>) {
+        let route = &s.routes[index];
+        let outcome = outcome_of(&decision);
+        match decision {
             Decision::Admit {
                 set_cookie,
                 session: Some(id),
                 ..
-            } if exit || route.counts_requests() => {
-                // Counted above if admitted on the pass counted; a session
+            } => {
+                // Counted already if admitted on the pass counted; a session
                 // the store did not have, or a new one, is counted now.
                 let counted = match counted {
                     Some((counted_id, Counted::Allowed)) if counted_id == id => Counted::Allowed,
-                    _ => Box::pin(self.gate.count_request(route, &id)).await,
+                    _ if route.counts_requests() => {
+                        Box::pin(self.gate.count_request(route, &id)).await
+                    }
+                    _ => Counted::Allowed,
                 };
                 if counted == Counted::Exhausted {
-                    outcome = Outcome::UsedUp;
-                    self.used_up(s, route, &req, peer.tls)
-                } else {
-                    // Boxed: a store call's future is large (see `Gate::decide`).
-                    Box::pin(
-                        self.forward_session(s, route, req, peer, set_cookie, id, exit, counted),
-                    )
-                    .await
+                    let resp = self.used_up(s, route, &req, conn.peer.tls);
+                    return (Outcome::UsedUp, resp);
                 }
+                let session = (id, counted);
+                let resp = self.forward_session(s, index, req, conn, set_cookie, session, exit);
+                (outcome, resp.await)
             }
-            Decision::Admit {
-                set_cookie,
-                session,
-                ..
-            } => {
-                let mut forwarded = self.forward(req, peer).await;
-                self.record_lane(s, &mut forwarded, std::iter::once(route), peer.tls);
-                match (forwarded.command, session) {
-                    (Some(OriginCommand::EndSession), Some(id)) => {
-                        Box::pin(self.end_session(
-                            s,
-                            route,
-                            forwarded.resp,
-                            &id,
-                            peer.tls,
-                            SessionEnd::Origin,
-                        ))
-                        .await
-                    }
-                    _ => with_cookie(forwarded.resp, set_cookie),
-                }
+            Decision::Admit { session: None, .. } => {
+                // Passthrough or failing open: no session for an origin
+                // command to end.
+                let mut forwarded = self.forward(req, &conn.peer).await;
+                let routes = std::iter::once(route);
+                self.record_lane(s, &mut forwarded, routes, conn.peer.tls);
+                (outcome, forwarded.resp)
             }
-            other => waiting::held_back(s, route, &req, other),
-        };
-        route.metrics.request(outcome);
-        (Some(route.name()), outcome, with_cookie(resp, lane_cookie))
+            other => (outcome, waiting::held_back(s, route, &req, other)),
+        }
     }
 
     /// The answer to a request whose session made its requests: not
@@ -378,59 +438,47 @@ impl App {
         )
     }
 
-    /// Forwards an admitted request of session `id` on a route that may
-    /// end it on its own, `counted` against `max_requests_per_session`
-    /// already, and ends the session once answered when this was its last
-    /// request (the store ended it as it counted), when it is for an exit
-    /// path, or when the origin says so.
+    /// Forwards an admitted request of session `session` (its id, and how
+    /// this request was counted against `max_requests_per_session`:
+    /// `Allowed` on a route that does not count), setting `set_cookie` on
+    /// the answer. The session ends with the origin's answer when this was
+    /// its last request (the store ended it as it counted), when the request
+    /// is for an exit path, or when the origin says so (DESIGN §8.6), and the
+    /// pass cookie is cleared instead. A lane the origin names is recorded.
+    ///
+    /// The exchange with the origin and the end it may bring go on to the
+    /// origin's answer even when the client goes away first: see
+    /// [`Detached`]. `conn.app` is this app.
     #[allow(clippy::too_many_arguments)]
-    async fn forward_session(
-        &self,
-        s: &Settings,
-        route: &RouteRt,
+    fn forward_session<'a>(
+        &'a self,
+        s: &'a Arc<Settings>,
+        index: usize,
         req: Request<Incoming>,
-        peer: &Peer,
+        conn: &'a Conn,
         set_cookie: Option<http::HeaderValue>,
-        id: VisitorId,
+        session: (VisitorId, Counted),
         exit: bool,
-        counted: Counted,
-    ) -> Response<Body> {
-        let mut forwarded = self.forward(req, peer).await;
-        self.record_lane(s, &mut forwarded, std::iter::once(route), peer.tls);
-        let reason = if forwarded.command == Some(OriginCommand::EndSession) {
-            Some(SessionEnd::Origin)
-        } else if exit && forwarded.from_origin {
-            // Only once the origin answered: a request queuegate could not
-            // deliver did not leave the site.
-            Some(SessionEnd::ExitPath)
-        } else {
-            None
+    ) -> impl Future<Output = Response<Body>> + Send + 'a {
+        let (id, counted) = session;
+        let step = SessionStep {
+            s: s.clone(),
+            index,
+            id,
+            counted,
+            exit,
         };
-        match (counted, reason) {
-            (Counted::Last, _) => {
-                with_cookie(forwarded.resp, Some(s.clear_cookie(route, peer.tls)))
-            }
-            (_, Some(reason)) => {
-                self.end_session(s, route, forwarded.resp, &id, peer.tls, reason)
-                    .await
-            }
-            (_, None) => with_cookie(forwarded.resp, set_cookie),
+        let exchange = Detached::new(step.exchange(conn.app.clone(), req, conn.peer.clone()));
+        async move {
+            let (mut forwarded, ended) = exchange.await;
+            let (route, tls) = (&s.routes[index], conn.peer.tls);
+            self.record_lane(s, &mut forwarded, std::iter::once(route), tls);
+            let cookie = match ended {
+                true => Some(s.clear_cookie(route, tls)),
+                false => set_cookie,
+            };
+            with_cookie(forwarded.resp, cookie)
         }
-    }
-
-    /// Ends session `id` of `route` after `resp` (DESIGN §8.6) and clears
-    /// its pass cookie there.
-    async fn end_session(
-        &self,
-        s: &Settings,
-        route: &RouteRt,
-        resp: Response<Body>,
-        id: &VisitorId,
-        tls: bool,
-        reason: SessionEnd,
-    ) -> Response<Body> {
-        self.gate.end_session(route, id, reason).await;
-        with_cookie(resp, Some(s.clear_cookie(route, tls)))
     }
 
     /// Forwards a request no route gates, for `host` (see [`lane_host`]).
@@ -539,6 +587,162 @@ struct Forwarded {
     command: Option<OriginCommand>,
     /// The lane the origin's `Queuegate-Lane` named, if a valid one.
     lane: Option<Lane>,
+}
+
+/// A session's request on its way to the origin, with what decides whether
+/// the answer ends the session (see [`App::forward_session`]).
+struct SessionStep {
+    s: Arc<Settings>,
+    /// The route's index in `s`.
+    index: usize,
+    id: VisitorId,
+    counted: Counted,
+    /// The request is for one of the route's exit paths.
+    exit: bool,
+}
+
+impl SessionStep {
+    /// Forwards `req` through `app` and ends the session if the answer says
+    /// so: the answer, and whether the session ended with it. Owns all it
+    /// uses, so that it can finish on its own (see [`Detached`]).
+    async fn exchange(
+        self,
+        app: Arc<App>,
+        req: Request<Incoming>,
+        peer: Peer,
+    ) -> (Forwarded, bool) {
+        let forwarded = app.forward(req, &peer).await;
+        let route = &self.s.routes[self.index];
+        let reason = if forwarded.command == Some(OriginCommand::EndSession) {
+            Some(SessionEnd::Origin)
+        } else if self.exit && forwarded.from_origin {
+            // Only once the origin answered: a request queuegate could not
+            // deliver did not leave the site.
+            Some(SessionEnd::ExitPath)
+        } else {
+            None
+        };
+        let ended = match (self.counted, reason) {
+            (Counted::Last, _) => true,
+            (_, Some(reason)) => {
+                app.gate.end_session(route, &self.id, reason).await;
+                true
+            }
+            (_, None) => false,
+        };
+        (forwarded, ended)
+    }
+}
+
+/// A future that runs to its end even when dropped before. hyper drops a
+/// request's future when the client goes away; the part of a request that
+/// must outlive that (a session's exchange with the origin, whose answer may
+/// end the session) is boxed in one of these, and when dropped unfinished it
+/// is spawned on the worker's runtime (where its origin connection lives)
+/// to finish there, its output dropped. It costs the admitted request one
+/// allocation, and a client gone costs the origin connection until the
+/// answer's head (at most `upstream.timeout`), as it costs the origin, and
+/// the client connection's slot (the exchange holds the client's `Peer`,
+/// whose lease a tunnel holds too), so the drain waits for it.
+struct Detached<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fut: Option<Pin<Box<F>>>,
+}
+
+impl<F> Detached<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn new(fut: F) -> Detached<F> {
+        Detached {
+            fut: Some(Box::pin(fut)),
+        }
+    }
+}
+
+impl<F> Future for Detached<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let Some(fut) = self.fut.as_mut() else {
+            // Polled again after it finished: nothing more comes.
+            return Poll::Pending;
+        };
+        let out = std::task::ready!(fut.as_mut().poll(cx));
+        self.fut = None;
+        Poll::Ready(out)
+    }
+}
+
+impl<F> Drop for Detached<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn drop(&mut self) {
+        let Some(fut) = self.fut.take() else {
+            return;
+        };
+        // Outside a runtime (it is shutting down) there is nowhere to finish.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                drop(fut.await);
+            });
+        }
+    }
+}
+
+/// Counts a request dropped before it was answered (hyper drops a request's
+/// future when its client goes away) as `client_gone`: in
+/// `queuegate_requests_total`, or for one route.
+struct Unanswered<'a> {
+    metrics: Option<&'a Metrics>,
+    route: Option<&'a RouteMetrics>,
+    answered: bool,
+}
+
+impl<'a> Unanswered<'a> {
+    fn request(metrics: &'a Metrics) -> Unanswered<'a> {
+        Unanswered {
+            metrics: Some(metrics),
+            route: None,
+            answered: false,
+        }
+    }
+
+    fn on_route(route: &'a RouteMetrics) -> Unanswered<'a> {
+        Unanswered {
+            metrics: None,
+            route: Some(route),
+            answered: false,
+        }
+    }
+
+    fn answered(mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        if let Some(metrics) = self.metrics {
+            metrics.request(Outcome::ClientGone);
+        }
+        if let Some(route) = self.route {
+            route.client_gone();
+        }
+    }
 }
 
 /// The host a lane named on an ungated answer is recorded under: `None`

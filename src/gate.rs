@@ -8,7 +8,9 @@
 //! Before a route's opening (DESIGN §8.7) it hands out pre-queue tickets
 //! and answers their polls itself, with the time left, without a store call.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use http::header::HeaderValue;
@@ -103,13 +105,15 @@ pub enum Decision {
     Unavailable,
 }
 
-/// The gate: the store (behind its circuit breaker), the clock and the
-/// in-process line that stands in for the store while it is down.
+/// The gate: the store (behind its circuit breaker), the clock, the
+/// in-process line that stands in for the store while it is down, and the
+/// sessions this instance saw confirmed on an admit-now pass.
 #[derive(Clone)]
 pub struct Gate {
     store: Guarded,
     local: MemoryStore,
     clock: Clock,
+    confirmed: Arc<Confirmed>,
 }
 
 impl Gate {
@@ -118,6 +122,7 @@ impl Gate {
             store,
             local: MemoryStore::fallback(clock),
             clock,
+            confirmed: Arc::new(Confirmed::default()),
         }
     }
 
@@ -254,6 +259,75 @@ impl Gate {
         if let Some(decision) = self.held(s, route, &creds, who).await {
             return decision;
         }
+        self.arrive_for(s, route, &creds, who).await
+    }
+
+    /// [`Gate::decide`] on a route that counts requests (DESIGN §8.6), once
+    /// the pass in `creds`, if any, was counted as `counted` (an exhausted
+    /// or last count needs no decision). No request arrives anew on a
+    /// credential whose session made its requests, so concurrent requests
+    /// with one pass or one ticket let exactly the allowed number through:
+    ///
+    /// - a pass counted `Allowed` is admitted on its session even when that
+    ///   ended meanwhile (a concurrent request was its last): this request
+    ///   was counted within the limit;
+    /// - a ticket whose place is gone because its session, admitted from
+    ///   the line, made its requests (or left) answers `None`: used up.
+    pub async fn decide_counted(
+        &self,
+        s: &Settings,
+        index: usize,
+        who: Requester<'_>,
+        creds: &Credentials,
+        counted: Option<Counted>,
+    ) -> Option<Decision> {
+        let route = &s.routes[index];
+        if let Some(decision) = by_mode(route, self.clock) {
+            return Some(decision);
+        }
+        if let Some(decision) = self.held(s, route, creds, who).await {
+            return Some(decision);
+        }
+        match (creds.pass, creds.ticket, counted) {
+            (Some(pass), _, Some(Counted::Allowed)) => {
+                return Some(Decision::Admit {
+                    how: Admitted::Pass,
+                    set_cookie: None,
+                    session: Some(pass.id),
+                });
+            }
+            (None, Some(ticket), _) if self.made_its_requests(route, &ticket.id).await => {
+                return None;
+            }
+            _ => {}
+        }
+        Some(self.arrive_for(s, route, creds, who).await)
+    }
+
+    /// Whether session `id`, which holds no place any more, ended by
+    /// making its requests or leaving: the store's count answers exhausted.
+    /// It counts nothing for an id without a live session, which is what a
+    /// place found gone is. A store that cannot answer says no.
+    async fn made_its_requests(&self, route: &RouteRt, id: &VisitorId) -> bool {
+        let Some(limit) = route.cfg.max_requests_per_session else {
+            return false;
+        };
+        let counted = self
+            .store
+            .count_request(route.name(), id, limit, &route.limits)
+            .await;
+        matches!(counted, Ok(Counted::Exhausted))
+    }
+
+    /// A visitor without a usable credential arrives: admitted at once or
+    /// in line, in its invite's lane, its lane cookie's or the first.
+    async fn arrive_for(
+        &self,
+        s: &Settings,
+        route: &RouteRt,
+        creds: &Credentials,
+        who: Requester<'_>,
+    ) -> Decision {
         // Only an arrival reads its lane (and the clock for the cookie's
         // expiry): the admitted path does not.
         let lane = who.lane.unwrap_or_else(|| {
@@ -307,7 +381,10 @@ impl Gate {
     /// return of an admit-now pass (which confirms the session, DESIGN §8.3),
     /// or when the store was lost since it was issued, or when it was granted
     /// locally (the store takes that session back), renew it through the
-    /// store. `None` means the session is gone: treat as no cookie.
+    /// store. An admit-now pass this instance saw confirmed is forwarded
+    /// like a confirmed one while fresh (a client that keeps its first cookie
+    /// costs no store call per request). `None` means the session is gone:
+    /// treat as no cookie.
     pub async fn check_pass(
         &self,
         s: &Settings,
@@ -320,7 +397,11 @@ impl Gate {
         let epoch_ms = route.live.epoch_us.load(Ordering::Relaxed) / 1_000;
         let before_epoch = epoch_ms > 0 && times.issued_ms < epoch_ms;
         let fresh = pass.pass_life(now_s, route.limits.pass_ttl) == PassLife::Fresh;
-        if fresh && pass.kind == Kind::Pass && !before_epoch {
+        // Only an admit-now pass looks its session up: the confirmed path
+        // takes no lock.
+        let confirmed = pass.kind == Kind::Pass
+            || (pass.kind == Kind::NewPass && self.confirmed.holds(&pass.id, now_s));
+        if fresh && confirmed && !before_epoch {
             if route.live.has_ended(&pass.id, now_s) {
                 return None;
             }
@@ -337,7 +418,12 @@ impl Gate {
             )
             .await;
         let (how, kind) = match renewed {
-            Ok(true) => (Admitted::Renewed, Kind::Pass),
+            Ok(true) => {
+                if fresh && pass.kind == Kind::NewPass {
+                    self.confirmed.note(pass.id, pass.t, now_s);
+                }
+                (Admitted::Renewed, Kind::Pass)
+            }
             Ok(false) => return None,
             Err(err) => {
                 // Admitted visitors never depend on the store, but a pass long
@@ -916,6 +1002,53 @@ impl Gate {
     }
 }
 
+/// The sessions this instance saw confirmed on the return of their
+/// admit-now (`n`) pass (DESIGN §8.3), each kept until that pass expires: a
+/// client that keeps sending the `n` pass (a script, a load tool) is then
+/// answered as one with the confirmed pass would be, without a store call,
+/// until the pass's half-life, on any connection. Ending a session is
+/// checked as for a confirmed pass (`RouteLive::has_ended`). Kept per
+/// instance, not per connection, since such clients open new connections;
+/// bounded, since only a confirmation (one store call) adds an entry: when
+/// full, a confirmation is not remembered and that pass is renewed through
+/// the store as before.
+#[derive(Default)]
+struct Confirmed(Mutex<ConfirmedIds>);
+
+#[derive(Default)]
+struct ConfirmedIds {
+    /// Session id → the `n` pass's expiry (unix s).
+    until: HashMap<VisitorId, u64>,
+    /// When expired entries were last dropped (unix s).
+    pruned_s: u64,
+}
+
+impl Confirmed {
+    /// The most sessions remembered (a few megabytes at most).
+    const MAX_KEPT: usize = 65_536;
+
+    /// Notes session `id` confirmed on an `n` pass that expires at
+    /// `expiry_s`.
+    fn note(&self, id: VisitorId, expiry_s: u64, now_s: u64) {
+        let mut ids = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if ids.until.len() >= Self::MAX_KEPT && ids.pruned_s != now_s {
+            // At most once a second, so a full memory stays cheap to add to.
+            ids.pruned_s = now_s;
+            ids.until.retain(|_, until| *until > now_s);
+        }
+        if ids.until.len() < Self::MAX_KEPT {
+            ids.until.insert(id, expiry_s);
+        }
+    }
+
+    /// Whether session `id` was confirmed and the `n` pass that confirmed it
+    /// has not expired at `now_s`.
+    fn holds(&self, id: &VisitorId, now_s: u64) -> bool {
+        let ids = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        ids.until.get(id).is_some_and(|&until| until > now_s)
+    }
+}
+
 /// The decision a route's mode makes alone: a passthrough route admits and
 /// a closed one refuses, whatever the visitor holds.
 fn by_mode(route: &RouteRt, clock: Clock) -> Option<Decision> {
@@ -952,5 +1085,33 @@ fn pass_times(pass: &Claims, pass_ttl_s: u64) -> PassTimes {
         issued_ms,
         confirmed: matches!(pass.kind, Kind::Pass | Kind::LocalPass),
         granted_locally: pass.kind == Kind::LocalPass,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_confirmation_is_kept_until_its_pass_expires_and_the_memory_is_bounded() {
+        let confirmed = Confirmed::default();
+        confirmed.note([1; 16], 100, 50);
+        assert!(confirmed.holds(&[1; 16], 99));
+        assert!(!confirmed.holds(&[1; 16], 100));
+        assert!(!confirmed.holds(&[2; 16], 50));
+        // Full of live entries: a new one is not kept, the old ones are.
+        for i in 0..Confirmed::MAX_KEPT as u32 {
+            let mut id = [0; 16];
+            id[..4].copy_from_slice(&i.to_le_bytes());
+            id[15] = 9;
+            confirmed.note(id, 1_000, 60);
+        }
+        confirmed.note([3; 16], 1_000, 60);
+        assert!(!confirmed.holds(&[3; 16], 60));
+        assert!(confirmed.holds(&[1; 16], 60));
+        // Once they expire, there is room again.
+        confirmed.note([3; 16], 2_000, 1_000);
+        assert!(confirmed.holds(&[3; 16], 1_500));
+        assert!(!confirmed.holds(&[1; 16], 1_000));
     }
 }

@@ -246,6 +246,10 @@ pub enum Outcome {
     Invite,
     /// One of queuegate's own paths.
     Reserved,
+    /// The client went away before it was answered (the request's work
+    /// stopped there, except an exchange that may end a session, which goes
+    /// on to the origin's answer).
+    ClientGone,
     /// Refused before any decision: ambiguous framing or path, a missing or
     /// malformed Host, a host not served here; or, whatever the decision, a
     /// body found unreadable while it was relayed to the origin.
@@ -253,7 +257,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    const ALL: [Outcome; 18] = [
+    const ALL: [Outcome; 19] = [
         Outcome::Forwarded,
         Outcome::Bypass,
         Outcome::Pass,
@@ -271,6 +275,7 @@ impl Outcome {
         Outcome::UsedUp,
         Outcome::Invite,
         Outcome::Reserved,
+        Outcome::ClientGone,
         Outcome::BadRequest,
     ];
 
@@ -293,6 +298,7 @@ impl Outcome {
             Outcome::UsedUp => "used_up",
             Outcome::Invite => "invite",
             Outcome::Reserved => "reserved",
+            Outcome::ClientGone => "client_gone",
             Outcome::BadRequest => "bad_request",
         }
     }
@@ -318,6 +324,8 @@ pub struct Metrics {
     event_streams: Family<RouteLabel, Gauge>,
     streams_refused: Family<StreamRefusedLabels, Counter>,
     fail_open: Family<RouteLabel, Counter>,
+    client_gone: Family<RouteLabel, Counter>,
+    store_calls: Family<OperationLabel, Counter>,
     store_errors: Family<OperationLabel, Counter>,
     breaker_state: Gauge,
     upstream_duration: Histogram,
@@ -360,6 +368,8 @@ impl Metrics {
         let event_streams = Family::<RouteLabel, Gauge>::default();
         let streams_refused = Family::<StreamRefusedLabels, Counter>::default();
         let fail_open = Family::<RouteLabel, Counter>::default();
+        let client_gone = Family::<RouteLabel, Counter>::default();
+        let store_calls = Family::<OperationLabel, Counter>::default();
         let store_errors = Family::<OperationLabel, Counter>::default();
         let breaker_state = Gauge::default();
         let upstream_duration = Histogram::new(UPSTREAM_BUCKETS);
@@ -457,6 +467,16 @@ impl Metrics {
             streams_refused.clone(),
         );
         registry.register(
+            "queuegate_client_gone",
+            "Requests to a route whose client went away before they were answered",
+            client_gone.clone(),
+        );
+        registry.register(
+            "queuegate_store_calls",
+            "Calls made to the store, per operation (those the open breaker refused are not made)",
+            store_calls.clone(),
+        );
+        registry.register(
             "queuegate_store_errors",
             "Store calls that failed or timed out, per operation",
             store_errors.clone(),
@@ -513,9 +533,11 @@ impl Metrics {
         );
 
         for op in Operation::ALL {
-            let _ = store_errors.get_or_create_owned(&OperationLabel {
+            let label = OperationLabel {
                 operation: op.label(),
-            });
+            };
+            let _ = store_calls.get_or_create_owned(&label);
+            let _ = store_errors.get_or_create_owned(&label);
         }
         let requests = Outcome::ALL
             .iter()
@@ -557,6 +579,8 @@ impl Metrics {
             event_streams,
             streams_refused,
             fail_open,
+            client_gone,
+            store_calls,
             store_errors,
             breaker_state,
             upstream_duration,
@@ -615,6 +639,7 @@ impl Metrics {
                 .get_or_create_owned(&unconfirmed("session")),
             unconfirmed_tickets: self.unconfirmed.get_or_create_owned(&unconfirmed("ticket")),
             fail_open: self.fail_open.get_or_create_owned(&route),
+            client_gone: self.client_gone.get_or_create_owned(&route),
             sessions_ended: SessionEnd::ALL.map(|reason| {
                 self.sessions_ended.get_or_create_owned(&EndedLabels {
                     route: name.to_owned(),
@@ -646,7 +671,13 @@ impl Metrics {
         for family in [&self.waiting, &self.active, &self.capacity] {
             family.remove(&route);
         }
-        for family in [&self.held, &self.abandoned, &self.no_show, &self.fail_open] {
+        for family in [
+            &self.held,
+            &self.abandoned,
+            &self.no_show,
+            &self.fail_open,
+            &self.client_gone,
+        ] {
             family.remove(&route);
         }
         self.eta.remove(&route);
@@ -700,20 +731,17 @@ impl Metrics {
         }
     }
 
-    /// Copies the store circuit breaker's state and its error counts (every
-    /// store call goes through it, so it is the one place they are counted)
-    /// into the exported metrics; called before each scrape.
+    /// Copies the store circuit breaker's state and its call and error
+    /// counts (every store call goes through it, so it is the one place they
+    /// are counted) into the exported metrics; called before each scrape.
     pub fn observe_store(&self, breaker: &Breaker) {
         self.breaker_state.set(breaker.state() as i64);
         for op in Operation::ALL {
-            let counter = self.store_errors.get_or_create(&OperationLabel {
+            let label = OperationLabel {
                 operation: op.label(),
-            });
-            let total = breaker.errors(op);
-            let exported = counter.get();
-            if total > exported {
-                counter.inc_by(total - exported);
-            }
+            };
+            catch_up(&self.store_calls.get_or_create(&label), breaker.calls(op));
+            catch_up(&self.store_errors.get_or_create(&label), breaker.errors(op));
         }
     }
 
@@ -811,6 +839,14 @@ impl Drop for Counted {
     }
 }
 
+/// Moves `counter` up to `total`, a count kept elsewhere that only grows.
+fn catch_up(counter: &Counter, total: u64) {
+    let exported = counter.get();
+    if total > exported {
+        counter.inc_by(total - exported);
+    }
+}
+
 /// One route's metric handles, resolved when the settings are built.
 #[derive(Clone, Debug)]
 pub struct RouteMetrics {
@@ -833,6 +869,7 @@ pub struct RouteMetrics {
     unconfirmed_sessions: Counter,
     unconfirmed_tickets: Counter,
     fail_open: Counter,
+    client_gone: Counter,
     /// By [`SessionEnd`], in the order of [`SessionEnd::ALL`].
     sessions_ended: [Counter; 3],
     /// Polls answered by the line record, then by the store.
@@ -859,6 +896,12 @@ impl RouteMetrics {
     /// Counts an event stream refused by `cap`.
     pub fn stream_refused(&self, cap: StreamCap) {
         self.streams_refused[cap as usize].inc();
+    }
+
+    /// Counts a request to this route whose client went away before it was
+    /// answered.
+    pub fn client_gone(&self) {
+        self.client_gone.inc();
     }
 
     /// Counts a session ended before it expired.
@@ -949,7 +992,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn store_errors_and_breaker_state_come_from_the_breaker() {
+    async fn store_calls_errors_and_breaker_state_come_from_the_breaker() {
         use crate::queue::{BreakerConfig, StoreError};
         let breaker = Breaker::new(BreakerConfig {
             failures_to_open: 2,
@@ -957,7 +1000,8 @@ mod tests {
             max_cool_down: std::time::Duration::from_secs(30),
             probe_timeout: std::time::Duration::from_millis(100),
         });
-        for _ in 0..2 {
+        let _ = breaker.call(Operation::Poll, async { Ok(()) }).await;
+        for _ in 0..3 {
             let _ = breaker
                 .call(Operation::Poll, async { Err::<(), _>(StoreError::Timeout) })
                 .await;
@@ -972,6 +1016,15 @@ mod tests {
         );
         assert_eq!(
             sample(&text, "queuegate_store_errors_total{operation=\"arrive\"}"),
+            Some(0.0)
+        );
+        // The third failure found the breaker open: refused, not made.
+        assert_eq!(
+            sample(&text, "queuegate_store_calls_total{operation=\"poll\"}"),
+            Some(3.0)
+        );
+        assert_eq!(
+            sample(&text, "queuegate_store_calls_total{operation=\"arrive\"}"),
             Some(0.0)
         );
         assert_eq!(

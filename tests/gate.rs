@@ -3,6 +3,8 @@
 //! than the route's capacity.
 
 mod common;
+#[path = "common/redis.rs"]
+mod redis_harness;
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -13,6 +15,7 @@ use common::*;
 use http::StatusCode;
 use queuegate::admission::{KeyRing, Kind};
 use rand::{Rng, SeedableRng};
+use redis_harness::RedisServer;
 
 #[tokio::test]
 async fn capacity_n_then_the_line() {
@@ -642,4 +645,80 @@ async fn bypass_rules_cannot_be_used_to_skip_the_line() {
         assert_eq!(a.status, answer, "{sneaky} skipped the line");
     }
     assert_eq!(hits.load(Ordering::SeqCst), before);
+}
+
+/// The id a pass or ticket value names.
+fn id_of(value: &str) -> &str {
+    value.split('.').nth(3).unwrap_or_default()
+}
+
+/// A client that keeps the admit-now (`n`) pass it got first, whatever
+/// passes it is sent later, makes no store call per request once its
+/// session is confirmed: the instance answers that pass like a confirmed
+/// one until its half-life. A session ended meanwhile (left, or ended on an
+/// exit path) is not admitted on it again.
+async fn a_kept_admit_now_pass_is_answered_without_the_store(redis: Option<&RedisServer>) {
+    let (origin, _hits) = counting_origin().await;
+    let mut config = proxy_config(&origin.url());
+    if let Some(redis) = redis {
+        config.store.backend = queuegate::config::Backend::Redis;
+        config.store.redis = redis.config(Duration::from_secs(2));
+    }
+    let mut r = route("tickets", "/tickets", 10);
+    r.exit_paths = vec!["/tickets/done".into()];
+    config.routes.push(r);
+    let gate = spawn_gate_opts(config, ring("k1"), queuegate::RunOptions::default()).await;
+    let renewals = || async {
+        sample(
+            &gate.metrics().await,
+            "queuegate_store_calls_total{operation=\"renew\"}",
+        )
+    };
+    for end in ["leave", "exit path"] {
+        let mut v = Visitor::new();
+        assert!(v.navigate(&gate.url("/tickets/a")).await.reached_origin());
+        let kept = v.cookie("qg_tickets").unwrap().to_owned();
+        assert!(kept.starts_with("v1.n."), "{kept}");
+        // Its first return confirms the session, through the store.
+        assert!(v.navigate(&gate.url("/tickets/b")).await.reached_origin());
+        assert!(v.cookie("qg_tickets").unwrap().starts_with("v1.a."));
+
+        let before = renewals().await;
+        for _ in 0..50 {
+            let a = Visitor::holding("qg_tickets", &kept)
+                .navigate(&gate.url("/tickets/x"))
+                .await;
+            assert!(a.reached_origin(), "{end}: {a:?}");
+        }
+        let made = renewals().await - before;
+        assert!(made <= 2.0, "{end}: {made} renewals for 50 requests");
+
+        if end == "leave" {
+            assert_eq!(v.leave(&gate, "tickets").await.status, StatusCode::OK);
+        } else {
+            assert!(v
+                .navigate(&gate.url("/tickets/done"))
+                .await
+                .reached_origin());
+            assert!(v.cookie("qg_tickets").is_none(), "{end}: pass not cleared");
+        }
+        // Nobody waits, so the kept pass gets its holder in as a newcomer
+        // would, on a new session: never on the ended one.
+        let mut replay = Visitor::holding("qg_tickets", &kept);
+        let a = replay.navigate(&gate.url("/tickets/x")).await;
+        let now = replay.cookie("qg_tickets").unwrap_or_default();
+        assert_ne!(id_of(now), id_of(&kept), "{end}: {a:?}");
+        replay.leave(&gate, "tickets").await;
+    }
+}
+
+#[tokio::test]
+async fn a_kept_admit_now_pass_is_answered_without_the_store_on_memory() {
+    a_kept_admit_now_pass_is_answered_without_the_store(None).await;
+}
+
+#[tokio::test]
+async fn a_kept_admit_now_pass_is_answered_without_the_store_on_redis() {
+    let redis = RedisServer::start();
+    a_kept_admit_now_pass_is_answered_without_the_store(Some(&redis)).await;
 }

@@ -23,6 +23,7 @@ use queuegate::config::{AmbiguousPaths, Backend};
 /// `Queuegate-Command` header, and answers paths ending in `/end` with
 /// `end-session`, `/END` with the header name and value in upper case,
 /// `/unknown` with a command it does not know, and `/list` with a list.
+/// A request whose query is `slow` is answered 300 ms after it came.
 async fn commanding_origin() -> (Origin, Arc<AtomicUsize>) {
     let hits = Arc::new(AtomicUsize::new(0));
     let counter = hits.clone();
@@ -30,6 +31,9 @@ async fn commanding_origin() -> (Origin, Arc<AtomicUsize>) {
         let counter = counter.clone();
         async move {
             counter.fetch_add(1, Ordering::SeqCst);
+            if req.uri().query() == Some("slow") {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
             let saw = req.headers().contains_key("queuegate-command");
             let mut resp = Response::new(full(format!("origin {}", req.uri().path())));
             let h = resp.headers_mut();
@@ -65,9 +69,7 @@ fn clears_pass(a: &Answer) -> bool {
 
 /// A visitor holding `pass`, as a client replaying it would.
 fn holding(pass: &str) -> Visitor {
-    let mut v = Visitor::new();
-    v.jar.insert("qg_tickets".into(), pass.to_owned());
-    v
+    Visitor::holding("qg_tickets", pass)
 }
 
 /// A visitor admitted at once, whose session is confirmed (its second
@@ -288,6 +290,106 @@ async fn one_and_three_requests_per_session_on_redis() {
 }
 
 #[tokio::test]
+async fn one_request_per_session_lets_one_of_twenty_through_on_memory_and_redis() {
+    assert_eq!(concurrent_with_one_pass(1, 20, None).await, 1);
+    let redis = RedisServer::start();
+    assert_eq!(concurrent_with_one_pass(1, 20, Some(&redis)).await, 1);
+}
+
+// A request counted within the limit that loses the race to the session's
+// last request is still forwarded on its session, not admitted anew.
+
+#[tokio::test]
+async fn ten_requests_per_session_let_ten_of_fifty_through() {
+    assert_eq!(concurrent_with_one_pass(10, 50, None).await, 10);
+}
+
+#[tokio::test]
+async fn ten_requests_per_session_let_ten_of_fifty_through_on_redis() {
+    let redis = RedisServer::start();
+    assert_eq!(concurrent_with_one_pass(10, 50, Some(&redis)).await, 10);
+}
+
+/// `concurrent` navigations carrying the ticket of a visitor the line
+/// admitted (who has not come for the pass yet), on a route allowing one
+/// request per session, with nobody else waiting: how many reached the
+/// origin. The session's one request is made by one of them; the others
+/// are used up, none is admitted anew.
+async fn concurrent_with_an_admitted_ticket(
+    concurrent: usize,
+    redis: Option<&RedisServer>,
+) -> usize {
+    let (origin, hits) = commanding_origin().await;
+    let mut config = proxy_config(&origin.url());
+    if let Some(redis) = redis {
+        config.store.backend = Backend::Redis;
+        config.store.redis = redis.config(Duration::from_secs(2));
+    }
+    let mut r = route("tickets", "/tickets", 1);
+    r.max_requests_per_session = Some(1);
+    config.routes.push(r);
+    let gate = spawn_gate_opts(config, ring("k1"), queuegate::RunOptions::default()).await;
+    let mut holder = pass_from_the_waiting_page(&gate).await;
+    let mut v = Visitor::new();
+    let a = v
+        .navigate(&gate.url("/__queuegate/waiting?route=tickets&return=/tickets/x"))
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    assert!(v.cookie("qg_tickets").unwrap().starts_with("v1.w."));
+    holder.leave(&gate, "tickets").await;
+    // Admitted by one of the admitter's next ticks; nobody else waits.
+    let from_line = "queuegate_admitted_total{route=\"tickets\",how=\"from_line\"}";
+    for _ in 0..500 {
+        if sample(&gate.metrics().await, from_line) == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(sample(&gate.metrics().await, from_line), 1.0);
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+    let tasks: Vec<_> = (0..concurrent)
+        .map(|_| {
+            let mut tab = v.clone();
+            let url = gate.url("/tickets/x");
+            tokio::spawn(async move { tab.navigate(&url).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    // And once the session has surely ended, a few more.
+    for _ in 0..3 {
+        answers.push(v.clone().navigate(&gate.url("/tickets/x")).await);
+    }
+    let mut reached = 0;
+    for a in answers {
+        if a.reached_origin() {
+            reached += 1;
+        } else {
+            assert_eq!(a.headers["x-queuegate"], "used-up", "{a:?}");
+            assert!(clears_pass(&a), "{a:?}");
+        }
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), reached);
+    reached
+}
+
+#[tokio::test]
+async fn an_admitted_ticket_makes_one_request_of_twenty() {
+    assert_eq!(concurrent_with_an_admitted_ticket(20, None).await, 1);
+}
+
+#[tokio::test]
+async fn an_admitted_ticket_makes_one_request_of_twenty_on_redis() {
+    let redis = RedisServer::start();
+    assert_eq!(
+        concurrent_with_an_admitted_ticket(20, Some(&redis)).await,
+        1
+    );
+}
+
+#[tokio::test]
 async fn a_used_up_navigation_goes_back_through_the_line() {
     let (gate, _origin, hits) = gated_origin(commanding_origin().await, 1, |_, r| {
         r.max_requests_per_session = Some(2)
@@ -432,4 +534,85 @@ async fn one_pass_over_three_instances_makes_exactly_its_requests() {
         assert_eq!(reached, limit, "limit {limit}");
         assert_eq!(hits.load(Ordering::SeqCst), limit, "limit {limit}");
     }
+}
+
+// The client hangs up before the origin answers.
+
+/// Sends `GET target` with `pass` on a socket of its own, waits until the
+/// origin has the request, and closes the socket before the answer.
+async fn hang_up_before_the_answer(gate: &Gate, target: &str, pass: &str, hits: &AtomicUsize) {
+    use tokio::io::AsyncWriteExt;
+    let before = hits.load(Ordering::SeqCst);
+    let mut socket = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
+    let req = format!(
+        "GET {target} HTTP/1.1\r\nHost: shop.test\r\nAccept: text/html\r\n\
+         Sec-Fetch-Mode: navigate\r\nCookie: qg_tickets={pass}\r\n\r\n"
+    );
+    socket.write_all(req.as_bytes()).await.unwrap();
+    eventually("the origin has the request", || {
+        hits.load(Ordering::SeqCst) > before
+    })
+    .await;
+    drop(socket);
+}
+
+/// Whatever way a session ends with the origin's answer (an exit path, the
+/// origin's command, the last request `max_requests_per_session` allows),
+/// it ends when that answer comes although the client hung up before it:
+/// the slot goes to the next waiter, the pass admits no more, and the
+/// request is counted as one whose client went away.
+async fn a_session_ends_though_its_client_hung_up(on_redis: bool) {
+    for (how, target) in [
+        ("exit_path", "/tickets/done?slow"),
+        ("origin", "/tickets/end?slow"),
+        ("max_requests", "/tickets/x?slow"),
+    ] {
+        let redis = on_redis.then(RedisServer::start);
+        let (origin, hits) = commanding_origin().await;
+        let mut config = proxy_config(&origin.url());
+        if let Some(redis) = &redis {
+            config.store.backend = Backend::Redis;
+            config.store.redis = redis.config(Duration::from_secs(2));
+        }
+        let mut r = route("tickets", "/tickets", 1);
+        r.exit_paths = vec!["/tickets/done".into()];
+        // The visitor's two requests that confirm it, and this one.
+        r.max_requests_per_session = (how == "max_requests").then_some(3);
+        config.routes.push(r);
+        let gate = spawn_gate_opts(config, ring("k1"), queuegate::RunOptions::default()).await;
+        let a = inside(&gate).await;
+        let pass = a.cookie("qg_tickets").unwrap().to_owned();
+        let mut b = Visitor::new();
+        assert!(!b.navigate(&gate.url("/tickets/x")).await.reached_origin());
+        assert_eq!(b.status(&gate, "tickets").await["state"], "waiting");
+
+        hang_up_before_the_answer(&gate, target, &pass, &hits).await;
+        wait_admitted(&mut b, &gate).await;
+        let replay = holding(&pass).navigate(&gate.url("/tickets/x")).await;
+        assert!(!replay.reached_origin(), "{how}: {replay:?}");
+        let metrics = gate.metrics().await;
+        let count = |series: &str| sample(&metrics, series);
+        assert_eq!(
+            count("queuegate_requests_total{decision=\"client_gone\"}"),
+            1.0,
+            "{how}"
+        );
+        assert_eq!(
+            count("queuegate_client_gone_total{route=\"tickets\"}"),
+            1.0,
+            "{how}"
+        );
+        let ended = format!("queuegate_sessions_ended_total{{route=\"tickets\",reason=\"{how}\"}}");
+        assert_eq!(count(&ended), 1.0, "{how}");
+    }
+}
+
+#[tokio::test]
+async fn a_session_ends_though_its_client_hung_up_on_memory() {
+    a_session_ends_though_its_client_hung_up(false).await;
+}
+
+#[tokio::test]
+async fn a_session_ends_though_its_client_hung_up_on_redis() {
+    a_session_ends_though_its_client_hung_up(true).await;
 }

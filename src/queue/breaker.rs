@@ -2,8 +2,8 @@
 //! calling the store for a cool-down, so no request waits on a dead or hung
 //! store, then lets one probe through and closes again when it succeeds.
 //!
-//! It owns the breaker state and the per-operation error counts that metrics
-//! export; what a route does when a call fails (`on_store_error`) is the gate's.
+//! It owns the breaker state and the per-operation call and error counts
+//! that metrics export; what a route does when a call fails (`on_store_error`) is the gate's.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,7 +56,8 @@ pub enum BreakerState {
     Open = 2,
 }
 
-/// The store operations, as labelled in `queuegate_store_errors_total`.
+/// The store operations, as labelled in `queuegate_store_calls_total` and
+/// `queuegate_store_errors_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Operation {
     Arrive,
@@ -134,6 +135,7 @@ struct Inner {
 pub struct Breaker {
     config: BreakerConfig,
     inner: Mutex<Inner>,
+    calls: [AtomicU64; Operation::ALL.len()],
     errors: [AtomicU64; Operation::ALL.len()],
     short_circuited: AtomicU64,
 }
@@ -153,6 +155,7 @@ impl Breaker {
                 cool_down: config.cool_down,
             }),
             config,
+            calls: Default::default(),
             errors: Default::default(),
             short_circuited: AtomicU64::new(0),
         }
@@ -166,6 +169,12 @@ impl Breaker {
             Phase::Open { .. } => BreakerState::Open,
             Phase::HalfOpen => BreakerState::HalfOpen,
         }
+    }
+
+    /// Calls of `op` made to the store, whatever their outcome; calls
+    /// refused by the open breaker are not made and not counted here.
+    pub fn calls(&self, op: Operation) -> u64 {
+        self.calls[op as usize].load(Ordering::Relaxed)
     }
 
     /// Store calls of `op` that failed (timeouts included); calls refused by
@@ -191,6 +200,7 @@ impl Breaker {
                 Err(StoreError::CircuitOpen)
             }
             Permit::Call => {
+                self.calls[op as usize].fetch_add(1, Ordering::Relaxed);
                 let result = call.await;
                 self.record(op, result.is_ok());
                 result
@@ -199,6 +209,7 @@ impl Breaker {
                 // Dropped before it finishes (the request went away): the
                 // guard reopens with the same cool-down left at zero, so the
                 // next call probes instead of the breaker staying half-open.
+                self.calls[op as usize].fetch_add(1, Ordering::Relaxed);
                 let mut probe = ProbeGuard {
                     breaker: self,
                     done: false,

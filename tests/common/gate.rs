@@ -88,6 +88,13 @@ impl Gate {
         format!("http://{admin}{path}")
     }
 
+    /// The admin listener's metrics, as text.
+    pub async fn metrics(&self) -> String {
+        let (parts, body) = super::visitor::get(&self.admin_url("/metrics")).await;
+        assert_eq!(parts.status, http::StatusCode::OK);
+        String::from_utf8_lossy(&body).into_owned()
+    }
+
     /// Starts the drain without waiting for it.
     pub fn start_drain(&mut self) {
         if let Some(tx) = self.shutdown.take() {
@@ -251,13 +258,16 @@ pub async fn gated_origin(
     (gate, origin, hits)
 }
 
-/// The value of `series` (its name and labels as exported, e.g.
-/// `queuegate_requests_total{decision="bad_request"}`) on `gate`'s admin
-/// listener; 0 when it is not exported.
-pub async fn admin_sample(gate: &Gate, series: &str) -> f64 {
-    let (_, body) = super::visitor::get(&gate.admin_url("/metrics")).await;
-    String::from_utf8_lossy(&body)
-        .lines()
+/// The value of `series` (a metric's name and labels, as exported, e.g.
+/// `queuegate_requests_total{decision="bad_request"}`) in metrics `text`;
+/// 0 when it is absent.
+pub fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .map_or(0.0, |v| v.trim().parse().expect("a sample value"))
+        .map_or(0.0, |n| n.trim().parse().expect("a number"))
+}
+
+/// The value of `series` on `gate`'s admin listener (see [`sample`]).
+pub async fn admin_sample(gate: &Gate, series: &str) -> f64 {
+    sample(&gate.metrics().await, series)
 }

@@ -75,6 +75,14 @@ impl Visitor {
         Visitor::default()
     }
 
+    /// A visitor whose jar holds `value` as cookie `name`, as a client
+    /// replaying a cookie it kept would.
+    pub fn holding(name: &str, value: &str) -> Visitor {
+        let mut v = Visitor::new();
+        v.jar.insert(name.to_owned(), value.to_owned());
+        v
+    }
+
     fn cookie_header(&self) -> Option<String> {
         if self.jar.is_empty() {
             return None;
