@@ -217,7 +217,8 @@ pub enum AmbiguousPaths {
     /// `400`, tagged `x-queuegate`: browsers never send such paths.
     #[default]
     Reject,
-    /// Gated by the first route any reading matches, never bypassed.
+    /// Gated by the first route any reading matches, never bypassed
+    /// (readings in two different routes still get `400`).
     Gate,
 }
 
