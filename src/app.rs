@@ -185,13 +185,16 @@ impl App {
         // Bypass rules and routes see every reading of the path an origin
         // could make (DESIGN §8.1): bypassed only if every reading is,
         // gated if any reading is. `/static/../tickets` and
-        // `/tickets;x=1` are gated like `/tickets`.
+        // `/tickets;x=1` are gated like `/tickets`. Readings in two places
+        // make the path ambiguous (§9.6); in two routes, no one route can
+        // gate it.
         let readings = path::Readings::of(path);
-        let ambiguous = readings.is_ambiguous();
-        if ambiguous && self.ambiguous_paths == AmbiguousPaths::Reject {
+        let placing = s.place(req.method(), host.as_deref(), &readings);
+        let ambiguous = readings.is_ambiguous() || placing.disputed;
+        if placing.split || (ambiguous && self.ambiguous_paths == AmbiguousPaths::Reject) {
             return refuse(peer, RequestError::AmbiguousPath);
         }
-        if !ambiguous && readings.iter().all(|p| s.bypassed(req.method(), p)) {
+        if !ambiguous && placing.bypassed {
             drop(readings);
             let lane_host = lane_host(s, host.as_deref());
             return (
@@ -201,10 +204,7 @@ impl App {
                     .await,
             );
         }
-        let index = readings
-            .iter()
-            .find_map(|p| s.route_for(host.as_deref(), p));
-        let Some(index) = index else {
+        let Some(index) = placing.route else {
             drop(readings);
             let lane_host = lane_host(s, host.as_deref());
             return (

@@ -97,7 +97,8 @@ pub enum RequestError {
     #[error("ambiguous message framing: {0}")]
     AmbiguousFraming(&'static str),
     /// The path reads as different routes to different origins (DESIGN
-    /// §8.1) and `limits.ambiguous_paths` is `reject`.
+    /// §8.1, §9.6) and `limits.ambiguous_paths` is `reject`, or its
+    /// readings land in two different routes.
     #[error("ambiguous path")]
     AmbiguousPath,
     /// `CONNECT`: never forwarded, whatever its target.

@@ -626,6 +626,30 @@ impl RouteRt {
     }
 }
 
+/// Where the readings of a request's path take it ([`Settings::place`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placing {
+    /// Every reading is bypassed.
+    pub bypassed: bool,
+    /// The first route a reading matches.
+    pub route: Option<usize>,
+    /// Two readings are in different places, each a bypass or a route: the
+    /// readings disagree about where the path is. A reading in neither
+    /// disagrees with none (`/tickets;x=1` is `/tickets` to Java, nowhere
+    /// to others: gated, not disputed).
+    pub disputed: bool,
+    /// Two readings are in two different routes: no one route's pass can
+    /// stand for both.
+    pub split: bool,
+}
+
+/// Where one reading is, when it is somewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Bypass,
+    Route(usize),
+}
+
 /// Everything the gate reads per request that a config reload replaces.
 pub struct Settings {
     pub routes: Vec<RouteRt>,
@@ -693,6 +717,49 @@ impl Settings {
         self.routes.iter().position(|r| r.matches(host, path))
     }
 
+    /// Where the readings of a request's path take it (DESIGN §1 steps
+    /// 2–3, §8.1, §9.6): bypassed if every reading is, otherwise the
+    /// first route any reading matches, and whether the readings disagree.
+    pub fn place(
+        &self,
+        method: &Method,
+        host: Option<&str>,
+        readings: &path::Readings<'_>,
+    ) -> Placing {
+        let mut placing = Placing {
+            bypassed: true,
+            route: None,
+            disputed: false,
+            split: false,
+        };
+        // The place of the first reading that is somewhere, and the first
+        // route a reading that is not bypassed is in.
+        let mut first: Option<Place> = None;
+        let mut gated: Option<usize> = None;
+        for p in readings.iter() {
+            let bypassed = self.bypassed(method, p);
+            placing.bypassed &= bypassed;
+            if bypassed && readings.is_single() && !readings.is_ambiguous() {
+                // An ordinary bypassed path: no route to look for.
+                return placing;
+            }
+            let route = self.route_for(host, p);
+            placing.route = placing.route.or(route);
+            let place = match (bypassed, route) {
+                (true, _) => Place::Bypass,
+                (false, Some(index)) => Place::Route(index),
+                (false, None) => continue,
+            };
+            placing.disputed |= first.is_some_and(|first| first != place);
+            first = first.or(Some(place));
+            if let Place::Route(index) = place {
+                placing.split |= gated.is_some_and(|gated| gated != index);
+                gated = gated.or(Some(index));
+            }
+        }
+        placing
+    }
+
     /// The route named `name`.
     pub fn route_named(&self, name: &str) -> Option<usize> {
         self.routes.iter().position(|r| r.name() == name)
@@ -739,6 +806,45 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Settings with `/tickets` and `/elsewhere` gated and `/static/`
+    /// bypassed.
+    fn placing_settings() -> Settings {
+        let config = Config::from_yaml(
+            "listen: [{ addr: 127.0.0.1:8080 }]\n\
+             upstream: { url: http://127.0.0.1:3000 }\n\
+             keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]\n\
+             bypass: [{ path_prefix: /static/ }]\n\
+             routes:\n\
+             \x20 - { name: tickets, match: { path_prefix: /tickets }, capacity: 1 }\n\
+             \x20 - { name: elsewhere, match: { path_prefix: /elsewhere }, capacity: 1 }\n",
+        )
+        .expect("a valid config");
+        let ring = KeyRing::new(vec![("k1".into(), vec![7; 32])]).expect("a key ring");
+        Settings::new(&config, ring, &HashMap::new(), &Metrics::new())
+    }
+
+    #[test]
+    fn readings_in_two_places_are_disputed_and_in_two_routes_split() {
+        let s = placing_settings();
+        let place = |raw: &str| s.place(&Method::GET, None, &path::Readings::of(raw));
+        let p = place("/static/app.css");
+        assert!(p.bypassed && !p.disputed, "{p:?}");
+        // `/tickets` to Java, no route to others: gated, not disputed.
+        let p = place("/tickets;x=1");
+        assert_eq!((p.route, p.disputed), (Some(0), false), "{p:?}");
+        // A bypass to one reading, `/tickets` to another.
+        let p = place("/static/..;/tickets");
+        assert!(!p.bypassed && p.disputed && !p.split, "{p:?}");
+        assert_eq!(p.route, Some(0));
+        // `/elsewhere` to one reading, `/tickets` to another.
+        let p = place("/elsewhere/..;/tickets");
+        assert!(p.disputed && p.split, "{p:?}");
+        // A bypass first, then two routes: `..%3b` is a name to one
+        // reading (`/elsewhere/..%3b/tickets`), `..` to another.
+        let p = place("/static/..;/elsewhere/..%3b/tickets");
+        assert!(p.disputed && p.split, "{p:?}");
+    }
 
     #[test]
     fn event_streams_stop_at_the_cap_and_give_their_places_back() {

@@ -251,6 +251,48 @@ fn path_cases(mode: AmbiguousPaths) -> Vec<Case> {
         ("matrix parameter below", "/tickets;jsessionid=1/a", Held),
         ("dot-dot with a parameter", "/tickets/..;/tickets", Held),
         ("dot-dot-semicolon", "/x/..;/tickets", Held),
+        // Tomcat drops `;params` where a `;` is written, then decodes: a
+        // `%3b` stays in a segment's name, a level `..` takes back. Each
+        // is `/tickets/1` to Tomcat: gated whatever the mode.
+        (
+            "an encoded semicolon as a name",
+            "/%74ickets;x/%3b/..;/1",
+            Held,
+        ),
+        (
+            "parameters dropped before decoding",
+            "/%74ickets;x/a/%3b/..;/..;/1",
+            Held,
+        ),
+        (
+            "parameters dropped before decoding, encoded dots",
+            "/%74ickets;y/a/..;x/%3bx/%2e%2e;/1",
+            Held,
+        ),
+        (
+            "parameters dropped before decoding, encoded letters",
+            "/%74ickets;x/%61/%3B/%2e.;/..;x/%31",
+            Held,
+        ),
+        // RFC 3986 (and Jetty) keep the empty segment of `//`, and `..`
+        // takes it back: `/tickets/seat`.
+        (
+            "an empty segment dot-dot takes back",
+            "/tickets//../seat",
+            Held,
+        ),
+        // Readings in a bypass and a route: refused, or gated.
+        (
+            "a bypass one reading leaves",
+            "/static/..;/tickets",
+            ambiguous,
+        ),
+        // Readings in two routes: no one route can gate it.
+        (
+            "two routes by two readings",
+            "/elsewhere/..;/tickets",
+            Refused(400, "ambiguous-path"),
+        ),
         // IIS reads `\` as `/`.
         ("backslash", "/tickets\\index.html", ambiguous),
         ("encoded backslash", "/tickets%5cindex.html", ambiguous),

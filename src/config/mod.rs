@@ -227,7 +227,8 @@ pub struct ServerLimits {
 pub enum AmbiguousPaths {
     /// `400`, tagged `x-queuegate`: browsers never send such paths.
     Reject,
-    /// Gated by the first route any reading matches, never bypassed.
+    /// Gated by the first route any reading matches, never bypassed
+    /// (readings in two different routes still get `400`).
     Gate,
 }
 
