@@ -9,17 +9,13 @@
 //! answer (only the waiting answer under `ambiguous_paths: gate`).
 
 mod common;
-#[path = "common/redis.rs"]
-mod redis_harness;
-#[path = "common/tomcat.rs"]
-mod tomcat_harness;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
 
+use common::tomcat::{Answer, Tomcat, INFO_SERVLET};
 use common::*;
 use queuegate::config::{AmbiguousPaths, Config};
-use tomcat_harness::{Answer, Tomcat, INFO_SERVLET};
 
 /// How many distinct spellings are generated, and from which seed.
 const SPELLINGS: usize = 2000;

@@ -3,7 +3,8 @@
 //! (`gate`); visitors and hand-written clients (`visitor`); the binary as a
 //! child process (`process`); several instances sharing one Redis (`fleet`);
 //! waiting until something holds (`poll`); real `redis-server`s (`redis`);
-//! and fixtures for calling a store directly (`store`, imported by name).
+//! fixtures for calling a store directly (`store`, imported by name); and
+//! a real Tomcat serving its example webapp (`tomcat`, imported by name).
 //! A test file says `mod common;` and `use common::*;`.
 //!
 //! `redis` is private, its items exported here: a module of that name in
@@ -17,6 +18,7 @@ mod poll;
 mod process;
 mod redis;
 pub mod store;
+pub mod tomcat;
 mod visitor;
 
 // Each test file uses part of this: what it leaves is no warning.

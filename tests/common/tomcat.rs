@@ -6,7 +6,7 @@
 //! same dir) and is killed by PID on drop, so also when a test fails.
 //!
 //! Tomcat binds the port it is given, so a port is picked here (as for
-//! Redis, with `redis_harness::free_port`) and can be taken before Tomcat
+//! Redis, with `free_port`) and can be taken before Tomcat
 //! binds it: Tomcat then exits (`EXIT_ON_INIT_FAILURE`) and is started
 //! again on another port. It counts as up once the example servlet answers
 //! on the port, which no other test's server does.
@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::redis_harness::free_port;
+use super::redis::free_port;
 
 /// Where Debian's `tomcat10` installs Tomcat (`CATALINA_HOME`).
 const CATALINA_HOME: &str = "/usr/share/tomcat10";
