@@ -21,7 +21,8 @@
 //!   stream (`events`) and leave; the `return` path (`return_to`).
 //! - `gate`: the per-request decision (`Decision`), no socket I/O.
 //! - `route`: routes ready for requests (`Settings`, `RouteRt`, `RouteLive`):
-//!   matching, live numbers, the ETA.
+//!   matching, live numbers, the ETA, and what an instance remembers of
+//!   places that ended and invites used up (`remembered`).
 //! - `cookie`: cookie names, `Set-Cookie` values, reading credentials, the
 //!   per-connection memo, stripping our cookies before the origin.
 //! - `lane_grant`: invite tokens and lane cookies' values (signed with the

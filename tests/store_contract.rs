@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use queuegate::clock::Clock;
 use queuegate::queue::{
-    store_id, Arrival, Arriving, Counted, Ended, Heartbeat, Lane, Lanes, Limits, LineRecord,
-    MemoryStore, PassTimes, Place, Poll, QueueStore, RedisStore, RouteStats, Tick, TicketTimes,
-    VisitorId,
+    store_id, Arrival, Arriving, Counted, Ended, Heartbeat, InviteUse, Lane, Lanes, Limits,
+    LineRecord, MemoryStore, PassTimes, Place, Poll, QueueStore, RedisStore, RouteStats, Tick,
+    TicketTimes, VisitorId,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -2058,24 +2058,35 @@ async fn take_use_counts_an_invite_atomically<H: Harness>(h: &mut H) {
         (0..20).map(|_| store.take_use(&route, token, 3, now_s + 3_600)),
     )
     .await;
-    let granted = uses
-        .into_iter()
-        .map(|u| u.expect("take_use"))
-        .filter(|&ok| ok)
-        .count();
-    assert_eq!(granted, 3);
-    assert!(
+    let uses: Vec<InviteUse> = uses.into_iter().map(|u| u.expect("take_use")).collect();
+    assert_eq!(uses.iter().filter(|u| u.honoured()).count(), 3);
+    assert_eq!(
+        uses.iter().filter(|&&u| u == InviteUse::Last).count(),
+        1,
+        "one use is the last: {uses:?}"
+    );
+    assert_eq!(
         store
             .take_use(&route, b"another", 3, now_s + 3_600)
             .await
             .expect("take_use"),
+        InviteUse::Taken,
         "each token counts apart"
     );
-    assert!(
-        !store
+    assert_eq!(
+        store
+            .take_use(&route, b"once", 1, now_s + 3_600)
+            .await
+            .expect("take_use"),
+        InviteUse::Last,
+        "a token for one visitor is used up at once"
+    );
+    assert_eq!(
+        store
             .take_use(&route, b"expired", 3, now_s.saturating_sub(1))
             .await
             .expect("take_use"),
+        InviteUse::Refused,
         "an expired token is used up"
     );
 }

@@ -56,8 +56,8 @@ use std::time::Duration;
 
 use super::record::{self, LaneRecord, LineRecord};
 use super::{
-    store_id, Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, LaneStats, Limits,
-    PassTimes, Place, Poll, QueueStore, RouteStats, StoreError, StoreId, Tick, TicketTimes,
+    store_id, Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, InviteUse, LaneStats,
+    Limits, PassTimes, Place, Poll, QueueStore, RouteStats, StoreError, StoreId, Tick, TicketTimes,
     VisitorId, JOIN_WINDOW,
 };
 use crate::clock::Clock;
@@ -492,10 +492,10 @@ impl Route {
     }
 
     /// See [`QueueStore::take_use`].
-    fn take_use(&mut self, now: Now, token: &[u8], max_uses: u32, expires_unix: u64) -> bool {
+    fn take_use(&mut self, now: Now, token: &[u8], max_uses: u32, expires_unix: u64) -> InviteUse {
         let now_s = now.ms / 1_000;
         if expires_unix <= now_s {
-            return false;
+            return InviteUse::Refused;
         }
         let uses = self
             .invites
@@ -506,7 +506,11 @@ impl Route {
         }
         uses.0 = uses.0.saturating_add(1);
         uses.1 = expires_unix;
-        uses.0 <= max_uses
+        match uses.0.cmp(&max_uses) {
+            std::cmp::Ordering::Less => InviteUse::Taken,
+            std::cmp::Ordering::Equal => InviteUse::Last,
+            std::cmp::Ordering::Greater => InviteUse::Refused,
+        }
     }
 
     fn renew(
@@ -1381,7 +1385,7 @@ impl QueueStore for MemoryStore {
         token_key: &[u8],
         max_uses: u32,
         expires_unix: u64,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<InviteUse, StoreError> {
         Ok(self.with_route(route, |r, now| {
             r.take_use(now, token_key, max_uses, expires_unix)
         }))

@@ -296,6 +296,20 @@ impl Limits {
         !client.is_empty() && (self.client_places > 0 || self.client_joins_per_minute > 0)
     }
 
+    /// How long an instance remembers a place that ended (see
+    /// `RouteLive::end`): as long as one of its cookies could come back and
+    /// be admitted or restored. A pass is restored only within `session_ttl`
+    /// of its issue, and admits on its own for `pass_ttl`; a ticket is
+    /// restored only within `abandon_after` of its holder's last poll. None
+    /// of those times is after the end, which the instance learns of at or
+    /// after it: a second more covers the rounding to whole seconds.
+    pub fn end_memory(&self) -> Duration {
+        self.session_ttl
+            .max(self.abandon_after)
+            .max(self.pass_ttl)
+            .saturating_add(Duration::from_secs(1))
+    }
+
     /// How long after its last contact a client's arrivals are remembered: at
     /// least the join window, and long enough that no place it holds can
     /// outlive it without a poll or renewal touching it again (a ticket silent
@@ -450,6 +464,26 @@ pub enum Counted {
     /// No live session has this id (it expired, or the store never had
     /// it), and no tombstone says it ended: nothing was counted.
     Gone,
+}
+
+/// What counting one use of an invite token did (see
+/// [`QueueStore::take_use`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InviteUse {
+    /// One of its uses, not the last: honour the invite.
+    Taken,
+    /// Its last use: honour the invite. The token is used up from now on,
+    /// which an instance remembers past a loss of the store.
+    Last,
+    /// Used up already, or expired: do not honour it.
+    Refused,
+}
+
+impl InviteUse {
+    /// Whether the invite is honoured.
+    pub fn honoured(self) -> bool {
+        matches!(self, InviteUse::Taken | InviteUse::Last)
+    }
 }
 
 /// The answer to a waiter's poll.
@@ -767,18 +801,19 @@ pub trait QueueStore: Send + Sync {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Counts one use of an invite token (`token_key`: bytes naming the
-    /// token) that expires at `expires_unix` (seconds): true
-    /// while its uses, this one included, are at most `max_uses`. Atomic,
-    /// so `max_uses` concurrent calls and no more answer true. An expired
-    /// token answers false and counts nothing. The count is forgotten when
-    /// the token expires.
+    /// token) that expires at `expires_unix` (seconds): honoured while its
+    /// uses, this one included, are at most `max_uses`, and `Last` for the
+    /// `max_uses`-th. Atomic, so `max_uses` concurrent calls and no more
+    /// are honoured, and one of them is `Last`. An expired token is
+    /// `Refused` and counts nothing. The count is forgotten when the token
+    /// expires.
     fn take_use(
         &self,
         route: &str,
         token_key: &[u8],
         max_uses: u32,
         expires_unix: u64,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    ) -> impl Future<Output = Result<InviteUse, StoreError>> + Send;
 
     /// The line as the last admitter tick left it, or later (see
     /// [`record`]); `None` before the first tick of the epoch.
@@ -942,7 +977,7 @@ impl QueueStore for Store {
         token_key: &[u8],
         max_uses: u32,
         expires_unix: u64,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<InviteUse, StoreError> {
         dispatch!(self, s => s.take_use(route, token_key, max_uses, expires_unix).await)
     }
 
