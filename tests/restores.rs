@@ -40,6 +40,11 @@ struct Room {
 
 impl Room {
     async fn new(loss: Loss) -> Room {
+        Room::tuned(loss, |_| {}).await
+    }
+
+    /// [`Room::new`] with its route changed by `tune`.
+    async fn tuned(loss: Loss, tune: impl FnOnce(&mut queuegate::config::Route)) -> Room {
         let (origin, hits) = counting_origin().await;
         let mut config = proxy_config(&origin.url());
         if let Loss::Flush(redis) = &loss {
@@ -52,6 +57,7 @@ impl Room {
         r.abandon_after = Duration::from_secs(3);
         r.confirm_within = Duration::from_secs(1);
         r.arrival_grace = Duration::from_secs(3);
+        tune(&mut r);
         config.routes.push(r);
         let gate = spawn_gate_with(config.clone(), ring("k1")).await;
         Room {
@@ -285,6 +291,90 @@ async fn replays_after_a_flushall() {
 #[tokio::test]
 async fn replays_after_a_memory_store_restart() {
     replays(Loss::Restart).await;
+}
+
+/// A visitor admitted at once and reading the first page when the store is
+/// lost keeps the slot: its unconfirmed pass could have been in the store
+/// (issued before the loss, less than `confirm_within` ago). One issued at
+/// or after the epoch, or whose `confirm_within` had run out, gets a place
+/// at the back.
+async fn unconfirmed_passes(loss: Loss) {
+    let mut room = Room::tuned(loss, |r| r.confirm_within = Duration::from_secs(3)).await;
+    let mut v = Visitor::new();
+    assert!(v.navigate(&room.url()).await.reached_origin());
+    assert!(v.cookie("qg_tickets").unwrap().starts_with("v1.n."));
+    let mut w = Visitor::new();
+    assert_eq!(w.navigate(&room.url()).await.status, StatusCode::FOUND);
+    assert_eq!(room.status(&mut w).await, ("waiting".into(), 1));
+
+    room.lose().await;
+
+    // The waiter's ticket comes back first: the line is not empty.
+    assert_eq!(room.status(&mut w).await, ("waiting".into(), 1));
+    let a = v.navigate(&room.url()).await;
+    assert!(
+        a.reached_origin(),
+        "a visitor on its first page was sent back in line: {a:?}"
+    );
+    assert!(
+        v.cookie("qg_tickets").unwrap().starts_with("v1.a."),
+        "its return confirms the session"
+    );
+    assert_eq!(room.status(&mut w).await, ("waiting".into(), 1));
+
+    let r = ring("k1");
+    let mut line = vec![w];
+    let stale = now_ms() - 4_000;
+    let too_late = r.sign_at(
+        Kind::NewPass,
+        "tickets",
+        &[50u8; 16],
+        stale / 1000 + 2,
+        Some(stale),
+    );
+    room.replay(
+        "an unconfirmed pass past confirm_within",
+        &too_late,
+        &mut line,
+    )
+    .await;
+    let after = now_ms();
+    let new = r.sign_at(
+        Kind::NewPass,
+        "tickets",
+        &[51u8; 16],
+        after / 1000 + 2,
+        Some(after),
+    );
+    room.replay("an unconfirmed pass issued after the loss", &new, &mut line)
+        .await;
+    if let Loss::Flush(redis) = &room.loss {
+        let epoch_us: u64 = redis.query(&["HGET", "qg:{tickets}:stats", "epoch"]);
+        let epoch_ms = epoch_us / 1000;
+        let exactly = r.sign_at(
+            Kind::NewPass,
+            "tickets",
+            &[52u8; 16],
+            epoch_ms / 1000 + 2,
+            Some(epoch_ms),
+        );
+        room.replay(
+            "an unconfirmed pass issued at the epoch's millisecond",
+            &exactly,
+            &mut line,
+        )
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn an_unconfirmed_pass_is_restored_after_a_flushall() {
+    unconfirmed_passes(Loss::Flush(RedisServer::start())).await;
+}
+
+#[tokio::test]
+async fn an_unconfirmed_pass_is_restored_after_a_memory_store_restart() {
+    unconfirmed_passes(Loss::Restart).await;
 }
 
 /// How [`GivenUp`] loses its store.

@@ -167,6 +167,17 @@ fn before_opening(now: Now, limits: &Limits) -> bool {
         .is_some_and(|opens_at_us| now.us < opens_at_us)
 }
 
+/// How long the session a pass stands for lives past the pass's issue
+/// without another renewal: `session_ttl` once confirmed, `confirm_within`
+/// for the unconfirmed session of an admit-now pass.
+fn session_life(pass: PassTimes, limits: &Limits) -> Duration {
+    if pass.confirmed {
+        limits.session_ttl
+    } else {
+        limits.unconfirmed_session()
+    }
+}
+
 fn as_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -528,18 +539,18 @@ impl Route {
             self.clients.touch(client, id, now.ms, limits);
             return true;
         }
-        if self.fallback || self.tombstones.contains(id) || !pass.confirmed {
+        if self.fallback || self.tombstones.contains(id) {
             return false;
         }
-        // Issued before the loss (strictly, in ms) and recently enough that the
-        // session could still have been active when the store was lost.
-        let epoch_ms = self.epoch_us / 1_000;
-        let session_ms = as_ms(limits.session_ttl);
-        let wiped =
-            pass.issued_ms < epoch_ms && pass.issued_ms.saturating_add(session_ms) > epoch_ms;
+        // Issued before the loss (strictly, in ms), so the store could have
+        // held the session, and recently enough that it would hold it still.
+        let held = pass
+            .issued_ms
+            .saturating_add(as_ms(session_life(pass, limits)))
+            > now.ms;
+        let wiped = pass.issued_ms < self.epoch_us / 1_000 && held;
         // Or granted by an instance while the store could not answer.
-        let granted_locally =
-            pass.granted_locally && pass.issued_ms.saturating_add(session_ms) > now.ms;
+        let granted_locally = pass.granted_locally && pass.confirmed && held;
         if !(wiped || granted_locally) {
             return false;
         }

@@ -28,8 +28,9 @@
 //!   visitor comes back: the session holds its slot `confirm_within` (not
 //!   `session_ttl`) unless a renewal confirms it; the ticket leaves the line
 //!   `confirm_within` after joining unless a poll confirms it. Ticks report
-//!   both apart from ghosts and no-shows. An unconfirmed entry is never
-//!   restored.
+//!   both apart from ghosts and no-shows. An unconfirmed ticket is never
+//!   restored after a wipe; an unconfirmed session is, within its
+//!   `confirm_within` (see below).
 //! - Per-client limits (a non-empty client key, a limit not 0): `places`
 //!   counts the client's ids still in line (no ghost) or holding a live slot,
 //!   counted from the line and the active set, never a counter, so it cannot
@@ -42,9 +43,11 @@
 //!   from the store is restored only if the store could have held it at the
 //!   loss: a ticket confirmed, with no tombstone, whose holder was seen less
 //!   than `abandon_after` ago, and older than the epoch (a wiped store) or
-//!   younger than `abandon_after` (a write lost in a failover); a pass
-//!   confirmed, with no tombstone, issued before the epoch (strictly, in ms)
-//!   and less than `session_ttl` before it. The first notice of a loss
+//!   younger than `abandon_after` (a write lost in a failover); a pass with
+//!   no tombstone, issued before the epoch (strictly, in ms), whose session
+//!   the store would still hold now: issued less than `session_ttl` ago
+//!   when confirmed, less than `confirm_within` ago when not (the visitor
+//!   admitted at once and still on its first page). The first notice of a loss
 //!   (restoring such an entry, or an instance seeing the epoch it remembered
 //!   change, on a tick or an arrival) starts a hold of one `pass_ttl` during which nobody new is
 //!   admitted, so returning admitted visitors are counted first. Later
@@ -409,7 +412,8 @@ pub struct PassTimes {
     /// When the pass was issued, ms since the Unix epoch.
     pub issued_ms: u64,
     /// False for the pass admit-now issued, until its first return renews it:
-    /// a session never confirmed is never restored after a loss.
+    /// a session never confirmed is restored after a loss only within its
+    /// `confirm_within`.
     pub confirmed: bool,
     /// The pass was granted or renewed by an instance on its own while this
     /// store could not answer (`l` in the cookie): the store may not know
@@ -688,14 +692,16 @@ pub trait QueueStore: Send + Sync {
     /// A pass holder renews from `client`: extends the session to
     /// `session_ttl` from now (confirming an admit-now session) and answers
     /// whether it is still active. A session missing from the store is
-    /// restored as active only when the pass is confirmed, no tombstone says
-    /// it left, and either
+    /// restored as active (and confirmed) only when no tombstone says it
+    /// left, the store would still hold it now had it kept it (a confirmed
+    /// pass issued less than `session_ttl` ago, an unconfirmed one less than
+    /// `confirm_within` ago), and either
     ///
-    /// - it was issued before the route's epoch (strictly, in ms) but less
-    ///   than `session_ttl` before it, so the session could still have been
-    ///   active at the loss (the first such restore starts a hold), or
+    /// - it was issued before the route's epoch (strictly, in ms), so the
+    ///   store could have held it at the loss (the first such restore starts
+    ///   a hold), or
     /// - it was granted locally (an instance admitted or renewed it while
-    ///   this store could not answer) less than `session_ttl` ago;
+    ///   this store could not answer), a confirmed pass;
     ///
     /// and, outside a hold, only while the route has room: past the hold, a
     /// restore never takes the route over its capacity.

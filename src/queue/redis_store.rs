@@ -761,7 +761,8 @@ impl RedisStore {
             .arg(ms(limits.pass_ttl))
             .arg(ms(limits.client_memory()))
             .arg(u8::from(pass.granted_locally))
-            .arg(capacity_arg(limits));
+            .arg(capacity_arg(limits))
+            .arg(ms(limits.unconfirmed_session()));
         let active: i64 = self.run(&invocation).await?;
         Ok(active == 1)
     }
