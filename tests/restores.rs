@@ -382,6 +382,9 @@ enum Wipe {
     /// `FLUSHALL` on the Redis two gates share: most places end on one
     /// and are replayed on the other, which learnt of them tick by tick.
     Flush(RedisServer),
+    /// The gate (memory store, written to a snapshot) stops and a new one
+    /// starts on the same snapshot file.
+    Snapshot(tempfile::TempDir),
 }
 
 /// Two full routes where places are given up in every way before a store
@@ -389,6 +392,7 @@ enum Wipe {
 /// `/tickets/done`, the origin ends sessions on `/tickets/end`) and
 /// `metered` (capacity 1, five requests a session).
 struct GivenUp {
+    config: Config,
     /// Where places are taken, left and replayed (`None` only while a
     /// memory gate restarts).
     gate: Option<Gate>,
@@ -430,6 +434,9 @@ impl GivenUp {
                 config.store.backend = Backend::Redis;
                 config.store.redis = redis.config(Duration::from_secs(2));
             }
+            Wipe::Snapshot(dir) => {
+                config.store.memory.snapshot = Some(dir.path().join("line.json"));
+            }
         }
         let timed = |mut r: queuegate::config::Route| {
             // The hold after a loss (one pass_ttl) outlasts the replays.
@@ -452,8 +459,10 @@ impl GivenUp {
         let gate = spawn_gate_with(config.clone(), ring("k1")).await;
         let other = match &wipe {
             Wipe::Flush(_) => Some(spawn_gate_with(config.clone(), ring("k1")).await),
+            Wipe::Snapshot(_) => None,
         };
         GivenUp {
+            config,
             gate: Some(gate),
             other,
             wipe,
@@ -478,6 +487,11 @@ impl GivenUp {
         match &self.wipe {
             Wipe::Flush(redis) => {
                 let _: () = redis.query(&["FLUSHALL"]);
+            }
+            Wipe::Snapshot(_) => {
+                // A graceful stop writes the snapshot the next start reads.
+                self.gate.take().unwrap().stop().await.unwrap();
+                self.gate = Some(spawn_gate_with(self.config.clone(), ring("k1")).await);
             }
         }
     }
@@ -695,4 +709,9 @@ async fn given_up_stays_given_up(wipe: Wipe) {
 #[tokio::test]
 async fn places_given_up_stay_given_up_after_a_flushall() {
     given_up_stays_given_up(Wipe::Flush(RedisServer::start())).await;
+}
+
+#[tokio::test]
+async fn places_given_up_stay_given_up_across_a_restart_on_a_snapshot() {
+    given_up_stays_given_up(Wipe::Snapshot(tempfile::tempdir().unwrap())).await;
 }

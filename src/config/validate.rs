@@ -12,14 +12,14 @@ use super::error::{ConfigError, ConfigErrors, ConfigWarning, FieldPath};
 use super::locate;
 use super::raw::{
     DurationText, RawBypass, RawClientIp, RawConfig, RawKey, RawLane, RawLimits, RawListen,
-    RawMatch, RawRedis, RawRoute, RawStore, RawUpstream, RawWorkers,
+    RawMatch, RawMemory, RawRedis, RawRoute, RawStore, RawUpstream, RawWorkers,
 };
 use super::{
     is_key_id, is_lane_name, is_route_name, Admin, Backend, BypassRule, ClientIp, ClientLimits,
-    Config, CookieConfig, HostPattern, KeyFrom, KeySource, Lane, Listen, Mode, OnStoreError,
-    PageConfig, PageTemplate, Pool, RedisConfig, RedisMode, Route, RouteMatch, ServerLimits,
-    StoreConfig, Timestamp, TlsFiles, Upstream, MAX_KEY_ID_LEN, MAX_LANES, MAX_LANE_NAME_LEN,
-    MAX_LANE_WEIGHT, MAX_ROUTE_NAME_LEN, MAX_SHARDS,
+    Config, CookieConfig, HostPattern, KeyFrom, KeySource, Lane, Listen, MemoryConfig, Mode,
+    OnStoreError, PageConfig, PageTemplate, Pool, RedisConfig, RedisMode, Route, RouteMatch,
+    ServerLimits, StoreConfig, Timestamp, TlsFiles, Upstream, MAX_KEY_ID_LEN, MAX_LANES,
+    MAX_LANE_NAME_LEN, MAX_LANE_WEIGHT, MAX_ROUTE_NAME_LEN, MAX_SHARDS,
 };
 
 pub(crate) const DEFAULT_ADMIN_ADDR: SocketAddr =
@@ -482,11 +482,62 @@ fn store(raw: RawStore, at: &FieldPath, problems: &mut Problems) -> Option<Store
     if expected_instances == 0 {
         problems.report(at.key("expected_instances"), "must be at least 1");
     }
+    let memory = memory(
+        raw.memory.unwrap_or_default(),
+        backend,
+        &at.key("memory"),
+        problems,
+    );
     Some(StoreConfig {
         backend,
         redis: redis?,
+        memory,
         expected_instances,
     })
+}
+
+/// `store.memory`: a snapshot file needs the memory backend and a
+/// directory that exists (the snapshot is written next to it and renamed
+/// over it); the file itself may be missing (a first start).
+fn memory(
+    raw: RawMemory,
+    backend: Backend,
+    at: &FieldPath,
+    problems: &mut Problems,
+) -> MemoryConfig {
+    let Some(path) = raw.snapshot else {
+        return MemoryConfig::default();
+    };
+    let at = at.key("snapshot");
+    if backend != Backend::Memory {
+        problems.report(at, "only used with backend: memory");
+        return MemoryConfig::default();
+    }
+    if path.as_os_str().is_empty() || path.file_name().is_none() {
+        problems.report(at, "must name a file, e.g. /var/lib/queuegate/line.json");
+        return MemoryConfig::default();
+    }
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => std::path::Path::new("."),
+    };
+    if path.is_dir() {
+        problems.report(
+            at,
+            format!("{} is a directory: name a file in it", path.display()),
+        );
+    } else if !dir.is_dir() {
+        problems.report(
+            at,
+            format!(
+                "directory {} does not exist (create it, writable by queuegate)",
+                dir.display()
+            ),
+        );
+    }
+    MemoryConfig {
+        snapshot: Some(path),
+    }
 }
 
 fn redis(raw: RawRedis, at: &FieldPath, problems: &mut Problems) -> Option<RedisConfig> {
@@ -1790,6 +1841,26 @@ keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]
             Config::from_yaml("listen: []\nupstream: { url: http://a:1 }\nkeys: []\n").unwrap_err();
         let paths: Vec<&str> = errors.errors.iter().map(|e| e.path.as_str()).collect();
         assert_eq!(paths, ["listen", "keys"]);
+    }
+
+    #[test]
+    fn a_snapshot_needs_the_memory_store_and_a_directory_that_exists() {
+        assert_eq!(parse("").unwrap().store.memory.snapshot, None);
+        let dir = std::env::temp_dir().join("line.json");
+        let given = format!("store: {{ memory: {{ snapshot: {} }} }}\n", dir.display());
+        assert_eq!(parse(&given).unwrap().store.memory.snapshot, Some(dir));
+        for bad in [
+            "store: { memory: { snapshot: /nonexistent/queuegate/line.json } }\n",
+            "store: { memory: { snapshot: \"\" } }\n",
+            "store: { memory: { snapshot: / } }\n",
+            "store: { backend: redis, memory: { snapshot: /tmp/line.json } }\n",
+        ] {
+            assert_eq!(problem_paths(bad), ["store.memory.snapshot"], "{bad}");
+        }
+        assert_eq!(
+            problem_paths("store: { memory: { snapshots: /tmp/line.json } }\n"),
+            ["store.memory.snapshots"]
+        );
     }
 
     #[test]

@@ -29,6 +29,9 @@
 //! - the route's numbers (`stats`): epoch, admissions, admit rate, hold, the
 //!   tick window and its admissions.
 //!
+//! With `store.memory.snapshot` the whole store is written to a file and
+//! read back at start (see [`snapshot`]).
+//!
 //! Each route sits behind its own `std::sync::Mutex`; the map of routes is
 //! locked only to find or create a route. No lock is held across an `.await`
 //! (the operations do not await at all: they are `async` for the trait).
@@ -49,6 +52,7 @@
 //! minute or two. The Redis store computes the same in Lua.
 
 mod ranked_set;
+pub mod snapshot;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -819,11 +823,16 @@ impl Line {
         confirmed: bool,
         limits: &Limits,
     ) -> Place {
+        self.put(id, score_us, slot, seen_ms, confirmed);
+        self.place_at(id, score_us, slot, limits)
+    }
+
+    /// [`Line::join`] without answering the place.
+    fn put(&mut self, id: VisitorId, score_us: u64, slot: usize, seen_ms: u64, confirmed: bool) {
         self.remove(&id);
         self.lanes[slot].order.insert((score_us, id));
         self.scores.insert(id, (score_us, slot));
         self.see(id, seen_ms, confirmed);
-        self.place_at(id, score_us, slot, limits)
     }
 
     /// Moves waiter `id` to lane `slot` at its score; false if not in line.
