@@ -22,8 +22,8 @@ use crate::cookie::{self, Credentials};
 use crate::lane_grant::{self, InviteVerdict};
 use crate::metrics::SessionEnd;
 use crate::queue::{
-    Arrival, Arriving, ClientKey, Counted, Guarded, Heartbeat, MemoryStore, PassTimes, Place, Poll,
-    QueueStore, StoreError, TicketTimes,
+    Arrival, Arriving, ClientKey, Counted, Guarded, Heartbeat, InviteUse, MemoryStore, PassTimes,
+    Place, Poll, QueueStore, StoreError, TicketTimes,
 };
 
 /// Who is asking, as far as the gate cares: whether the request came over
@@ -148,10 +148,13 @@ impl Gate {
         let mut left = false;
         if let Some(ticket) = creds.ticket {
             // A ticket that left is out of line here at once, not only at
-            // the next flush.
+            // the next flush, and never restored here after a store loss.
             route
                 .live
                 .out_of_line([ticket.id], route.limits.abandon_after);
+            route
+                .live
+                .end(&ticket.id, self.clock.now_s(), &route.limits);
         }
         if let Some(pass) = creds.pass {
             // A pass given up is refused here at once, even in the first
@@ -411,6 +414,11 @@ impl Gate {
                 session: Some(pass.id),
             });
         }
+        // A session that ended is not renewed, nor restored by a store that
+        // lost its tombstone, nor renewed locally while the store is down.
+        if route.live.has_ended(&pass.id, now_s) {
+            return None;
+        }
         let renewed =
             Box::pin(
                 self.store
@@ -514,6 +522,11 @@ impl Gate {
         } else if let Some(decision) = self.answer_from_record(s, route, ticket, times, who) {
             route.metrics.poll(true);
             return Some(decision);
+        }
+        // A place that ended is not restored by a store that lost its
+        // tombstone, nor taken in by the local line.
+        if route.live.has_ended(&ticket.id, now_us / 1_000_000) {
+            return None;
         }
         route.metrics.poll(false);
         route.live.polled_in_store(&ticket.id);
@@ -898,23 +911,8 @@ impl Gate {
             .as_ref()
             .and_then(|c| c.lane_at(now))
             .is_some_and(|tag| tag.as_str() == invite.lane.as_str());
-        if invite.uses > 0 && !held {
-            let uses = u32::try_from(invite.uses).unwrap_or(u32::MAX);
-            let taken = self
-                .store
-                .take_use(route.name(), &invite.nonce, uses, invite.expires_unix)
-                .await;
-            match taken {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::debug!(route = route.name(), "invite used up");
-                    return None;
-                }
-                Err(err) => {
-                    tracing::debug!(route = route.name(), error = %err, "invite use not counted");
-                    return None;
-                }
-            }
+        if invite.uses > 0 && !held && !self.use_invite(route, &invite, now).await {
+            return None;
         }
         let cookie = cookie::set_lane(
             &s.ring,
@@ -925,6 +923,39 @@ impl Gate {
             s.cookie_domain.as_deref(),
         );
         Some((index, cookie))
+    }
+
+    /// Counts one use of `invite` (which has `--uses`) in the store: whether
+    /// it is honoured. A token this instance saw used up is refused without
+    /// a store call, so a store that lost its count does not give its uses
+    /// again; the use that uses it up is remembered as such.
+    async fn use_invite(&self, route: &RouteRt, invite: &lane_grant::Invite, now_s: u64) -> bool {
+        if route.live.is_invite_used_up(&invite.nonce, now_s) {
+            tracing::debug!(route = route.name(), "invite used up");
+            return false;
+        }
+        let uses = u32::try_from(invite.uses).unwrap_or(u32::MAX);
+        let taken = self
+            .store
+            .take_use(route.name(), &invite.nonce, uses, invite.expires_unix)
+            .await;
+        match taken {
+            Ok(taken) => {
+                if taken != InviteUse::Taken {
+                    route
+                        .live
+                        .invite_used_up(&invite.nonce, now_s, invite.expires_unix);
+                }
+                if !taken.honoured() {
+                    tracing::debug!(route = route.name(), "invite used up");
+                }
+                taken.honoured()
+            }
+            Err(err) => {
+                tracing::debug!(route = route.name(), error = %err, "invite use not counted");
+                false
+            }
+        }
     }
 
     /// A fresh pass of `kind` for `id`, as a `Set-Cookie` value: confirmed

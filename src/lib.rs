@@ -21,7 +21,8 @@
 //!   stream (`events`) and leave; the `return` path (`return_to`).
 //! - `gate`: the per-request decision (`Decision`), no socket I/O.
 //! - `route`: routes ready for requests (`Settings`, `RouteRt`, `RouteLive`):
-//!   matching, live numbers, the ETA.
+//!   matching, live numbers, the ETA, and what an instance remembers of
+//!   places that ended and invites used up (`remembered`).
 //! - `cookie`: cookie names, `Set-Cookie` values, reading credentials, the
 //!   per-connection memo, stripping our cookies before the origin.
 //! - `lane_grant`: invite tokens and lane cookies' values (signed with the
@@ -34,7 +35,7 @@
 //! - `file_watch`: notices changed files (config, certificates) by their directories.
 //! - `metrics`: every exported Prometheus metric, one `Metrics` struct.
 //! - `queue`: the `QueueStore` trait and its memory (`memory`, its line a
-//!   `memory::ranked_set`) and Redis (`redis_store`, and
+//!   `memory::ranked_set`, kept in a file by `memory::snapshot`) and Redis (`redis_store`, and
 //!   `redis_store::split` for a route whose line is split into sub-lines)
 //!   backends; the circuit breaker around them (`breaker`); the line record
 //!   polls are answered from (`record`); arrivals gathered into batches
@@ -156,7 +157,12 @@ pub async fn run_with_options(
     options: RunOptions,
 ) -> anyhow::Result<()> {
     let clock = Clock::system();
-    let store = Store::from_config(&config.store, clock)?;
+    let store = open_store(&config.store, clock)?;
+    // The memory store's snapshot file, and the store it is written from.
+    let snapshot = match (&store, &config.store.memory.snapshot) {
+        (Store::Memory(memory), Some(path)) => Some((memory.clone(), path.clone())),
+        _ => None,
+    };
     let metrics = Arc::new(metrics::Metrics::new());
     let app = Arc::new(app::App::new(&config, ring, store, clock, metrics)?);
     log_start(&config, &listeners)?;
@@ -170,6 +176,13 @@ pub async fn run_with_options(
     admitters.start_missing();
 
     let mut background = tokio::task::JoinSet::new();
+    if let Some((memory, path)) = &snapshot {
+        background.spawn(queue::memory::snapshot::keep(
+            memory.clone(),
+            path.clone(),
+            stop_rx.clone(),
+        ));
+    }
     let readiness = Arc::new(admin::Readiness::default());
     background.spawn(admin::probe_store(
         app.clone(),
@@ -217,6 +230,10 @@ pub async fn run_with_options(
     let _ = stop_tx.send(true);
     admitters.join().await;
     while background.join_next().await.is_some() {}
+    // Written last, when nothing changes the store any more.
+    if let Some((memory, path)) = &snapshot {
+        queue::memory::snapshot::write_last(memory, path).await;
+    }
     // The admin listener answers (readiness 503) until the drain is over.
     let _ = admin_stop_tx.send(true);
     if let Some(task) = admin_task {
@@ -225,6 +242,23 @@ pub async fn run_with_options(
     served?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The store `cfg` names; the memory store read back from its snapshot
+/// when it has one (a missing file: empty). A snapshot that cannot be read
+/// stops the start: starting empty would send everyone in it to the back.
+fn open_store(cfg: &config::StoreConfig, clock: Clock) -> anyhow::Result<Store> {
+    match (cfg.backend, &cfg.memory.snapshot) {
+        (config::Backend::Memory, Some(path)) => {
+            let memory = queue::MemoryStore::open_snapshot(clock, path).map_err(|err| {
+                anyhow::anyhow!(
+                    "store.memory.snapshot: {err}; move the file aside to start with an empty line"
+                )
+            })?;
+            Ok(Store::Memory(memory))
+        }
+        _ => Ok(Store::from_config(cfg, clock)?),
+    }
 }
 
 /// One start-up line per fact.
@@ -245,6 +279,9 @@ fn log_start(config: &config::Config, listeners: &Listeners) -> std::io::Result<
         expected_instances = config.store.expected_instances,
         "store"
     );
+    if let Some(path) = &config.store.memory.snapshot {
+        tracing::info!(path = %path.display(), "memory store kept in a snapshot file");
+    }
     tracing::info!(upstream = %config.upstream.url, "forwarding to the origin");
     for route in &config.routes {
         tracing::info!(

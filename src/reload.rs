@@ -299,7 +299,10 @@ fn needs_restart(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.client_ip != new.client_ip {
         fields.push("client_ip");
     }
-    if old.store.backend != new.store.backend || old.store.redis != new.store.redis {
+    if old.store.backend != new.store.backend
+        || old.store.redis != new.store.redis
+        || old.store.memory != new.store.memory
+    {
         fields.push("store");
     }
     fields

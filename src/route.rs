@@ -19,11 +19,25 @@ use http::Method;
 use crate::admission::{KeyRing, LaneTag, VisitorId};
 use crate::config::{self, BypassRule, Config};
 use crate::cookie::{self, CookieMemo, Credentials};
+use crate::lane_grant::NONCE_LEN;
 use crate::metrics::{Metrics, RouteMetrics, StreamCap};
 use crate::path;
 use crate::queue::joins::JoinQueue;
 use crate::queue::{store_id, Heartbeat, Lanes, Limits, LineRecord, StoreId, MAIN_LANE};
 use crate::template::Template;
+
+mod remembered;
+
+use remembered::Remembered;
+
+/// Most places one route remembers as ended (see [`RouteLive::end`]):
+/// about 50 bytes each, 12 MB at most. Past it the earliest are forgotten
+/// first, and logged.
+pub const ENDED_KEPT: usize = 250_000;
+
+/// Most used-up invite tokens one route remembers (see
+/// [`RouteLive::invite_used_up`]).
+pub const USED_UP_INVITES_KEPT: usize = 10_000;
 
 /// Numbers one route's admitter keeps fresh for the gate and the waiting room.
 #[derive(Debug, Default)]
@@ -44,13 +58,20 @@ pub struct RouteLive {
     /// second, so that once the store is back they are in its line again
     /// (restored at their places) before anyone can be ranked wrongly.
     pub answered_locally: AtomicBool,
-    /// Sessions this instance ended (DESIGN §8.6): their passes are refused
-    /// here even in the first half of their life, when they would
-    /// otherwise admit without a store call.
-    ended: Mutex<Ended>,
+    /// Places this instance has seen end: left here, sessions it ended
+    /// (DESIGN §8.6), and every tombstone the store listed since (on a
+    /// shared store). Their passes are refused here even in the first half
+    /// of their life, when they would otherwise admit without a store call,
+    /// and neither their passes nor their tickets are restored after a
+    /// store loss, however long the store's own tombstones lasted.
+    ended: Mutex<Remembered<StoreId, ENDED_KEPT>>,
     /// Whether `ended` may hold anything: a pass is checked against it
     /// without taking the lock while nothing was ended.
     any_ended: AtomicBool,
+    /// Invite tokens (by nonce) this instance took the last use of, or was
+    /// refused: not honoured again until they expire, even by a store that
+    /// lost their counts.
+    used_up_invites: Mutex<Remembered<[u8; NONCE_LEN], USED_UP_INVITES_KEPT>>,
     /// Arrivals waiting for this instance's next arrive call (DESIGN §8.9).
     pub joins: Arc<JoinQueue>,
     /// The line record the admitter read last, and when (DESIGN §8.9).
@@ -133,46 +154,56 @@ pub struct RecordedPlace {
     pub lane_share: f64,
 }
 
-/// Ended sessions by id, with the unix second after which no pass of theirs
-/// is valid any more.
-#[derive(Debug, Default)]
-struct Ended {
-    until: HashMap<StoreId, u64>,
-    /// When expired entries were last dropped (unix seconds).
-    pruned_s: u64,
-}
-
 impl RouteLive {
-    /// Remembers that session `id` ended at `now_s`, until every pass it
-    /// may hold has expired (one `pass_ttl`).
+    /// Remembers that the place (session or ticket) `id` ended at `now_s`,
+    /// for as long as any of its cookies could be admitted or restored
+    /// ([`Limits::end_memory`]).
     pub fn end(&self, id: &VisitorId, now_s: u64, limits: &Limits) {
         self.end_stored(&store_id(id), now_s, limits);
     }
 
     /// [`RouteLive::end`] for the id as the store names it.
     pub fn end_stored(&self, id: &StoreId, now_s: u64, limits: &Limits) {
+        let until = now_s.saturating_add(limits.end_memory().as_secs());
         let mut ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
-        // At most once a second, so ending many sessions stays cheap.
-        if ended.pruned_s != now_s {
-            ended.pruned_s = now_s;
-            ended.until.retain(|_, until| *until >= now_s);
+        let early = ended.forgotten_early;
+        ended.remember(*id, now_s, until);
+        if early == 0 && ended.forgotten_early > 0 {
+            tracing::warn!(
+                kept = ENDED_KEPT,
+                "more places ended than an instance remembers: the earliest are forgotten first, \
+                 and could be restored after a loss of the store"
+            );
         }
-        let until = now_s.saturating_add(limits.pass_ttl.as_secs());
-        ended.until.insert(*id, until);
         self.any_ended.store(true, Ordering::Release);
     }
 
-    /// Whether session `id` was ended here and its passes may still be
-    /// presented at `now_s`.
+    /// Whether the place `id` ended (as far as this instance knows) and its
+    /// cookies may still be presented at `now_s`.
     pub fn has_ended(&self, id: &VisitorId, now_s: u64) -> bool {
         if !self.any_ended.load(Ordering::Acquire) {
             return false;
         }
         let ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
-        ended
-            .until
-            .get(&store_id(id))
-            .is_some_and(|&until| until >= now_s)
+        ended.contains(&store_id(id), now_s)
+    }
+
+    /// Remembers that the invite token with `nonce` is used up, until it
+    /// expires at `expires_s` (unix seconds).
+    pub fn invite_used_up(&self, nonce: &[u8; NONCE_LEN], now_s: u64, expires_s: u64) {
+        self.used_up_invites
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remember(*nonce, now_s, expires_s);
+    }
+
+    /// Whether the invite token with `nonce` was used up, as far as this
+    /// instance knows.
+    pub fn is_invite_used_up(&self, nonce: &[u8; NONCE_LEN], now_s: u64) -> bool {
+        self.used_up_invites
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(nonce, now_s)
     }
 
     /// The store's epoch as this instance last saw it; `None` before it saw

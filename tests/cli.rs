@@ -225,3 +225,138 @@ async fn sigterm_lets_an_in_flight_request_finish_then_exits_0() {
         .unwrap();
     assert_eq!(status.code(), Some(0), "{log}");
 }
+
+#[test]
+fn check_names_a_snapshot_it_cannot_write() {
+    let base = "listen: [{ addr: \"127.0.0.1:0\" }]\n\
+                upstream: { url: \"http://127.0.0.1:9\" }\n\
+                keys: [{ id: k1, env: QG_TEST_KEY }]\n";
+    let (status, _, stderr) = check(&format!(
+        "{base}store: {{ memory: {{ snapshot: /nonexistent/queuegate/line.json }} }}\n"
+    ));
+    assert_eq!(status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("store.memory.snapshot"), "{stderr}");
+    assert!(
+        stderr.contains("directory /nonexistent/queuegate does not exist"),
+        "{stderr}"
+    );
+    let (status, _, stderr) = check(&format!(
+        "{base}store: {{ backend: redis, memory: {{ snapshot: /tmp/line.json }} }}\n"
+    ));
+    assert_eq!(status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("store.memory.snapshot"), "{stderr}");
+    assert!(
+        stderr.contains("only used with backend: memory"),
+        "{stderr}"
+    );
+    let (status, _, stderr) = check(&format!(
+        "{base}store: {{ memory: {{ snapshot: /tmp/queuegate-line.json }} }}\n"
+    ));
+    assert!(status.success(), "{stderr}");
+}
+
+#[test]
+fn a_snapshot_that_is_not_one_fails_the_run_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = dir.path().join("line.json");
+    std::fs::write(&snapshot, "{\"version\": 1, \"routes\": 7}").unwrap();
+    let config = format!(
+        "listen: [{{ addr: \"127.0.0.1:0\" }}]\nadmin: {{ addr: \"127.0.0.1:0\" }}\n\
+         upstream: {{ url: \"http://127.0.0.1:9\" }}\nkeys: [{{ id: k1, env: QG_TEST_KEY }}]\n\
+         store: {{ memory: {{ snapshot: \"{}\" }} }}\n",
+        snapshot.display()
+    );
+    let (status, stderr) = run_failing(&config, "");
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("error: store.memory.snapshot: the snapshot "),
+        "{stderr}"
+    );
+    assert!(stderr.contains("move the file aside"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(&snapshot).unwrap(),
+        "{\"version\": 1, \"routes\": 7}",
+        "the file is left as it was"
+    );
+}
+
+const STATUS: &str = "/__queuegate/status?route=tickets";
+
+#[tokio::test]
+async fn a_restart_on_a_snapshot_keeps_the_line() {
+    let (origin, hits) = counting_origin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("queuegate.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: [{{ addr: \"127.0.0.1:0\" }}]\nadmin: {{ addr: \"127.0.0.1:0\" }}\n\
+             upstream: {{ url: \"{}\" }}\nkeys: [{{ id: k1, env: QG_TEST_KEY }}]\n\
+             store: {{ memory: {{ snapshot: \"{}\" }} }}\n\
+             routes: [{{ name: tickets, match: {{ path_prefix: /tickets }}, capacity: 1 }}]\n",
+            origin.url(),
+            dir.path().join("line.json").display()
+        ),
+    )
+    .unwrap();
+    let key = queuegate::admission::keygen();
+    let start = || {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["run", "-c"])
+            .arg(&config)
+            .env("QG_TEST_KEY", &key)
+            .stdout(Stdio::null());
+        Process::start(cmd, true)
+    };
+    let child = start().await;
+    let mut inside = Visitor::new();
+    assert!(inside
+        .navigate(&child.url("/tickets"))
+        .await
+        .reached_origin());
+    assert!(inside
+        .navigate(&child.url("/tickets"))
+        .await
+        .reached_origin());
+    let mut waiting = [Visitor::new(), Visitor::new()];
+    for (i, w) in waiting.iter_mut().enumerate() {
+        let a = w.navigate(&child.url("/tickets")).await;
+        assert_eq!(a.status, http::StatusCode::FOUND, "{a:?}");
+        let status = w.fetch(&child.url(STATUS)).await.json();
+        assert_eq!(status["position"], i + 1, "{status}");
+    }
+    let (code, log) = tokio::task::spawn_blocking(move || child.stop())
+        .await
+        .unwrap();
+    assert_eq!(code, 0, "{log}");
+    assert!(
+        log.contains("memory store written to its snapshot"),
+        "{log}"
+    );
+
+    // A newcomer first: the restarted gate knows the room is full and who
+    // waits ahead.
+    let child = start().await;
+    let mut late = Visitor::new();
+    assert_eq!(
+        late.navigate(&child.url("/tickets")).await.status,
+        http::StatusCode::FOUND
+    );
+    let status = late.fetch(&child.url(STATUS)).await.json();
+    assert_eq!(status["position"], 3, "a newcomer joins behind: {status}");
+    let before = hits.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        inside
+            .navigate(&child.url("/tickets"))
+            .await
+            .reached_origin(),
+        "the session was kept"
+    );
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), before + 1);
+    for (i, w) in waiting.iter_mut().enumerate() {
+        let status = w.fetch(&child.url(STATUS)).await.json();
+        assert_eq!(status["state"], "waiting", "{status}");
+        assert_eq!(status["position"], i + 1, "the place was kept: {status}");
+    }
+}

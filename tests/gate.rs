@@ -3,8 +3,6 @@
 //! than the route's capacity.
 
 mod common;
-#[path = "common/redis.rs"]
-mod redis_harness;
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -15,7 +13,6 @@ use common::*;
 use http::StatusCode;
 use queuegate::admission::{KeyRing, Kind};
 use rand::{Rng, SeedableRng};
-use redis_harness::RedisServer;
 
 #[tokio::test]
 async fn capacity_n_then_the_line() {

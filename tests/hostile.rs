@@ -662,6 +662,7 @@ async fn the_corpus_against_redis() {
     let store = StoreConfig {
         backend: Backend::Redis,
         redis: redis.config(Duration::from_secs(2)),
+        memory: Default::default(),
         expected_instances: 1,
     };
     corpus(store, || {

@@ -16,9 +16,9 @@ use common::store::polled_ticket;
 use common::{RedisCluster, RedisServer};
 use queuegate::clock::Clock;
 use queuegate::queue::{
-    store_id, Arrival, Arriving, Counted, Ended, Heartbeat, Lane, Lanes, Limits, LineRecord,
-    MemoryStore, PassTimes, Place, Poll, QueueStore, RedisStore, RouteStats, Tick, TicketTimes,
-    VisitorId,
+    store_id, Arrival, Arriving, Counted, Ended, Heartbeat, InviteUse, Lane, Lanes, Limits,
+    LineRecord, MemoryStore, PassTimes, Place, Poll, QueueStore, RedisStore, RouteStats, Tick,
+    TicketTimes, VisitorId,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -1747,6 +1747,47 @@ async fn restore_bounds_for_renew_after_a_wipe<H: Harness>(h: &mut H) {
     assert_eq!(stats(h, &route, &limits).await.active, 2);
 }
 
+async fn an_unconfirmed_session_is_restored_within_confirm_within<H: Harness>(h: &mut H) {
+    let limits = Limits {
+        capacity: 10,
+        confirm_within: Duration::from_millis(800),
+        ..limits()
+    };
+    let route = settled_route(h, &limits).await;
+    // Visitor 1 is admitted at once, visitor 2 half a second later; neither
+    // comes back before the loss.
+    assert_eq!(arrive(h, &route, 1, &limits, true).await, Arrival::Admitted);
+    let first = pass_issued(h, &route, false, &limits).await;
+    h.advance(Duration::from_millis(500)).await;
+    assert_eq!(arrive(h, &route, 2, &limits, true).await, Arrival::Admitted);
+    let second = pass_issued(h, &route, false, &limits).await;
+
+    h.restart().await;
+    h.advance(Duration::from_millis(400)).await;
+
+    assert!(
+        !renew(h, &route, 1, first, &limits).await,
+        "past confirm_within the store would have let it go"
+    );
+    assert!(
+        renew(h, &route, 2, second, &limits).await,
+        "within confirm_within the store held it: restored"
+    );
+    let epoch_ms = stats(h, &route, &limits).await.epoch_us / 1_000;
+    let at_epoch = PassTimes {
+        issued_ms: epoch_ms,
+        ..second
+    };
+    assert!(
+        !renew(h, &route, 3, at_epoch, &limits).await,
+        "an unconfirmed pass issued at the epoch is not from before the loss"
+    );
+    // The restore confirmed the session: it lives session_ttl, past
+    // confirm_within.
+    h.advance(Duration::from_millis(900)).await;
+    assert_eq!(stats(h, &route, &limits).await.active, 1);
+}
+
 /// A pass an instance granted on its own while the store could not answer.
 async fn pass_granted_locally<H: Harness>(h: &H, route: &str, limits: &Limits) -> PassTimes {
     PassTimes {
@@ -2054,24 +2095,35 @@ async fn take_use_counts_an_invite_atomically<H: Harness>(h: &mut H) {
         (0..20).map(|_| store.take_use(&route, token, 3, now_s + 3_600)),
     )
     .await;
-    let granted = uses
-        .into_iter()
-        .map(|u| u.expect("take_use"))
-        .filter(|&ok| ok)
-        .count();
-    assert_eq!(granted, 3);
-    assert!(
+    let uses: Vec<InviteUse> = uses.into_iter().map(|u| u.expect("take_use")).collect();
+    assert_eq!(uses.iter().filter(|u| u.honoured()).count(), 3);
+    assert_eq!(
+        uses.iter().filter(|&&u| u == InviteUse::Last).count(),
+        1,
+        "one use is the last: {uses:?}"
+    );
+    assert_eq!(
         store
             .take_use(&route, b"another", 3, now_s + 3_600)
             .await
             .expect("take_use"),
+        InviteUse::Taken,
         "each token counts apart"
     );
-    assert!(
-        !store
+    assert_eq!(
+        store
+            .take_use(&route, b"once", 1, now_s + 3_600)
+            .await
+            .expect("take_use"),
+        InviteUse::Last,
+        "a token for one visitor is used up at once"
+    );
+    assert_eq!(
+        store
             .take_use(&route, b"expired", 3, now_s.saturating_sub(1))
             .await
             .expect("take_use"),
+        InviteUse::Refused,
         "an expired token is used up"
     );
 }
@@ -2617,6 +2669,7 @@ macro_rules! contract_suite {
                 leave_tombstone_blocks_lost_write_restore,
                 restore_bounds_for_poll_after_a_wipe,
                 restore_bounds_for_renew_after_a_wipe,
+                an_unconfirmed_session_is_restored_within_confirm_within,
                 a_pass_granted_locally_is_taken_back_while_there_is_room,
                 hold_keeps_newcomers_out_for_pass_ttl,
                 count_request_ends_the_session_at_the_limit,

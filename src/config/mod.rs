@@ -297,9 +297,20 @@ pub struct StoreConfig {
     pub backend: Backend,
     /// Present when `backend` is redis (defaults filled in).
     pub redis: RedisConfig,
+    /// Used when `backend` is memory.
+    pub memory: MemoryConfig,
     /// For the per-instance limit while the store is down (default
     /// [`defaults::EXPECTED_INSTANCES`]).
     pub expected_instances: u64,
+}
+
+/// `store.memory`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MemoryConfig {
+    /// `snapshot`: the file the memory store is written to (at most every
+    /// second, and on a graceful stop) and read back from at start, so a
+    /// restart keeps the line. `None`: a restart starts empty.
+    pub snapshot: Option<PathBuf>,
 }
 
 /// `store.backend`.

@@ -106,7 +106,14 @@ pub(crate) struct RawPool {
 pub(crate) struct RawStore {
     pub backend: Option<Backend>,
     pub redis: Option<RawRedis>,
+    pub memory: Option<RawMemory>,
     pub expected_instances: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawMemory {
+    pub snapshot: Option<PathBuf>,
 }
 
 /// Exactly one of `url`, `cluster`, `sentinel` (checked by validation).

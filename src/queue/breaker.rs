@@ -13,8 +13,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, Limits, LineRecord, PassTimes, Poll,
-    QueueStore, RouteStats, Store, StoreError, Tick, TicketTimes, VisitorId,
+    Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, InviteUse, Limits, LineRecord,
+    PassTimes, Poll, QueueStore, RouteStats, Store, StoreError, Tick, TicketTimes, VisitorId,
 };
 use crate::config::StoreConfig;
 
@@ -509,7 +509,7 @@ impl QueueStore for Guarded {
         token_key: &[u8],
         max_uses: u32,
         expires_unix: u64,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<InviteUse, StoreError> {
         self.breaker
             .call(
                 Operation::TakeUse,

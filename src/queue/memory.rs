@@ -29,6 +29,9 @@
 //! - the route's numbers (`stats`): epoch, admissions, admit rate, hold, the
 //!   tick window and its admissions.
 //!
+//! With `store.memory.snapshot` the whole store is written to a file and
+//! read back at start (see [`snapshot`]).
+//!
 //! Each route sits behind its own `std::sync::Mutex`; the map of routes is
 //! locked only to find or create a route. No lock is held across an `.await`
 //! (the operations do not await at all: they are `async` for the trait).
@@ -49,6 +52,7 @@
 //! minute or two. The Redis store computes the same in Lua.
 
 mod ranked_set;
+pub mod snapshot;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -56,8 +60,8 @@ use std::time::Duration;
 
 use super::record::{self, LaneRecord, LineRecord};
 use super::{
-    store_id, Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, LaneStats, Limits,
-    PassTimes, Place, Poll, QueueStore, RouteStats, StoreError, StoreId, Tick, TicketTimes,
+    store_id, Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, InviteUse, LaneStats,
+    Limits, PassTimes, Place, Poll, QueueStore, RouteStats, StoreError, StoreId, Tick, TicketTimes,
     VisitorId, JOIN_WINDOW,
 };
 use crate::clock::Clock;
@@ -165,6 +169,17 @@ fn before_opening(now: Now, limits: &Limits) -> bool {
     limits
         .opens_at_us
         .is_some_and(|opens_at_us| now.us < opens_at_us)
+}
+
+/// How long the session a pass stands for lives past the pass's issue
+/// without another renewal: `session_ttl` once confirmed, `confirm_within`
+/// for the unconfirmed session of an admit-now pass.
+fn session_life(pass: PassTimes, limits: &Limits) -> Duration {
+    if pass.confirmed {
+        limits.session_ttl
+    } else {
+        limits.unconfirmed_session()
+    }
 }
 
 fn as_ms(d: Duration) -> u64 {
@@ -492,10 +507,10 @@ impl Route {
     }
 
     /// See [`QueueStore::take_use`].
-    fn take_use(&mut self, now: Now, token: &[u8], max_uses: u32, expires_unix: u64) -> bool {
+    fn take_use(&mut self, now: Now, token: &[u8], max_uses: u32, expires_unix: u64) -> InviteUse {
         let now_s = now.ms / 1_000;
         if expires_unix <= now_s {
-            return false;
+            return InviteUse::Refused;
         }
         let uses = self
             .invites
@@ -506,7 +521,11 @@ impl Route {
         }
         uses.0 = uses.0.saturating_add(1);
         uses.1 = expires_unix;
-        uses.0 <= max_uses
+        match uses.0.cmp(&max_uses) {
+            std::cmp::Ordering::Less => InviteUse::Taken,
+            std::cmp::Ordering::Equal => InviteUse::Last,
+            std::cmp::Ordering::Greater => InviteUse::Refused,
+        }
     }
 
     fn renew(
@@ -524,18 +543,18 @@ impl Route {
             self.clients.touch(client, id, now.ms, limits);
             return true;
         }
-        if self.fallback || self.tombstones.contains(id) || !pass.confirmed {
+        if self.fallback || self.tombstones.contains(id) {
             return false;
         }
-        // Issued before the loss (strictly, in ms) and recently enough that the
-        // session could still have been active when the store was lost.
-        let epoch_ms = self.epoch_us / 1_000;
-        let session_ms = as_ms(limits.session_ttl);
-        let wiped =
-            pass.issued_ms < epoch_ms && pass.issued_ms.saturating_add(session_ms) > epoch_ms;
+        // Issued before the loss (strictly, in ms), so the store could have
+        // held the session, and recently enough that it would hold it still.
+        let held = pass
+            .issued_ms
+            .saturating_add(as_ms(session_life(pass, limits)))
+            > now.ms;
+        let wiped = pass.issued_ms < self.epoch_us / 1_000 && held;
         // Or granted by an instance while the store could not answer.
-        let granted_locally =
-            pass.granted_locally && pass.issued_ms.saturating_add(session_ms) > now.ms;
+        let granted_locally = pass.granted_locally && pass.confirmed && held;
         if !(wiped || granted_locally) {
             return false;
         }
@@ -804,11 +823,16 @@ impl Line {
         confirmed: bool,
         limits: &Limits,
     ) -> Place {
+        self.put(id, score_us, slot, seen_ms, confirmed);
+        self.place_at(id, score_us, slot, limits)
+    }
+
+    /// [`Line::join`] without answering the place.
+    fn put(&mut self, id: VisitorId, score_us: u64, slot: usize, seen_ms: u64, confirmed: bool) {
         self.remove(&id);
         self.lanes[slot].order.insert((score_us, id));
         self.scores.insert(id, (score_us, slot));
         self.see(id, seen_ms, confirmed);
-        self.place_at(id, score_us, slot, limits)
     }
 
     /// Moves waiter `id` to lane `slot` at its score; false if not in line.
@@ -1381,7 +1405,7 @@ impl QueueStore for MemoryStore {
         token_key: &[u8],
         max_uses: u32,
         expires_unix: u64,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<InviteUse, StoreError> {
         Ok(self.with_route(route, |r, now| {
             r.take_use(now, token_key, max_uses, expires_unix)
         }))

@@ -28,8 +28,9 @@
 //!   visitor comes back: the session holds its slot `confirm_within` (not
 //!   `session_ttl`) unless a renewal confirms it; the ticket leaves the line
 //!   `confirm_within` after joining unless a poll confirms it. Ticks report
-//!   both apart from ghosts and no-shows. An unconfirmed entry is never
-//!   restored.
+//!   both apart from ghosts and no-shows. An unconfirmed ticket is never
+//!   restored after a wipe; an unconfirmed session is, within its
+//!   `confirm_within` (see below).
 //! - Per-client limits (a non-empty client key, a limit not 0): `places`
 //!   counts the client's ids still in line (no ghost) or holding a live slot,
 //!   counted from the line and the active set, never a counter, so it cannot
@@ -42,9 +43,11 @@
 //!   from the store is restored only if the store could have held it at the
 //!   loss: a ticket confirmed, with no tombstone, whose holder was seen less
 //!   than `abandon_after` ago, and older than the epoch (a wiped store) or
-//!   younger than `abandon_after` (a write lost in a failover); a pass
-//!   confirmed, with no tombstone, issued before the epoch (strictly, in ms)
-//!   and less than `session_ttl` before it. The first notice of a loss
+//!   younger than `abandon_after` (a write lost in a failover); a pass with
+//!   no tombstone, issued before the epoch (strictly, in ms), whose session
+//!   the store would still hold now: issued less than `session_ttl` ago
+//!   when confirmed, less than `confirm_within` ago when not (the visitor
+//!   admitted at once and still on its first page). The first notice of a loss
 //!   (restoring such an entry, or an instance seeing the epoch it remembered
 //!   change, on a tick or an arrival) starts a hold of one `pass_ttl` during which nobody new is
 //!   admitted, so returning admitted visitors are counted first. Later
@@ -188,6 +191,20 @@ impl Limits {
         !client.is_empty() && (self.client_places > 0 || self.client_joins_per_minute > 0)
     }
 
+    /// How long an instance remembers a place that ended (see
+    /// `RouteLive::end`): as long as one of its cookies could come back and
+    /// be admitted or restored. A pass is restored only within `session_ttl`
+    /// of its issue, and admits on its own for `pass_ttl`; a ticket is
+    /// restored only within `abandon_after` of its holder's last poll. None
+    /// of those times is after the end, which the instance learns of at or
+    /// after it: a second more covers the rounding to whole seconds.
+    pub fn end_memory(&self) -> Duration {
+        self.session_ttl
+            .max(self.abandon_after)
+            .max(self.pass_ttl)
+            .saturating_add(Duration::from_secs(1))
+    }
+
     /// How long after its last contact a client's arrivals are remembered: at
     /// least the join window, and long enough that no place it holds can
     /// outlive it without a poll or renewal touching it again (a ticket silent
@@ -287,7 +304,8 @@ pub struct PassTimes {
     /// When the pass was issued, ms since the Unix epoch.
     pub issued_ms: u64,
     /// False for the pass admit-now issued, until its first return renews it:
-    /// a session never confirmed is never restored after a loss.
+    /// a session never confirmed is restored after a loss only within its
+    /// `confirm_within`.
     pub confirmed: bool,
     /// The pass was granted or renewed by an instance on its own while this
     /// store could not answer (`l` in the cookie): the store may not know
@@ -342,6 +360,26 @@ pub enum Counted {
     /// No live session has this id (it expired, or the store never had
     /// it), and no tombstone says it ended: nothing was counted.
     Gone,
+}
+
+/// What counting one use of an invite token did (see
+/// [`QueueStore::take_use`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InviteUse {
+    /// One of its uses, not the last: honour the invite.
+    Taken,
+    /// Its last use: honour the invite. The token is used up from now on,
+    /// which an instance remembers past a loss of the store.
+    Last,
+    /// Used up already, or expired: do not honour it.
+    Refused,
+}
+
+impl InviteUse {
+    /// Whether the invite is honoured.
+    pub fn honoured(self) -> bool {
+        matches!(self, InviteUse::Taken | InviteUse::Last)
+    }
 }
 
 /// The answer to a waiter's poll.
@@ -546,14 +584,16 @@ pub trait QueueStore: Send + Sync {
     /// A pass holder renews from `client`: extends the session to
     /// `session_ttl` from now (confirming an admit-now session) and answers
     /// whether it is still active. A session missing from the store is
-    /// restored as active only when the pass is confirmed, no tombstone says
-    /// it left, and either
+    /// restored as active (and confirmed) only when no tombstone says it
+    /// left, the store would still hold it now had it kept it (a confirmed
+    /// pass issued less than `session_ttl` ago, an unconfirmed one less than
+    /// `confirm_within` ago), and either
     ///
-    /// - it was issued before the route's epoch (strictly, in ms) but less
-    ///   than `session_ttl` before it, so the session could still have been
-    ///   active at the loss (the first such restore starts a hold), or
+    /// - it was issued before the route's epoch (strictly, in ms), so the
+    ///   store could have held it at the loss (the first such restore starts
+    ///   a hold), or
     /// - it was granted locally (an instance admitted or renewed it while
-    ///   this store could not answer) less than `session_ttl` ago;
+    ///   this store could not answer), a confirmed pass;
     ///
     /// and, outside a hold, only while the route has room: past the hold, a
     /// restore never takes the route over its capacity.
@@ -659,18 +699,19 @@ pub trait QueueStore: Send + Sync {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Counts one use of an invite token (`token_key`: bytes naming the
-    /// token) that expires at `expires_unix` (seconds): true
-    /// while its uses, this one included, are at most `max_uses`. Atomic,
-    /// so `max_uses` concurrent calls and no more answer true. An expired
-    /// token answers false and counts nothing. The count is forgotten when
-    /// the token expires.
+    /// token) that expires at `expires_unix` (seconds): honoured while its
+    /// uses, this one included, are at most `max_uses`, and `Last` for the
+    /// `max_uses`-th. Atomic, so `max_uses` concurrent calls and no more
+    /// are honoured, and one of them is `Last`. An expired token is
+    /// `Refused` and counts nothing. The count is forgotten when the token
+    /// expires.
     fn take_use(
         &self,
         route: &str,
         token_key: &[u8],
         max_uses: u32,
         expires_unix: u64,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    ) -> impl Future<Output = Result<InviteUse, StoreError>> + Send;
 
     /// The line as the last admitter tick left it, or later (see
     /// [`record`]); `None` before the first tick of the epoch.
@@ -834,7 +875,7 @@ impl QueueStore for Store {
         token_key: &[u8],
         max_uses: u32,
         expires_unix: u64,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<InviteUse, StoreError> {
         dispatch!(self, s => s.take_use(route, token_key, max_uses, expires_unix).await)
     }
 

@@ -32,8 +32,8 @@ use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, Ser
 use tokio::sync::{watch, Notify};
 
 use super::{
-    store_id, Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, LaneStats, Limits,
-    LineRecord, PassTimes, Place, Poll, QueueStore, RouteStats, StoreError, StoreId, Tick,
+    store_id, Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, InviteUse, LaneStats,
+    Limits, LineRecord, PassTimes, Place, Poll, QueueStore, RouteStats, StoreError, StoreId, Tick,
     TicketTimes, VisitorId, JOIN_WINDOW, MAIN_LANE,
 };
 use crate::clock::Clock;
@@ -761,7 +761,8 @@ impl RedisStore {
             .arg(ms(limits.pass_ttl))
             .arg(ms(limits.client_memory()))
             .arg(u8::from(pass.granted_locally))
-            .arg(capacity_arg(limits));
+            .arg(capacity_arg(limits))
+            .arg(ms(limits.unconfirmed_session()));
         let active: i64 = self.run(&invocation).await?;
         Ok(active == 1)
     }
@@ -960,7 +961,7 @@ impl RedisStore {
         token_key: &[u8],
         max_uses: u32,
         expires_unix: u64,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<InviteUse, StoreError> {
         let mut invocation = self.scripts.take_use.prepare_invoke();
         for key in route_keys(route) {
             invocation.key(key);
@@ -969,8 +970,12 @@ impl RedisStore {
             .key(invite_key(route, token_key))
             .arg(max_uses)
             .arg(expires_unix);
-        let within: i64 = self.run(&invocation).await?;
-        Ok(within == 1)
+        let taken: i64 = self.run(&invocation).await?;
+        Ok(match taken {
+            2 => InviteUse::Last,
+            1 => InviteUse::Taken,
+            _ => InviteUse::Refused,
+        })
     }
 
     async fn line_record_on(
@@ -1216,7 +1221,7 @@ impl QueueStore for RedisStore {
         token_key: &[u8],
         max_uses: u32,
         expires_unix: u64,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<InviteUse, StoreError> {
         self.take_use_on(route, token_key, max_uses, expires_unix)
             .await
     }

@@ -58,6 +58,7 @@ pub fn proxy_config(upstream: &str) -> Config {
                 },
                 timeout: Duration::from_millis(200),
             },
+            memory: Default::default(),
             expected_instances: 1,
         },
         keys: vec![],

@@ -1,12 +1,13 @@
-//! `store`: the backend, and how to reach Redis (one of a URL, a Cluster,
-//! Sentinels). A Redis URL is never shown with its password.
+//! `store`: the backend, how to reach Redis (one of a URL, a Cluster,
+//! Sentinels) and where the memory store keeps its snapshot. A Redis URL is
+//! never shown with its password.
 
 use super::field::{at_least_one, positive, required};
 use crate::config::defaults;
 use crate::config::error::FieldPath;
 use crate::config::problems::Problems;
-use crate::config::raw::{RawRedis, RawStore};
-use crate::config::{RedisConfig, RedisMode, StoreConfig};
+use crate::config::raw::{RawMemory, RawRedis, RawStore};
+use crate::config::{Backend, MemoryConfig, RedisConfig, RedisMode, StoreConfig};
 
 pub(super) fn store(raw: RawStore, at: &FieldPath, problems: &mut Problems) -> Option<StoreConfig> {
     let backend = raw.backend.unwrap_or(defaults::BACKEND);
@@ -17,11 +18,62 @@ pub(super) fn store(raw: RawStore, at: &FieldPath, problems: &mut Problems) -> O
         &at.key("expected_instances"),
         problems,
     );
+    let memory = memory(
+        raw.memory.unwrap_or_default(),
+        backend,
+        &at.key("memory"),
+        problems,
+    );
     Some(StoreConfig {
         backend,
         redis: redis?,
+        memory,
         expected_instances,
     })
+}
+
+/// `store.memory`: a snapshot file needs the memory backend and a
+/// directory that exists (the snapshot is written next to it and renamed
+/// over it); the file itself may be missing (a first start).
+fn memory(
+    raw: RawMemory,
+    backend: Backend,
+    at: &FieldPath,
+    problems: &mut Problems,
+) -> MemoryConfig {
+    let Some(path) = raw.snapshot else {
+        return MemoryConfig::default();
+    };
+    let at = at.key("snapshot");
+    if backend != Backend::Memory {
+        problems.report(at, "only used with backend: memory");
+        return MemoryConfig::default();
+    }
+    if path.as_os_str().is_empty() || path.file_name().is_none() {
+        problems.report(at, "must name a file, e.g. /var/lib/queuegate/line.json");
+        return MemoryConfig::default();
+    }
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => std::path::Path::new("."),
+    };
+    if path.is_dir() {
+        problems.report(
+            at,
+            format!("{} is a directory: name a file in it", path.display()),
+        );
+    } else if !dir.is_dir() {
+        problems.report(
+            at,
+            format!(
+                "directory {} does not exist (create it, writable by queuegate)",
+                dir.display()
+            ),
+        );
+    }
+    MemoryConfig {
+        snapshot: Some(path),
+    }
 }
 
 fn redis(raw: RawRedis, at: &FieldPath, problems: &mut Problems) -> Option<RedisConfig> {
@@ -168,6 +220,26 @@ mod tests {
     use super::*;
     use crate::config::defaults::REDIS_URL as DEFAULT_REDIS_URL;
     use std::time::Duration;
+
+    #[test]
+    fn a_snapshot_needs_the_memory_store_and_a_directory_that_exists() {
+        assert_eq!(parse("").unwrap().store.memory.snapshot, None);
+        let dir = std::env::temp_dir().join("line.json");
+        let given = format!("store: {{ memory: {{ snapshot: {} }} }}\n", dir.display());
+        assert_eq!(parse(&given).unwrap().store.memory.snapshot, Some(dir));
+        for bad in [
+            "store: { memory: { snapshot: /nonexistent/queuegate/line.json } }\n",
+            "store: { memory: { snapshot: \"\" } }\n",
+            "store: { memory: { snapshot: / } }\n",
+            "store: { backend: redis, memory: { snapshot: /tmp/line.json } }\n",
+        ] {
+            assert_eq!(problem_paths(bad), ["store.memory.snapshot"], "{bad}");
+        }
+        assert_eq!(
+            problem_paths("store: { memory: { snapshots: /tmp/line.json } }\n"),
+            ["store.memory.snapshots"]
+        );
+    }
 
     #[test]
     fn redis_takes_exactly_one_topology() {
