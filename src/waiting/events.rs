@@ -299,7 +299,7 @@ impl Stream {
             tls: self.tls,
             client: &self.client,
             invite: None,
-            lane: None,
+            invited: None,
         };
         let creds = Credentials {
             ticket: Some(self.ticket),
