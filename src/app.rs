@@ -81,7 +81,11 @@ impl App {
                 Guarded::new(store, BreakerConfig::for_store(&config.store)),
                 clock,
             ),
-            streams: Streams::new(config.limits.max_event_streams, settings.clone()),
+            streams: Streams::new(
+                config.limits.max_event_streams,
+                config.limits.max_event_streams_per_client,
+                settings.clone(),
+            ),
             settings,
             metrics,
             ambiguous_paths: config.limits.ambiguous_paths,

@@ -207,6 +207,12 @@ pub struct ServerLimits {
     /// instance, at most (default 100000; `0`: none, everyone polls).
     /// Beyond, a page is told to poll.
     pub max_event_streams: usize,
+    /// Event streams one client (its address as per-client limits count
+    /// it: IPv4, IPv6 /64, behind trusted proxies) may hold open at once on
+    /// this instance, all routes together (default 20; `0`: none). Beyond,
+    /// its page is told to poll, so that a few addresses cannot take the
+    /// instance's streams and connections.
+    pub max_event_streams_per_client: usize,
 }
 
 /// What a request whose path an origin could read as another route gets

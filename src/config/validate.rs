@@ -32,6 +32,10 @@ const MAX_HEADER_BYTES: u64 = 16384;
 const MAX_HEADER_BYTES_RANGE: std::ops::RangeInclusive<u64> = 1024..=1_048_576;
 const MAX_CONNECTIONS: u64 = 10_000;
 const MAX_EVENT_STREAMS: u64 = 100_000;
+/// As many streams as the places one client may hold on a route by
+/// default (`client_limits.places`): a household or an office can follow
+/// each of its places.
+const MAX_EVENT_STREAMS_PER_CLIENT: u64 = 20;
 /// More worker threads than this is a typo, not a machine.
 const MAX_WORKERS: u64 = 1024;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -365,6 +369,10 @@ fn limits(raw: RawLimits, at: &FieldPath, problems: &mut Problems) -> ServerLimi
         ambiguous_paths: raw.ambiguous_paths.unwrap_or_default(),
         allowed_hosts,
         max_event_streams: to_usize(raw.max_event_streams.unwrap_or(MAX_EVENT_STREAMS)),
+        max_event_streams_per_client: to_usize(
+            raw.max_event_streams_per_client
+                .unwrap_or(MAX_EVENT_STREAMS_PER_CLIENT),
+        ),
     }
 }
 
@@ -1578,6 +1586,36 @@ keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]
         let config = parse("limits: { max_header_bytes: 1048576, drain_timeout: 0s }\n").unwrap();
         assert_eq!(config.limits.max_header_bytes, 1_048_576);
         assert_eq!(config.limits.drain_timeout, Duration::ZERO);
+    }
+
+    #[test]
+    fn event_stream_caps_read_back_and_are_named_when_bad() {
+        let config = parse("limits: {}\n").unwrap();
+        assert_eq!(
+            (
+                config.limits.max_event_streams,
+                config.limits.max_event_streams_per_client
+            ),
+            (100_000, 20)
+        );
+        let config =
+            parse("limits: { max_event_streams: 50, max_event_streams_per_client: 0 }\n").unwrap();
+        assert_eq!(
+            (
+                config.limits.max_event_streams,
+                config.limits.max_event_streams_per_client
+            ),
+            (50, 0)
+        );
+        for bad in ["-1", "many", "2.5"] {
+            assert_eq!(
+                problem_paths(&format!(
+                    "limits: {{ max_event_streams_per_client: {bad} }}\n"
+                )),
+                ["limits.max_event_streams_per_client"],
+                "{bad}"
+            );
+        }
     }
 
     #[test]
