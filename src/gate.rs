@@ -7,6 +7,9 @@
 //! ending one at the origin's command or on an exit path.
 //! Before a route's opening (DESIGN §8.7) it hands out pre-queue tickets
 //! and answers their polls itself, with the time left, without a store call.
+//! It puts an arrival in the lane an invite or its own lane cookie names
+//! (DESIGN §8.5) and binds the lane cookie to the ticket or pass the
+//! visitor holds or gets.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
