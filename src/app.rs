@@ -18,14 +18,14 @@ use http::header::SET_COOKIE;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
-use crate::admission::{Claims, KeyRing, VisitorId};
+use crate::admission::{KeyRing, VisitorId};
 use crate::client_ip::{self, LimitKey};
 use crate::clock::Clock;
 use crate::config::{AmbiguousPaths, ClientIp, Config, HostPattern};
-use crate::cookie::{self, CookieMemo, Credentials};
+use crate::cookie::{self, CookieMemo, Credentials, KeptCookies};
 use crate::framing::AmbiguousHead;
-use crate::gate::{Admitted, Decision, Gate, Requester};
-use crate::lane_grant::{self, Lane};
+use crate::gate::{Admitted, Decided, Decision, Gate, Requester};
+use crate::lane_grant::{self, Holder, Lane, LANE_COOKIE_TTL};
 use crate::metrics::{Metrics, Outcome, RouteMetrics, SessionEnd, UpstreamFailure};
 use crate::proxy::{self, OriginCommand, Peer, Upstream};
 use crate::queue::{BreakerConfig, Counted, Guarded, Store};
@@ -82,7 +82,11 @@ impl App {
                 Guarded::new(store, BreakerConfig::for_store(&config.store)),
                 clock,
             ),
-            streams: Streams::new(config.limits.max_event_streams, settings.clone()),
+            streams: Streams::new(
+                config.limits.max_event_streams,
+                config.limits.max_event_streams_per_client,
+                settings.clone(),
+            ),
             settings,
             metrics,
             ambiguous_paths: config.limits.ambiguous_paths,
@@ -237,7 +241,7 @@ impl App {
             tls: conn.peer.tls,
             client: key.as_bytes(),
             invite,
-            lane: None,
+            invited: None,
         };
         waiting::serve(&self.gate, s, req, who, &conn.cookies, &self.streams).await
     }
@@ -259,32 +263,30 @@ impl App {
         // decision (see `counted`); an invite needs them too.
         let creds = (route.counts_requests() || invite.is_some())
             .then(|| s.credentials(index, req.headers(), peer.tls, &conn.cookies));
-        // An invite puts the visitor in its lane (DESIGN §8.5).
-        let (lane, lane_cookie) = match (invite.as_deref(), creds.as_ref()) {
-            (Some(token), Some(c)) => {
-                match Box::pin(self.gate.take_invite(s, route, token, c, peer.tls)).await {
-                    Some((lane, cookie)) => (Some(lane), Some(cookie)),
-                    None => (None, None),
-                }
-            }
-            _ => (None, None),
+        // An invite puts the visitor in its lane (DESIGN §8.5); the gate
+        // binds the lane cookie given for it to the visitor's ticket or pass.
+        let invited = match (invite.as_deref(), creds.as_ref()) {
+            (Some(token), Some(c)) => Box::pin(self.gate.take_invite(s, route, token, c)).await,
+            _ => None,
         };
-        if invite.is_some() && waiting::is_navigation(req.method(), req.headers()) {
-            let held = creds.and_then(|c| c.ticket);
-            let resp = Box::pin(self.invited(s, route, &req, held, lane, peer.tls)).await;
-            return (Outcome::Invite, with_cookie(resp, lane_cookie));
-        }
         let who = Requester {
             tls: peer.tls,
             client: key.as_bytes(),
             invite: invite.as_deref(),
-            lane,
+            invited,
         };
-        let (outcome, resp) = match creds.filter(|_| route.counts_requests()) {
+        if invite.is_some() && waiting::is_navigation(req.method(), req.headers()) {
+            let resp = Box::pin(self.follow_invite(s, index, &req, who, creds)).await;
+            return (Outcome::Invite, resp);
+        }
+        match creds.filter(|_| route.counts_requests()) {
             // Boxed: store calls' futures are large (see `Gate::decide`).
             Some(creds) => Box::pin(self.counted(s, index, req, conn, who, creds, exit)).await,
             None => {
-                let decision = self
+                let Decided {
+                    decision,
+                    lane_cookie,
+                } = self
                     .gate
                     .decide(s, index, who, || {
                         creds.unwrap_or_else(|| {
@@ -292,37 +294,12 @@ impl App {
                         })
                     })
                     .await;
-                self.admit_or_hold(s, index, req, conn, decision, exit, None)
-                    .await
-            }
-        };
-        (outcome, with_cookie(resp, lane_cookie))
-    }
-
-    /// A navigation that carried an invite: sent on to the same target
-    /// without it, so the token leaves the address bar (and later
-    /// `Referer`s) at once. A ticket `held` moves to the invite's lane now,
-    /// keeping its place in time, and is written again to name it.
-    async fn invited(
-        &self,
-        s: &Settings,
-        route: &RouteRt,
-        req: &Request<Incoming>,
-        held: Option<Claims>,
-        lane: Option<usize>,
-        tls: bool,
-    ) -> Response<Body> {
-        let target = req.uri().path_and_query().map_or("/", |t| t.as_str());
-        let mut resp = response::redirect("invite", &return_to::sanitize(target));
-        if let (Some(lane), Some(ticket)) = (lane, held) {
-            if self.gate.move_ticket(route, &ticket, lane).await {
-                let cookie = self
-                    .gate
-                    .ticket_cookie(s, route, &ticket.id, ticket.t, ticket.at, lane, tls);
-                resp.headers_mut().append(SET_COOKIE, cookie);
+                let (outcome, resp) = self
+                    .admit_or_hold(s, index, req, conn, decision, exit, None)
+                    .await;
+                (outcome, with_cookie(resp, lane_cookie))
             }
         }
-        resp
     }
 
     /// A request to a route that counts requests (DESIGN §8.6). Its pass is
@@ -363,9 +340,14 @@ impl App {
             .decide_counted(s, index, who, &creds, counted.map(|(_, c)| c))
             .await;
         match decided {
-            Some(decision) => {
-                self.admit_or_hold(s, index, req, conn, decision, exit, counted)
-                    .await
+            Some(Decided {
+                decision,
+                lane_cookie,
+            }) => {
+                let (outcome, resp) = self
+                    .admit_or_hold(s, index, req, conn, decision, exit, counted)
+                    .await;
+                (outcome, with_cookie(resp, lane_cookie))
             }
             None => (Outcome::UsedUp, self.used_up(s, route, &req, who.tls)),
         }
@@ -415,12 +397,41 @@ impl App {
                 // Passthrough or failing open: no session for an origin
                 // command to end.
                 let mut forwarded = self.forward(req, &conn.peer).await;
-                let routes = std::iter::once(route);
-                self.record_lane(s, &mut forwarded, routes, conn.peer.tls);
+                self.record_lane(s, &mut forwarded, [(route, None)], conn.peer.tls);
                 (outcome, forwarded.resp)
             }
             other => (outcome, waiting::held_back(s, route, &req, other)),
         }
+    }
+
+    /// The answer to a browser following an invite link (DESIGN §8.5): sent
+    /// on to the same target without it, so the token leaves the address
+    /// bar (and later `Referer`s) at once. A valid invite is decided on
+    /// first, so that the lane cookie is bound to the ticket or pass this
+    /// answer leaves the visitor with: a ticket held moves to the lane,
+    /// keeping its place in time, and a visitor who holds none joins the
+    /// lane (or is let in) now.
+    async fn follow_invite(
+        &self,
+        s: &Settings,
+        index: usize,
+        req: &Request<Incoming>,
+        who: Requester<'_>,
+        creds: Option<Credentials>,
+    ) -> Response<Body> {
+        let target = req.uri().path_and_query().map_or("/", |t| t.as_str());
+        let mut resp = response::redirect("invite", &return_to::sanitize(target));
+        if who.invited.is_some() {
+            let decided = self
+                .gate
+                .decide(s, index, who, || creds.unwrap_or_default())
+                .await;
+            let cookies = decided.decision.into_set_cookie();
+            for cookie in cookies.into_iter().chain(decided.lane_cookie) {
+                resp.headers_mut().append(SET_COOKIE, cookie);
+            }
+        }
+        resp
     }
 
     /// The answer to a request whose session made its requests: not
@@ -472,7 +483,7 @@ impl App {
         async move {
             let (mut forwarded, ended) = exchange.await;
             let (route, tls) = (&s.routes[index], conn.peer.tls);
-            self.record_lane(s, &mut forwarded, std::iter::once(route), tls);
+            self.record_lane(s, &mut forwarded, [(route, Some(id))], tls);
             let cookie = match ended {
                 true => Some(s.clear_cookie(route, tls)),
                 false => set_cookie,
@@ -484,7 +495,9 @@ impl App {
     /// Forwards a request no route gates, for `host` (see [`lane_host`]).
     /// An origin command in the answer does nothing, as there is no session
     /// to act on; it is removed all the same. A lane the origin names is
-    /// recorded for every route the host fits (DESIGN §8.5).
+    /// recorded for every route the host fits (DESIGN §8.5), bound to the
+    /// visitor's ticket or pass for the route: the request's own cookies
+    /// are kept past forwarding for that.
     async fn forward_ungated(
         &self,
         s: &Settings,
@@ -492,32 +505,56 @@ impl App {
         peer: &Peer,
         host: Option<&str>,
     ) -> Response<Body> {
+        let kept = KeptCookies::of(req.headers());
         let mut forwarded = self.forward(req, peer).await;
         if forwarded.command.is_some() {
             tracing::debug!("origin command on an ungated path ignored: no session");
         }
-        let routes = s.routes.iter().filter(|r| r.cfg.matcher.host_fits(host));
+        let routes = s
+            .routes
+            .iter()
+            .filter(|r| r.cfg.matcher.host_fits(host))
+            .map(|r| {
+                let (name, lane_name) = (r.cookie_name(peer.tls), r.lane_cookie_name(peer.tls));
+                (r, kept.visitor(name, lane_name, &s.ring, r.name()))
+            });
         self.record_lane(s, &mut forwarded, routes, peer.tls);
         forwarded.resp
     }
 
     /// Adds a lane cookie for each of `routes` to the answer when the
-    /// origin named a lane in it (DESIGN §8.5). Whether the route has that
-    /// lane is checked when the cookie is read, against the config then.
+    /// origin named a lane in it (DESIGN §8.5), for [`LANE_COOKIE_TTL`],
+    /// bound to the visitor id given with the route: the session the
+    /// request was admitted under, or the ticket or pass an ungated request
+    /// carried for the route. A visitor who holds none gets the lane for
+    /// its first arrival on the route ([`Holder::First`]), which the store
+    /// lets one arrival take. Whether the route has that lane is checked
+    /// when the cookie is read, against the config then.
     fn record_lane<'r>(
         &self,
         s: &Settings,
         forwarded: &mut Forwarded,
-        routes: impl Iterator<Item = &'r RouteRt>,
+        routes: impl IntoIterator<Item = (&'r RouteRt, Option<VisitorId>)>,
         tls: bool,
     ) {
         let Some(lane) = forwarded.lane.take() else {
             return;
         };
         let now = self.gate.clock().now_s();
+        let until = now.saturating_add(LANE_COOKIE_TTL.as_secs());
         let domain = s.cookie_domain.as_deref();
-        for route in routes {
-            let set = cookie::set_lane(&s.ring, route.name(), &lane, now, tls, domain);
+        for (route, visitor) in routes {
+            let holder = visitor.map_or_else(Holder::first, Holder::Visitor);
+            let set = cookie::set_lane(
+                &s.ring,
+                route.name(),
+                &lane,
+                &holder,
+                now,
+                until,
+                tls,
+                domain,
+            );
             forwarded.resp.headers_mut().append(SET_COOKIE, set);
         }
     }

@@ -10,8 +10,8 @@ use std::sync::{Mutex, PoisonError};
 
 use http::header::{HeaderMap, HeaderValue, COOKIE};
 
-use crate::admission::{Claims, KeyRing, Kind, LaneTag, Verdict};
-use crate::lane_grant::{self, Grant, GrantVerdict, Lane, LANE_COOKIE_TTL};
+use crate::admission::{Claims, KeyRing, Kind, LaneTag, Verdict, VisitorId};
+use crate::lane_grant::{self, GrantVerdict, Holder, Lane};
 
 /// Cookies queuegate sets are named `qg_<route>` (`__Host-qg_<route>` on TLS).
 const COOKIE_PREFIX: &str = "qg_";
@@ -57,39 +57,29 @@ pub fn lane_name(route: &str, tls: bool, has_domain: bool) -> String {
     }
 }
 
-/// The `Set-Cookie` value that puts the visitor in `lane` of `route` from
-/// `now_unix` for [`LANE_COOKIE_TTL`], with the pass cookie's attributes.
+/// The `Set-Cookie` value that puts `holder` in `lane` of `route` until
+/// `expires_unix`, with the pass cookie's attributes: its `Max-Age` ends
+/// when its signed expiry does (DESIGN §8.5).
+#[allow(clippy::too_many_arguments)]
 pub fn set_lane(
     ring: &KeyRing,
     route: &str,
     lane: &Lane,
+    holder: &Holder,
     now_unix: u64,
+    expires_unix: u64,
     tls: bool,
     domain: Option<&str>,
 ) -> HeaderValue {
-    let ttl_s = LANE_COOKIE_TTL.as_secs();
-    let value = lane_grant::sign_grant(ring, route, lane, now_unix.saturating_add(ttl_s));
+    let value = lane_grant::sign_grant(ring, route, lane, expires_unix, holder);
     let name = lane_name(route, tls, domain.is_some());
-    set_cookie(&name, &value, ttl_s, tls, domain)
-}
-
-/// The first valid, unexpired lane cookie named `name` the request carries
-/// for `route`. Invalid copies are ignored.
-pub fn lane(
-    headers: &HeaderMap,
-    name: &str,
-    ring: &KeyRing,
-    route: &str,
-    now_unix: u64,
-) -> Option<Grant> {
-    cookie_pairs(headers)
-        .filter(|(n, _)| *n == name)
-        .find_map(
-            |(_, value)| match lane_grant::verify_grant(ring, value, route, now_unix) {
-                GrantVerdict::Valid(grant) => Some(grant),
-                GrantVerdict::Invalid(_) => None,
-            },
-        )
+    set_cookie(
+        &name,
+        &value,
+        expires_unix.saturating_sub(now_unix),
+        tls,
+        domain,
+    )
 }
 
 /// A `Set-Cookie` value: `HttpOnly; SameSite=Lax; Path=/`, `Secure` on TLS.
@@ -118,9 +108,47 @@ pub fn set_cookie(
 pub struct Credentials {
     pub pass: Option<Claims>,
     pub ticket: Option<Claims>,
-    /// A genuine lane cookie for the route, whatever its expiry (checked
-    /// where it is used, as a pass's is).
+    /// A genuine lane cookie for the route, whatever its expiry and holder
+    /// (both checked where it is used, as a pass's expiry is).
     pub lane: Option<LaneCookie>,
+}
+
+impl Credentials {
+    /// The lane cookie while it is unexpired at `now_unix` and this
+    /// visitor's own: bound to the id of the pass or the ticket the request
+    /// carries (expired or not: a visitor whose session or place is gone
+    /// arrives again in its lane). A copy sent with no ticket or pass, or
+    /// with another visitor's, is nobody's here.
+    pub fn own_lane(&self, now_unix: u64) -> Option<&LaneCookie> {
+        let lane = self.lane.as_ref().filter(|c| now_unix < c.expires_unix)?;
+        let Holder::Visitor(id) = lane.holder else {
+            return None;
+        };
+        self.holds(&id).then_some(lane)
+    }
+
+    /// The lane cookie while it is unexpired at `now_unix` and still for its
+    /// first arrival ([`Holder::First`]): whoever presents it first takes
+    /// its one use.
+    pub fn unclaimed_lane(&self, now_unix: u64) -> Option<&LaneCookie> {
+        self.lane
+            .as_ref()
+            .filter(|c| now_unix < c.expires_unix && matches!(c.holder, Holder::First(_)))
+    }
+
+    /// The visitor id the request's pass, else its ticket, names: the
+    /// visitor as the gate knows it.
+    pub fn visitor(&self) -> Option<VisitorId> {
+        self.pass.or(self.ticket).map(|c| c.id)
+    }
+
+    /// Whether the request's pass or ticket has id `id`.
+    fn holds(&self, id: &VisitorId) -> bool {
+        [self.pass, self.ticket]
+            .iter()
+            .flatten()
+            .any(|claims| claims.id == *id)
+    }
 }
 
 /// What a genuine lane cookie says (DESIGN §8.5).
@@ -129,13 +157,8 @@ pub struct LaneCookie {
     pub lane: LaneTag,
     /// Unix seconds; the cookie puts its holder in the lane before this.
     pub expires_unix: u64,
-}
-
-impl LaneCookie {
-    /// The lane, while the cookie is unexpired at `now_unix`.
-    pub fn lane_at(&self, now_unix: u64) -> Option<&LaneTag> {
-        (now_unix < self.expires_unix).then_some(&self.lane)
-    }
+    /// Whose lane it is.
+    pub holder: Holder,
 }
 
 /// Every `name=value` pair in the request's `Cookie` headers.
@@ -169,6 +192,7 @@ pub fn credentials(
                 found.lane = LaneTag::new(grant.lane.as_str()).map(|lane| LaneCookie {
                     lane,
                     expires_unix: grant.expires_unix,
+                    holder: grant.holder,
                 });
             }
             continue;
@@ -267,14 +291,54 @@ impl CookieMemo {
     }
 }
 
+/// A request's `Cookie` headers kept past forwarding (which strips
+/// queuegate's own): who the visitor is on each route, should the origin's
+/// answer name a lane (DESIGN §8.5). Only headers that may hold one of
+/// queuegate's cookies are kept; otherwise nothing is, and nothing is
+/// allocated.
+#[derive(Default)]
+pub struct KeptCookies(HeaderMap);
+
+impl KeptCookies {
+    pub fn of(headers: &HeaderMap) -> KeptCookies {
+        let mut kept = HeaderMap::new();
+        if carries_own(headers) {
+            for value in headers.get_all(COOKIE) {
+                kept.append(COOKIE, value.clone());
+            }
+        }
+        KeptCookies(kept)
+    }
+
+    /// The visitor id of the pass, else the ticket, the request carried
+    /// for `route` under cookie `name` (its lane cookie is `lane_name`),
+    /// verified with `ring`.
+    pub fn visitor(
+        &self,
+        name: &str,
+        lane_name: &str,
+        ring: &KeyRing,
+        route: &str,
+    ) -> Option<VisitorId> {
+        if self.0.is_empty() {
+            return None;
+        }
+        credentials(&self.0, name, lane_name, ring, route).visitor()
+    }
+}
+
+/// Whether any `Cookie` header may hold one of queuegate's cookies.
+fn carries_own(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(COOKIE)
+        .iter()
+        .any(|v| memchr::memmem::find(v.as_bytes(), COOKIE_PREFIX.as_bytes()).is_some())
+}
+
 /// Removes queuegate's own cookies from the `Cookie` headers, so the origin
 /// never sees them.
 pub fn strip_own_cookies(headers: &mut HeaderMap) {
-    let has_own = headers
-        .get_all(COOKIE)
-        .iter()
-        .any(|v| memchr::memmem::find(v.as_bytes(), COOKIE_PREFIX.as_bytes()).is_some());
-    if !has_own {
+    if !carries_own(headers) {
         return;
     }
     // One string for what is kept; nothing is allocated when only our own
@@ -313,15 +377,59 @@ fn is_own_cookie(name: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn claims(kind: Kind, id: VisitorId) -> Claims {
+        Claims {
+            kind,
+            id,
+            t: 1,
+            at: None,
+            key_index: 0,
+            lane: None,
+        }
+    }
+
     #[test]
-    fn a_lane_cookie_names_its_lane_only_before_it_expires() {
-        let lane = LaneCookie {
+    fn a_lane_cookie_is_its_own_visitors_only_before_it_expires() {
+        let (mine, theirs) = ([1; 16], [2; 16]);
+        let bound = LaneCookie {
             lane: LaneTag::new("vip").unwrap(),
             expires_unix: 1_000,
+            holder: Holder::Visitor(mine),
         };
-        assert_eq!(lane.lane_at(999).map(LaneTag::as_str), Some("vip"));
-        assert_eq!(lane.lane_at(1_000), None);
-        assert_eq!(lane.lane_at(u64::MAX), None);
+        let with = |pass: Option<VisitorId>, ticket: Option<VisitorId>, lane| Credentials {
+            pass: pass.map(|id| claims(Kind::Pass, id)),
+            ticket: ticket.map(|id| claims(Kind::Ticket, id)),
+            lane: Some(lane),
+        };
+        for (pass, ticket) in [
+            (Some(mine), None),
+            (None, Some(mine)),
+            (Some(theirs), Some(mine)),
+        ] {
+            let creds = with(pass, ticket, bound);
+            assert_eq!(creds.own_lane(999), Some(&bound));
+            assert_eq!(creds.own_lane(1_000), None);
+            assert_eq!(creds.own_lane(u64::MAX), None);
+            assert_eq!(creds.unclaimed_lane(999), None);
+        }
+        for (pass, ticket) in [(None, None), (Some(theirs), None), (None, Some(theirs))] {
+            assert_eq!(with(pass, ticket, bound).own_lane(999), None);
+        }
+        let first = LaneCookie {
+            holder: Holder::First(mine),
+            ..bound
+        };
+        for (pass, ticket) in [(None, None), (Some(mine), None), (None, Some(theirs))] {
+            let creds = with(pass, ticket, first);
+            assert_eq!(creds.own_lane(999), None);
+            assert_eq!(creds.unclaimed_lane(999), Some(&first));
+            assert_eq!(creds.unclaimed_lane(1_000), None);
+        }
+        assert_eq!(
+            with(Some(theirs), Some(mine), bound).visitor(),
+            Some(theirs)
+        );
+        assert_eq!(with(None, Some(mine), bound).visitor(), Some(mine));
     }
 
     #[test]
@@ -372,15 +480,16 @@ mod tests {
             Err(err) => panic!("{err}"),
         };
         let vip = Lane::new("vip").unwrap_or_else(|| panic!("vip is a lane name"));
-        let set = set_lane(&ring, "tickets", &vip, 1_000, true, None);
+        let holder = Holder::Visitor([3; 16]);
+        let set = set_lane(&ring, "tickets", &vip, &holder, 1_000, 4_600, true, None);
         let text = set.to_str().unwrap_or_default();
         assert!(
-            text.starts_with("__Host-qg_lane.tickets=v1.g.tickets.vip."),
+            text.starts_with("__Host-qg_lane.tickets=v1.g.tickets.vip.4600."),
             "{text}"
         );
         for attribute in [
             "; Path=/",
-            "; Max-Age=86400",
+            "; Max-Age=3600",
             "; HttpOnly",
             "; SameSite=Lax",
             "; Secure",
@@ -394,19 +503,13 @@ mod tests {
             HeaderValue::from_str(&format!("__Host-qg_lane.tickets=junk; {value}"))
                 .unwrap_or_else(|err| panic!("{err}")),
         );
+        let read = |name: &str, route: &str| credentials(&h, "qg_tickets", name, &ring, route).lane;
         let name = lane_name("tickets", true, false);
-        let grant = lane(&h, &name, &ring, "tickets", 1_001);
-        assert_eq!(grant.map(|g| g.lane), Some(vip));
-        assert!(lane(&h, &name, &ring, "tickets", 1_000 + 86_400).is_none());
-        assert!(lane(&h, &name, &ring, "other", 1_001).is_none());
-        assert!(lane(
-            &h,
-            &lane_name("tickets", false, false),
-            &ring,
-            "tickets",
-            1_001
-        )
-        .is_none());
+        let lane = read(&name, "tickets").unwrap_or_else(|| panic!("read back"));
+        assert_eq!(lane.lane.as_str(), "vip");
+        assert_eq!((lane.expires_unix, lane.holder), (4_600, holder));
+        assert!(read(&name, "other").is_none());
+        assert!(read(&lane_name("tickets", false, false), "tickets").is_none());
     }
 
     #[test]

@@ -7,6 +7,9 @@
 //! ending one at the origin's command or on an exit path.
 //! Before a route's opening (DESIGN §8.7) it hands out pre-queue tickets
 //! and answers their polls itself, with the time left, without a store call.
+//! It puts an arrival in the lane an invite or its own lane cookie names
+//! (DESIGN §8.5) and binds the lane cookie to the ticket or pass the
+//! visitor holds or gets.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -18,8 +21,8 @@ use http::header::HeaderValue;
 use crate::admission::{self, Claims, Kind, PassLife, VisitorId};
 use crate::clock::Clock;
 use crate::config::{Mode, OnStoreError};
-use crate::cookie::{self, Credentials};
-use crate::lane_grant::{self, InviteVerdict};
+use crate::cookie::{self, Credentials, LaneCookie};
+use crate::lane_grant::{self, Holder, InviteVerdict, Lane, LANE_COOKIE_TTL};
 use crate::metrics::SessionEnd;
 use crate::queue::{
     Arrival, Arriving, ClientKey, Counted, Guarded, Heartbeat, InviteUse, MemoryStore, PassTimes,
@@ -37,12 +40,44 @@ pub struct Requester<'a> {
     /// The first `qg_invite` parameter's value, taken out of the target
     /// before anything else read it (`lane_grant::take_invite`).
     pub invite: Option<&'a str>,
-    /// The lane an invite this request carried put the visitor in (an index
-    /// into the route's lanes; see [`Gate::take_invite`]): a newcomer joins
-    /// it and a held ticket moves to it. Otherwise a newcomer joins the lane
-    /// of its lane cookie, or the route's first.
-    pub lane: Option<usize>,
+    /// The lane an invite this request carried put the visitor in (see
+    /// [`Gate::take_invite`]): a newcomer joins it and a held ticket moves
+    /// to it. Otherwise a newcomer joins the lane of its own lane cookie,
+    /// or the route's first.
+    pub invited: Option<LaneGrant>,
 }
+
+/// A lane a visitor was given (DESIGN §8.5): by an invite, or by its lane
+/// cookie. The lane cookie that keeps the visitor in it ends `until_unix`
+/// at the latest: for an invite, its expiry or [`LANE_COOKIE_TTL`] from
+/// now, whichever is sooner; for a lane cookie, the cookie's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaneGrant {
+    /// An index into the route's lanes.
+    pub lane: usize,
+    /// Unix seconds.
+    pub until_unix: u64,
+}
+
+/// A decision and the lane cookie to send with it (DESIGN §8.5): the lane
+/// an invite gave, bound to the ticket or pass the visitor holds or gets
+/// in this answer; or, for a visitor who arrived in the lane of its lane
+/// cookie, that cookie bound to the ticket or pass it got.
+#[derive(Debug)]
+pub struct Decided {
+    pub decision: Decision,
+    pub lane_cookie: Option<HeaderValue>,
+}
+
+impl Decided {
+    fn alone(decision: Decision) -> Decided {
+        Decided {
+            decision,
+            lane_cookie: None,
+        }
+    }
+}
+
 use crate::route::{RouteRt, Settings};
 
 /// A ticket cookie outlives any reasonable wait; the place itself is kept by
@@ -103,6 +138,18 @@ pub enum Decision {
     Closed,
     /// The store is down and the route's policy is `closed`.
     Unavailable,
+}
+
+impl Decision {
+    /// The ticket or pass cookie the decision sets, if any.
+    pub fn into_set_cookie(self) -> Option<HeaderValue> {
+        match self {
+            Decision::Admit { set_cookie, .. }
+            | Decision::Wait { set_cookie, .. }
+            | Decision::PreQueue { set_cookie, .. } => set_cookie,
+            _ => None,
+        }
+    }
 }
 
 /// The gate: the store (behind its circuit breaker), the clock, the
@@ -253,16 +300,36 @@ impl Gate {
         index: usize,
         who: Requester<'_>,
         creds: impl FnOnce() -> Credentials,
-    ) -> Decision {
+    ) -> Decided {
         let route = &s.routes[index];
         if let Some(decision) = by_mode(route, self.clock) {
-            return decision;
+            return Decided::alone(decision);
         }
         let creds = creds();
-        if let Some(decision) = self.held(s, route, &creds, who).await {
-            return decision;
+        if let Some(decided) = self.held_decided(s, route, &creds, who).await {
+            return decided;
         }
-        self.arrive_for(s, route, &creds, who).await
+        Box::pin(self.arrive_in_lane(s, route, who, &creds)).await
+    }
+
+    /// [`Gate::held`], with the lane cookie that binds an invite's lane to
+    /// the ticket or pass held.
+    async fn held_decided(
+        &self,
+        s: &Settings,
+        route: &RouteRt,
+        creds: &Credentials,
+        who: Requester<'_>,
+    ) -> Option<Decided> {
+        let decision = self.held(s, route, creds, who).await?;
+        let lane_cookie = who
+            .invited
+            .zip(creds.visitor())
+            .and_then(|(grant, id)| self.lane_cookie(s, route, grant, &id, who.tls));
+        Some(Decided {
+            decision,
+            lane_cookie,
+        })
     }
 
     /// [`Gate::decide`] on a route that counts requests (DESIGN §8.6), once
@@ -283,28 +350,28 @@ impl Gate {
         who: Requester<'_>,
         creds: &Credentials,
         counted: Option<Counted>,
-    ) -> Option<Decision> {
+    ) -> Option<Decided> {
         let route = &s.routes[index];
         if let Some(decision) = by_mode(route, self.clock) {
-            return Some(decision);
+            return Some(Decided::alone(decision));
         }
-        if let Some(decision) = self.held(s, route, creds, who).await {
-            return Some(decision);
+        if let Some(decided) = self.held_decided(s, route, creds, who).await {
+            return Some(decided);
         }
         match (creds.pass, creds.ticket, counted) {
             (Some(pass), _, Some(Counted::Allowed)) => {
-                return Some(Decision::Admit {
+                return Some(Decided::alone(Decision::Admit {
                     how: Admitted::Pass,
                     set_cookie: None,
                     session: Some(pass.id),
-                });
+                }));
             }
             (None, Some(ticket), _) if self.made_its_requests(route, &ticket.id).await => {
                 return None;
             }
             _ => {}
         }
-        Some(self.arrive_for(s, route, creds, who).await)
+        Some(Box::pin(self.arrive_in_lane(s, route, who, creds)).await)
     }
 
     /// Whether session `id`, which holds no place any more, ended by
@@ -322,25 +389,94 @@ impl Gate {
         matches!(counted, Ok(Counted::Exhausted))
     }
 
-    /// A visitor without a usable credential arrives: admitted at once or
-    /// in line, in its invite's lane, its lane cookie's or the first.
-    async fn arrive_for(
+    /// No usable ticket or pass: arrive in the lane an invite gave, or the
+    /// lane of the visitor's own lane cookie, or (the store counting its
+    /// one use) of one for its first arrival; else in the route's first.
+    /// A lane cookie that put the visitor in its lane is bound to the
+    /// ticket or pass it gets, with its expiry kept.
+    async fn arrive_in_lane(
         &self,
         s: &Settings,
         route: &RouteRt,
-        creds: &Credentials,
         who: Requester<'_>,
-    ) -> Decision {
-        // Only an arrival reads its lane (and the clock for the cookie's
-        // expiry): the admitted path does not.
-        let lane = who.lane.unwrap_or_else(|| {
-            let now = self.clock.now_s();
-            match creds.lane.as_ref().and_then(|c| c.lane_at(now)) {
-                Some(tag) => route.limits.lanes.index_of(tag.as_str()).unwrap_or(0),
-                None => 0,
-            }
-        });
-        Box::pin(self.arrive(s, route, who, lane)).await
+        creds: &Credentials,
+    ) -> Decided {
+        let grant = match who.invited {
+            Some(grant) => Some(grant),
+            None => self.granted_lane(route, creds).await,
+        };
+        let id = admission::new_visitor_id();
+        let decision = self
+            .arrive(s, route, who, grant.map_or(0, |g| g.lane), id)
+            .await;
+        // Only a ticket or pass made now carries the id.
+        let minted = matches!(
+            decision,
+            Decision::Admit {
+                session: Some(_),
+                ..
+            } | Decision::Wait { .. }
+                | Decision::PreQueue { .. }
+        );
+        let lane_cookie = grant
+            .filter(|_| minted)
+            .and_then(|grant| self.lane_cookie(s, route, grant, &id, who.tls));
+        Decided {
+            decision,
+            lane_cookie,
+        }
+    }
+
+    /// The lane the visitor's lane cookie puts an arrival in: its own
+    /// (bound to the ticket or pass it sends), or one for its first arrival
+    /// whose one use the store lets this arrival take (when the store
+    /// cannot count it, nobody gets the lane). A lane the route does not
+    /// have puts nobody anywhere.
+    async fn granted_lane(&self, route: &RouteRt, creds: &Credentials) -> Option<LaneGrant> {
+        let now = self.clock.now_s();
+        let grant = |cookie: &LaneCookie| {
+            let lane = route.limits.lanes.index_of(cookie.lane.as_str())?;
+            Some(LaneGrant {
+                lane,
+                until_unix: cookie.expires_unix,
+            })
+        };
+        if let Some(own) = creds.own_lane(now) {
+            return grant(own);
+        }
+        let cookie = creds.unclaimed_lane(now)?;
+        let lane = grant(cookie)?;
+        let Holder::First(nonce) = cookie.holder else {
+            return None;
+        };
+        // One arrival takes it, as a one-use invite.
+        self.take_use(route, &nonce, 1, cookie.expires_unix, now)
+            .await
+            .then_some(lane)
+    }
+
+    /// The `Set-Cookie` value that binds `grant` to visitor `id`. (The
+    /// route's lane names are checked with the config; should one not be a
+    /// lane name, there is no cookie.)
+    fn lane_cookie(
+        &self,
+        s: &Settings,
+        route: &RouteRt,
+        grant: LaneGrant,
+        id: &VisitorId,
+        tls: bool,
+    ) -> Option<HeaderValue> {
+        let lane = Lane::new(&route.limits.lanes.get(grant.lane).name)?;
+        Some(cookie::set_lane(
+            &s.ring,
+            route.name(),
+            &lane,
+            &Holder::Visitor(*id),
+            self.clock.now_s(),
+            grant.until_unix,
+            tls,
+            s.cookie_domain.as_deref(),
+        ))
     }
 
     /// What [`Gate::decide`] answers a visitor for what it holds, without
@@ -497,7 +633,7 @@ impl Gate {
         // An invite moves a held ticket to its lane, keeping its place in
         // time (DESIGN §8.5); the ticket is written again to say so.
         let mut moved = false;
-        if let Some(to) = who.lane.filter(|&to| to != times.lane) {
+        if let Some(to) = who.invited.map(|i| i.lane).filter(|&to| to != times.lane) {
             if self.move_ticket(route, ticket, to).await {
                 times.lane = to;
                 moved = true;
@@ -731,15 +867,16 @@ impl Gate {
         Some(Decision::Wait { place, set_cookie })
     }
 
-    /// No usable cookie: admit at once or join the line, in lane `lane`.
+    /// No usable cookie: admit at once or join the line, in lane `lane`, as
+    /// visitor `id` (fresh).
     pub async fn arrive(
         &self,
         s: &Settings,
         route: &RouteRt,
         who: Requester<'_>,
         lane: usize,
+        id: VisitorId,
     ) -> Decision {
-        let id = admission::new_visitor_id();
         // Before the opening nobody is let in at once (the store checks it
         // too, by its own clock), and a place is a pre-queue ticket.
         let opening = route.opening_ahead(self.clock.now_us());
@@ -883,20 +1020,20 @@ impl Gate {
 
     /// An invite token a request to `route` carried (DESIGN §8.5): when it
     /// is genuine, unexpired, for this route and one of its lanes, and (with
-    /// `--uses`) one of its uses is left, the lane's index and the lane
-    /// cookie that keeps the visitor in it. Anything else is no invite:
-    /// never an error page. A visitor whose lane cookie already names the
-    /// lane does not use the token up again; when the store cannot count a
-    /// use, the invite is not honoured (one more visitor in the lane than
-    /// the token allows would be).
+    /// `--uses`) one of its uses is left, the lane it puts the visitor in.
+    /// Anything else is no invite: never an error page. The lane cookie
+    /// given for it (by [`Gate::decide`], bound to the visitor's ticket or
+    /// pass) ends with the invite at the latest. A visitor whose own lane
+    /// cookie already names the lane does not use the token up again; when
+    /// the store cannot count a use, the invite is not honoured (one more
+    /// visitor in the lane than the token allows would be).
     pub async fn take_invite(
         &self,
         s: &Settings,
         route: &RouteRt,
         token: &str,
         creds: &Credentials,
-        tls: bool,
-    ) -> Option<(usize, HeaderValue)> {
+    ) -> Option<LaneGrant> {
         let now = self.clock.now_s();
         let invite = match lane_grant::verify_invite(&s.ring, token, route.name(), now) {
             InviteVerdict::Valid(invite) => invite,
@@ -905,46 +1042,50 @@ impl Gate {
                 return None;
             }
         };
-        let index = route.limits.lanes.index_of(invite.lane.as_str())?;
+        let lane = route.limits.lanes.index_of(invite.lane.as_str())?;
         let held = creds
-            .lane
-            .as_ref()
-            .and_then(|c| c.lane_at(now))
-            .is_some_and(|tag| tag.as_str() == invite.lane.as_str());
-        if invite.uses > 0 && !held && !self.use_invite(route, &invite, now).await {
+            .own_lane(now)
+            .is_some_and(|c| c.lane.as_str() == invite.lane.as_str());
+        let uses = u32::try_from(invite.uses).unwrap_or(u32::MAX);
+        if invite.uses > 0
+            && !held
+            && !self
+                .take_use(route, &invite.nonce, uses, invite.expires_unix, now)
+                .await
+        {
             return None;
         }
-        let cookie = cookie::set_lane(
-            &s.ring,
-            route.name(),
-            &invite.lane,
-            now,
-            tls,
-            s.cookie_domain.as_deref(),
-        );
-        Some((index, cookie))
+        let until_unix = invite
+            .expires_unix
+            .min(now.saturating_add(LANE_COOKIE_TTL.as_secs()));
+        Some(LaneGrant { lane, until_unix })
     }
 
-    /// Counts one use of `invite` (which has `--uses`) in the store: whether
-    /// it is honoured. A token this instance saw used up is refused without
-    /// a store call, so a store that lost its count does not give its uses
-    /// again; the use that uses it up is remembered as such.
-    async fn use_invite(&self, route: &RouteRt, invite: &lane_grant::Invite, now_s: u64) -> bool {
-        if route.live.is_invite_used_up(&invite.nonce, now_s) {
+    /// Takes one of the `uses` of the invite (or first-arrival lane cookie)
+    /// `nonce`, valid until `expires_unix`, in the store: whether it is
+    /// honoured. One this instance saw used up is refused without asking
+    /// (it stays used up past a loss of the store), and its last use is
+    /// remembered so. A store that cannot count it honours nothing.
+    async fn take_use(
+        &self,
+        route: &RouteRt,
+        nonce: &[u8],
+        uses: u32,
+        expires_unix: u64,
+        now_s: u64,
+    ) -> bool {
+        if route.live.is_invite_used_up(nonce, now_s) {
             tracing::debug!(route = route.name(), "invite used up");
             return false;
         }
-        let uses = u32::try_from(invite.uses).unwrap_or(u32::MAX);
         let taken = self
             .store
-            .take_use(route.name(), &invite.nonce, uses, invite.expires_unix)
+            .take_use(route.name(), nonce, uses, expires_unix)
             .await;
         match taken {
             Ok(taken) => {
                 if taken != InviteUse::Taken {
-                    route
-                        .live
-                        .invite_used_up(&invite.nonce, now_s, invite.expires_unix);
+                    route.live.invite_used_up(nonce, now_s, expires_unix);
                 }
                 if !taken.honoured() {
                     tracing::debug!(route = route.name(), "invite used up");

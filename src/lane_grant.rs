@@ -34,11 +34,22 @@
 //!
 //! # Lane cookie
 //!
-//! `v1.g.<route>.<lane>.<expires>.<kid>.<mac>`, fields as above: the visitor
-//! belongs to `lane` on `route` until `expires`. queuegate sets it, for
-//! [`LANE_COOKIE_TTL`], when the origin answers with `Queuegate-Lane`; each
-//! route has a lane cookie of its own, and one signed for a route is refused
-//! for any other.
+//! `v1.<g|o>.<route>.<lane>.<expires>.<holder>.<kid>.<mac>`, fields as
+//! above, `holder` 16 bytes in base64url (22 characters): the visitor
+//! belongs to `lane` on `route` until `expires`, and only that visitor
+//! ([`Holder`]). With `g` the holder is a visitor id, the one in the ticket
+//! or pass the cookie was given with: the lane is honoured only alongside
+//! a ticket or pass of that id, so a copy of the cookie on its own, or with
+//! another visitor's ticket, gives nothing. With `o` it was given to a
+//! visitor who held nothing on the route yet: the holder field is a random
+//! nonce naming a one-use counter in the store, and the first arrival that
+//! presents it takes that use and is bound from then on. queuegate sets it
+//! for at most [`LANE_COOKIE_TTL`], and for an invite no later than the
+//! invite expires; its `Max-Age` ends with `expires`, and binding it to a
+//! new ticket or pass keeps `expires`. Each route has a lane cookie of its
+//! own, and one signed for a route is refused for any other. Values of the form signed before lane cookies named their
+//! holder (`v1.g.<route>.<lane>.<expires>.<kid>.<mac>`) are malformed:
+//! they were bearer grants.
 //!
 //! # `Queuegate-Lane`
 //!
@@ -49,9 +60,9 @@
 //! is queuegate's: it never reaches the client, and a client that sends it
 //! in a request has it removed before the origin sees it.
 //!
-//! The key ring is the one that signs passes; the state letters `i` and `g`
-//! keep invites, lane cookies and admission values from ever verifying as
-//! one another.
+//! The key ring is the one that signs passes; the state letters `i`, `g`
+//! and `o` keep invites, lane cookies of either kind and admission values
+//! from ever verifying as one another.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -65,7 +76,8 @@ use percent_encoding::percent_decode;
 use rand::RngCore as _;
 
 use crate::admission::{
-    decode_fixed, parse_decimal, push_decimal, split_value, KeyRing, Seal, MAX_VALUE_LEN, VERSION,
+    decode_fixed, parse_decimal, push_decimal, split_value, KeyRing, Seal, VisitorId,
+    MAX_VALUE_LEN, VERSION,
 };
 use crate::config::{is_lane_name, is_route_name, Config, MAX_LANE_NAME_LEN};
 
@@ -77,9 +89,10 @@ pub const INVITE_PARAM: &str = "qg_invite";
 /// is answered and from every request before it is forwarded.
 pub const QUEUEGATE_LANE: HeaderName = HeaderName::from_static("queuegate-lane");
 
-/// How long a lane cookie set at the origin's word is valid: a day, long
-/// enough for a visit that starts at the origin and waits in line, short
-/// enough that a lane given once does not stay with a browser for good.
+/// How long a lane cookie is valid at most: a day, long enough for a visit
+/// that starts at the origin and waits in line, short enough that a lane
+/// given once does not stay with a browser for good. One given for an
+/// invite ends with the invite when that is sooner.
 pub const LANE_COOKIE_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// Length of an invite's nonce in bytes.
@@ -91,8 +104,14 @@ const NONCE_CHARS: usize = 16;
 /// The state letter of an invite token.
 const INVITE: &str = "i";
 
-/// The state letter of a lane cookie's value.
+/// The state letter of a lane cookie's value bound to a visitor id.
 const GRANT: &str = "g";
+
+/// The state letter of a lane cookie's value for its first arrival.
+const GRANT_ONCE: &str = "o";
+
+/// Length of an encoded holder: 16 bytes, base64url without padding.
+const HOLDER_CHARS: usize = 22;
 
 /// A valid lane name ([`is_lane_name`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -142,8 +161,43 @@ pub struct Grant {
     pub lane: Lane,
     /// Unix seconds; the cookie is valid before this.
     pub expires_unix: u64,
+    /// Whose lane it is.
+    pub holder: Holder,
     /// Position in the ring of the key that verified it.
     pub key_index: usize,
+}
+
+/// Whose lane a lane cookie gives: nobody else's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holder {
+    /// The visitor whose ticket or pass has this id.
+    Visitor(VisitorId),
+    /// The first arrival that presents the cookie: given to a visitor who
+    /// held no ticket or pass for the route, it takes one use counted in
+    /// the store under this nonce, and is bound to that arrival's id.
+    First([u8; 16]),
+}
+
+impl Holder {
+    /// A holder for a visitor who holds nothing yet: a fresh random nonce.
+    pub fn first() -> Holder {
+        let mut nonce = [0u8; 16];
+        rand::rng().fill_bytes(&mut nonce);
+        Holder::First(nonce)
+    }
+
+    fn state(&self) -> &'static str {
+        match self {
+            Holder::Visitor(_) => GRANT,
+            Holder::First(_) => GRANT_ONCE,
+        }
+    }
+
+    fn bytes(&self) -> &[u8; 16] {
+        match self {
+            Holder::Visitor(bytes) | Holder::First(bytes) => bytes,
+        }
+    }
 }
 
 /// Why a token or lane cookie was not accepted: [`crate::admission::Reject`].
@@ -196,11 +250,19 @@ fn sign_invite_with(
     out
 }
 
-/// Signs a lane cookie's value: the visitor belongs to `lane` of `route`
+/// Signs a lane cookie's value: `holder` belongs to `lane` of `route`
 /// until `expires_unix`.
-pub fn sign_grant(ring: &KeyRing, route: &str, lane: &Lane, expires_unix: u64) -> String {
+pub fn sign_grant(
+    ring: &KeyRing,
+    route: &str,
+    lane: &Lane,
+    expires_unix: u64,
+    holder: &Holder,
+) -> String {
     let mut out = String::with_capacity(MAX_VALUE_LEN);
-    start_value(&mut out, GRANT, route, lane, expires_unix);
+    start_value(&mut out, holder.state(), route, lane, expires_unix);
+    out.push('.');
+    URL_SAFE_NO_PAD.encode_string(holder.bytes(), &mut out);
     ring.seal(&mut out);
     out
 }
@@ -258,8 +320,14 @@ fn check_invite(ring: &KeyRing, value: &str, route: &str, now_unix: u64) -> Resu
 }
 
 fn check_grant(ring: &KeyRing, value: &str, route: &str, now_unix: u64) -> Result<Grant, Reject> {
-    let [_, _, value_route, lane, expires, kid, mac] = fields(value, GRANT)?;
+    let [_, state, value_route, lane, expires, holder, kid, mac] = split_value::<8>(value)?;
     let (lane, expires_unix) = read_common(value_route, lane, expires)?;
+    let holder = decode_fixed::<16>(holder, HOLDER_CHARS).ok_or(Reject::Malformed)?;
+    let holder = match state {
+        GRANT => Holder::Visitor(holder),
+        GRANT_ONCE => Holder::First(holder),
+        _ => return Err(Reject::Malformed),
+    };
     let key_index = check_seal(ring, value, value_route, route, kid, mac)?;
     if now_unix >= expires_unix {
         return Err(Reject::Expired);
@@ -267,6 +335,7 @@ fn check_grant(ring: &KeyRing, value: &str, route: &str, now_unix: u64) -> Resul
     Ok(Grant {
         lane,
         expires_unix,
+        holder,
         key_index,
     })
 }
@@ -610,21 +679,56 @@ mod tests {
         assert!(one.contains(&format!(".{}.", key(&one))));
     }
 
+    /// A visitor id, and the same bytes as a first arrival's nonce.
+    const HOLDER: Holder = Holder::Visitor([7; 16]);
+    const FIRST: Holder = Holder::First([7; 16]);
+
     #[test]
-    fn grant_round_trips() {
+    fn grant_round_trips_naming_its_holder() {
         let ring = two_keys();
-        let value = sign_grant(&ring, ROUTE, &lane("vip"), NOW + 60);
-        assert!(
-            value.starts_with("v1.g.tickets.vip.1700000060.k2."),
-            "{value}"
-        );
+        for (holder, starts) in [
+            (
+                HOLDER,
+                "v1.g.tickets.vip.1700000060.BwcHBwcHBwcHBwcHBwcHBw.k2.",
+            ),
+            (
+                FIRST,
+                "v1.o.tickets.vip.1700000060.BwcHBwcHBwcHBwcHBwcHBw.k2.",
+            ),
+        ] {
+            let value = sign_grant(&ring, ROUTE, &lane("vip"), NOW + 60, &holder);
+            assert!(value.starts_with(starts), "{value}");
+            assert_eq!(
+                verify_grant(&ring, &value, ROUTE, NOW),
+                GrantVerdict::Valid(Grant {
+                    lane: lane("vip"),
+                    expires_unix: NOW + 60,
+                    holder,
+                    key_index: 0,
+                })
+            );
+        }
+        let fresh = [Holder::first(), Holder::first()];
+        assert_ne!(fresh[0], fresh[1]);
+        assert!(fresh.iter().all(|h| matches!(h, Holder::First(_))));
+    }
+
+    #[test]
+    fn a_grant_that_names_no_holder_is_malformed() {
+        // The form signed before grants named their holder, with a MAC
+        // that matches: a bearer grant, refused.
+        let ring = two_keys();
+        let mut unbound = String::from("v1.g.tickets.vip.1700000060");
+        ring.seal(&mut unbound);
         assert_eq!(
-            verify_grant(&ring, &value, ROUTE, NOW),
-            GrantVerdict::Valid(Grant {
-                lane: lane("vip"),
-                expires_unix: NOW + 60,
-                key_index: 0,
-            })
+            grant_reject(&ring, &unbound, ROUTE, NOW),
+            Some(Reject::Malformed)
+        );
+        let mut lettered = String::from("v1.x.tickets.vip.1700000060.BwcHBwcHBwcHBwcHBwcHBw");
+        ring.seal(&mut lettered);
+        assert_eq!(
+            grant_reject(&ring, &lettered, ROUTE, NOW),
+            Some(Reject::Malformed)
         );
     }
 
@@ -632,7 +736,7 @@ mod tests {
     fn a_key_being_rotated_out_still_verifies() {
         let old = ring(&[("k1", 1)]);
         let token = sign_invite(&old, ROUTE, &lane("vip"), NOW + 60, 0);
-        let value = sign_grant(&old, ROUTE, &lane("vip"), NOW + 60);
+        let value = sign_grant(&old, ROUTE, &lane("vip"), NOW + 60, &HOLDER);
         let rotated = two_keys();
         assert!(
             matches!(verify_invite(&rotated, &token, ROUTE, NOW), InviteVerdict::Valid(i) if i.key_index == 1)
@@ -646,7 +750,8 @@ mod tests {
     fn each_rejection_has_its_reason() {
         let ring = two_keys();
         let token = sign_invite(&ring, ROUTE, &lane("vip"), NOW + 60, 0);
-        let value = sign_grant(&ring, ROUTE, &lane("vip"), NOW + 60);
+        let value = sign_grant(&ring, ROUTE, &lane("vip"), NOW + 60, &HOLDER);
+        let first = sign_grant(&ring, ROUTE, &lane("vip"), NOW + 60, &FIRST);
         let other_ring = ring_with_other_key();
         for (signed, reject) in [
             (
@@ -654,6 +759,7 @@ mod tests {
                 invite_reject as fn(&KeyRing, &str, &str, u64) -> Option<Reject>,
             ),
             (&value, grant_reject),
+            (&first, grant_reject),
         ] {
             assert_eq!(reject(&ring, signed, ROUTE, NOW), None);
             assert_eq!(
@@ -704,7 +810,7 @@ mod tests {
     fn no_kind_of_value_verifies_as_another() {
         let ring = two_keys();
         let token = sign_invite(&ring, ROUTE, &lane("vip"), NOW + 60, 0);
-        let value = sign_grant(&ring, ROUTE, &lane("vip"), NOW + 60);
+        let value = sign_grant(&ring, ROUTE, &lane("vip"), NOW + 60, &HOLDER);
         let pass = ring.sign(Kind::Pass, ROUTE, &[7; 16], NOW + 60);
         assert_eq!(
             invite_reject(&ring, &value, ROUTE, NOW),
@@ -728,12 +834,22 @@ mod tests {
                 admission::Verdict::Invalid(admission::Reject::Malformed)
             ));
         }
-        // Relabelled, the MAC no longer matches.
+        // Relabelled, the MAC no longer matches: not as a pass, nor as a
+        // grant for its first arrival (or the other way round).
         let relabelled = value.replacen("v1.g.", "v1.a.", 1);
         assert!(matches!(
             ring.verify(&relabelled, ROUTE),
             admission::Verdict::Invalid(_)
         ));
+        let first = sign_grant(&ring, ROUTE, &lane("vip"), NOW + 60, &FIRST);
+        assert_eq!(
+            grant_reject(&ring, &value.replacen("v1.g.", "v1.o.", 1), ROUTE, NOW),
+            Some(Reject::BadMac)
+        );
+        assert_eq!(
+            grant_reject(&ring, &first.replacen("v1.o.", "v1.g.", 1), ROUTE, NOW),
+            Some(Reject::BadMac)
+        );
     }
 
     #[test]
@@ -880,19 +996,27 @@ mod tests {
             1..u64::MAX,
             any::<u64>(),
             any::<[u8; NONCE_LEN]>(),
+            (any::<bool>(), any::<[u8; 16]>()),
         )
-            .prop_flat_map(|(invite, route, lane_name, expires, uses, nonce)| {
-                (0..expires).prop_map(move |now| {
-                    let ring = two_keys();
-                    let lane = lane(&lane_name);
-                    let value = if invite {
-                        sign_invite_with(&ring, &route, &lane, expires, uses, &nonce)
-                    } else {
-                        sign_grant(&ring, &route, &lane, expires)
-                    };
-                    (invite, value, route.clone(), now)
-                })
-            })
+            .prop_flat_map(
+                |(invite, route, lane_name, expires, uses, nonce, (bound, holder))| {
+                    (0..expires).prop_map(move |now| {
+                        let ring = two_keys();
+                        let lane = lane(&lane_name);
+                        let holder = if bound {
+                            Holder::Visitor(holder)
+                        } else {
+                            Holder::First(holder)
+                        };
+                        let value = if invite {
+                            sign_invite_with(&ring, &route, &lane, expires, uses, &nonce)
+                        } else {
+                            sign_grant(&ring, &route, &lane, expires, &holder)
+                        };
+                        (invite, value, route.clone(), now)
+                    })
+                },
+            )
     }
 
     fn verdict(invite: bool, value: &str, route: &str, now: u64) -> Option<Reject> {

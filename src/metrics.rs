@@ -153,16 +153,20 @@ pub enum StreamCap {
     Route,
     /// The visitor (the ticket's id) has as many open here as one may.
     Visitor,
+    /// The client (its address) has `limits.max_event_streams_per_client`
+    /// open here, on any routes.
+    Client,
 }
 
 impl StreamCap {
     /// Every cap, in label order.
-    pub const ALL: [StreamCap; 2] = [StreamCap::Route, StreamCap::Visitor];
+    pub const ALL: [StreamCap; 3] = [StreamCap::Route, StreamCap::Visitor, StreamCap::Client];
 
     pub fn as_str(self) -> &'static str {
         match self {
             StreamCap::Route => "route",
             StreamCap::Visitor => "visitor",
+            StreamCap::Client => "client",
         }
     }
 }
@@ -463,7 +467,7 @@ impl Metrics {
         );
         registry.register(
             "queuegate_event_streams_refused",
-            "Event streams refused (the page told to poll) for being over the route's cap or the visitor's",
+            "Event streams refused (the page told to poll) for being over the route's cap, the visitor's or the client address's",
             streams_refused.clone(),
         );
         registry.register(
@@ -876,7 +880,7 @@ pub struct RouteMetrics {
     polls: [Counter; 2],
     event_streams: Gauge,
     /// By [`StreamCap`], in the order of [`StreamCap::ALL`].
-    streams_refused: [Counter; 2],
+    streams_refused: [Counter; 3],
 }
 
 impl RouteMetrics {
@@ -1145,11 +1149,15 @@ mod tests {
         );
         assert_eq!(refused(&text, "route"), Some(0.0));
         assert_eq!(refused(&text, "visitor"), Some(0.0));
+        assert_eq!(refused(&text, "client"), Some(0.0));
 
         r.event_streams(5);
         r.stream_refused(StreamCap::Visitor);
         r.stream_refused(StreamCap::Visitor);
         r.stream_refused(StreamCap::Route);
+        for _ in 0..3 {
+            r.stream_refused(StreamCap::Client);
+        }
         let text = m.encode();
         assert_eq!(
             sample(&text, r#"queuegate_event_streams{route="tickets"}"#),
@@ -1157,6 +1165,7 @@ mod tests {
         );
         assert_eq!(refused(&text, "route"), Some(1.0));
         assert_eq!(refused(&text, "visitor"), Some(2.0));
+        assert_eq!(refused(&text, "client"), Some(3.0));
     }
 
     #[test]

@@ -19,7 +19,6 @@ use http::Method;
 use crate::admission::{KeyRing, LaneTag, VisitorId};
 use crate::config::{self, BypassRule, Config};
 use crate::cookie::{self, CookieMemo, Credentials};
-use crate::lane_grant::NONCE_LEN;
 use crate::metrics::{Metrics, RouteMetrics, StreamCap};
 use crate::path;
 use crate::queue::joins::JoinQueue;
@@ -38,6 +37,21 @@ pub const ENDED_KEPT: usize = 250_000;
 /// Most used-up invite tokens one route remembers (see
 /// [`RouteLive::invite_used_up`]).
 pub const USED_UP_INVITES_KEPT: usize = 10_000;
+
+/// The name of a use counter in the store (an invite's 12-byte nonce, a
+/// first-arrival lane cookie's 16-byte one), as a key of fixed size: the
+/// bytes, zero-padded, and their length, so names of two lengths never meet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct UseCounter([u8; 16], u8);
+
+impl UseCounter {
+    /// `None` for a name longer than any counter has.
+    fn of(nonce: &[u8]) -> Option<UseCounter> {
+        let mut bytes = [0; 16];
+        bytes.get_mut(..nonce.len())?.copy_from_slice(nonce);
+        Some(UseCounter(bytes, nonce.len() as u8))
+    }
+}
 
 /// Numbers one route's admitter keeps fresh for the gate and the waiting room.
 #[derive(Debug, Default)]
@@ -68,10 +82,10 @@ pub struct RouteLive {
     /// Whether `ended` may hold anything: a pass is checked against it
     /// without taking the lock while nothing was ended.
     any_ended: AtomicBool,
-    /// Invite tokens (by nonce) this instance took the last use of, or was
-    /// refused: not honoured again until they expire, even by a store that
+    /// Use counters (invites', first-arrival lane cookies') this instance
+    /// took the last use of, or was refused: not honoured again until they expire, even by a store that
     /// lost their counts.
-    used_up_invites: Mutex<Remembered<[u8; NONCE_LEN], USED_UP_INVITES_KEPT>>,
+    used_up_invites: Mutex<Remembered<UseCounter, USED_UP_INVITES_KEPT>>,
     /// Arrivals waiting for this instance's next arrive call (DESIGN §8.9).
     pub joins: Arc<JoinQueue>,
     /// The line record the admitter read last, and when (DESIGN §8.9).
@@ -188,22 +202,27 @@ impl RouteLive {
         ended.contains(&store_id(id), now_s)
     }
 
-    /// Remembers that the invite token with `nonce` is used up, until it
-    /// expires at `expires_s` (unix seconds).
-    pub fn invite_used_up(&self, nonce: &[u8; NONCE_LEN], now_s: u64, expires_s: u64) {
-        self.used_up_invites
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remember(*nonce, now_s, expires_s);
+    /// Remembers that the use counter `nonce` names (an invite's, or a
+    /// lane cookie's for its first arrival) is used up, until it expires at
+    /// `expires_s` (unix seconds).
+    pub fn invite_used_up(&self, nonce: &[u8], now_s: u64, expires_s: u64) {
+        if let Some(counter) = UseCounter::of(nonce) {
+            self.used_up_invites
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remember(counter, now_s, expires_s);
+        }
     }
 
-    /// Whether the invite token with `nonce` was used up, as far as this
+    /// Whether the use counter `nonce` names was used up, as far as this
     /// instance knows.
-    pub fn is_invite_used_up(&self, nonce: &[u8; NONCE_LEN], now_s: u64) -> bool {
-        self.used_up_invites
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(nonce, now_s)
+    pub fn is_invite_used_up(&self, nonce: &[u8], now_s: u64) -> bool {
+        UseCounter::of(nonce).is_some_and(|counter| {
+            self.used_up_invites
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(&counter, now_s)
+        })
     }
 
     /// The store's epoch as this instance last saw it; `None` before it saw

@@ -66,6 +66,8 @@ fn defaults_are_filled_in() {
     assert_eq!(config.limits.idle_timeout, Duration::from_secs(60));
     assert_eq!(config.limits.send_timeout, Duration::from_secs(30));
     assert_eq!(config.limits.tunnel_idle_timeout, Duration::from_secs(600));
+    assert_eq!(config.limits.max_event_streams, 100_000);
+    assert_eq!(config.limits.max_event_streams_per_client, 20);
     assert_eq!(config.upstream.connect_timeout, Duration::from_secs(2));
     assert_eq!(config.upstream.timeout, Duration::from_secs(60));
     assert_eq!(config.upstream.pool.max_idle_per_host, 256);

@@ -3,8 +3,9 @@
 //! admission, on the memory store and on Redis (behind the head, from the
 //! line record without a store call); a waiter who only holds the stream
 //! open keeps its place past `abandon_after` and is admitted when due; the
-//! streams per route and per visitor are capped, the open ones and the
-//! refused ones counted on the admin metrics, and the drain ends them.
+//! streams per route, per visitor and per client address are capped, the
+//! open ones and the refused ones counted on the admin metrics, and the
+//! drain ends them.
 
 mod common;
 
@@ -30,8 +31,18 @@ impl Events {
     /// Opens `route`'s event stream on `gate` with `v`'s cookies, checking
     /// the stream's headers.
     async fn open(gate: &Gate, v: &Visitor, route: &str) -> Events {
+        Events::open_from(gate, v, route, None).await
+    }
+
+    /// [`Events::open`] through a proxy that names the client in
+    /// `X-Forwarded-For` as `from` (`None`: no header, the peer is the
+    /// client).
+    async fn open_from(gate: &Gate, v: &Visitor, route: &str, from: Option<&str>) -> Events {
         let mut req = Request::get(gate.url(&format!("/__queuegate/events?route={route}")))
             .header("accept", "text/event-stream");
+        if let Some(from) = from {
+            req = req.header("x-forwarded-for", from);
+        }
         let cookies: Vec<String> = v.jar.iter().map(|(k, v)| format!("{k}={v}")).collect();
         if !cookies.is_empty() {
             req = req.header("cookie", cookies.join("; "));
@@ -514,5 +525,88 @@ async fn the_drain_ends_open_streams() {
         .expect("the stream ends at the drain");
     assert!(ended.is_none(), "{ended:?}");
     gate.stop().await.unwrap();
+    drop(origin);
+}
+
+/// Event streams one client address may hold open at an instance here
+/// (`limits.max_event_streams_per_client`).
+const PER_CLIENT: usize = 3;
+
+/// Refusals of `tickets` streams at `gate` over the client's cap.
+async fn refused_for_client(gate: &Gate) -> u64 {
+    let text = metrics(gate).await;
+    sample(
+        &text,
+        r#"queuegate_event_streams_refused_total{route="tickets",reason="client"}"#,
+    )
+}
+
+/// Waits (for at most 30 s: a closed stream is noticed when it is next
+/// written to, the keepalive at the latest) until `gate` counts `open`
+/// streams open on `tickets`.
+async fn until_open_streams(gate: &Gate, open: u64) {
+    for _ in 0..300 {
+        if stream_counts(gate).await.0 == open {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "the open streams never came to {open}: {:?}",
+        stream_counts(gate).await
+    );
+}
+
+/// Many visitors behind one client address (an IPv6 /64, as the trusted
+/// proxy in front names them) open streams: past the per-client cap a
+/// stream is one event telling the page to poll, counted as over the
+/// client's cap, while another address still opens one. Once the
+/// address's streams close, the open streams read right again and the
+/// address opens streams anew.
+#[tokio::test]
+async fn streams_from_one_address_stop_at_its_cap_and_another_address_still_opens_one() {
+    let (origin, _hits) = counting_origin().await;
+    let mut config = config_for(&origin, None, Duration::from_secs(30));
+    config.client_ip.trusted_proxies = vec!["127.0.0.0/8".parse().unwrap()];
+    config.limits.max_event_streams_per_client = PER_CLIENT;
+    let gate = spawn_gate_opts(config, ring("k1"), Default::default()).await;
+    let _first = holder(&gate).await;
+    let mut waiters = Vec::new();
+    for place in 1..=PER_CLIENT as u64 + 2 {
+        waiters.push(waiter(&gate, place).await);
+    }
+    let same_net = |i: usize| format!("2001:db8:7:7::{:x}", i + 1);
+    let mut crowd = Vec::new();
+    for (i, v) in waiters.iter().take(PER_CLIENT).enumerate() {
+        let mut events = Events::open_from(&gate, v, "tickets", Some(&same_net(i))).await;
+        let first = events.next().await.unwrap();
+        assert_eq!(first["state"], "waiting", "visitor {i}: {first}");
+        crowd.push(events);
+    }
+    assert_eq!(stream_counts(&gate).await, (PER_CLIENT as u64, 0, 0));
+
+    // One more from the same /64, another visitor: told to poll.
+    let late = &waiters[PER_CLIENT];
+    let mut refused = Events::open_from(&gate, late, "tickets", Some("2001:db8:7:7::ffff")).await;
+    let only = refused.next().await.unwrap();
+    assert_eq!(only["state"], "poll", "{only}");
+    assert!(only["poll_after_ms"].as_u64().is_some(), "{only}");
+    assert!(refused.next().await.is_none());
+    assert_eq!(refused_for_client(&gate).await, 1);
+
+    // Another address still opens one.
+    let other = &waiters[PER_CLIENT + 1];
+    let mut elsewhere = Events::open_from(&gate, other, "tickets", Some("203.0.113.9")).await;
+    assert_eq!(elsewhere.next().await.unwrap()["state"], "waiting");
+    assert_eq!(stream_counts(&gate).await.0, PER_CLIENT as u64 + 1);
+
+    // The address's streams close: the gauge comes back down to the one
+    // left, and the address opens streams again.
+    drop(crowd);
+    until_open_streams(&gate, 1).await;
+    let mut again = Events::open_from(&gate, late, "tickets", Some("2001:db8:7:7::ffff")).await;
+    assert_eq!(again.next().await.unwrap()["state"], "waiting");
+    assert_eq!(stream_counts(&gate).await.0, 2);
+    assert_eq!(refused_for_client(&gate).await, 1);
     drop(origin);
 }

@@ -608,3 +608,196 @@ async fn a_client_cannot_name_its_own_lane() {
         assert!(lane_cookies(&a).is_empty(), "{path}: {a:?}");
     }
 }
+
+// ---------------------------------------------------------------------------
+// A lane cookie is its visitor's: bound to the id of the ticket or pass it
+// was given with, never longer-lived than the invite, worth nothing copied.
+
+/// The value of attribute `name` (`Max-Age`, say) in a `Set-Cookie`.
+fn attribute<'a>(set_cookie: &'a str, name: &str) -> Option<&'a str> {
+    set_cookie
+        .split(';')
+        .skip(1)
+        .filter_map(|a| a.trim().split_once('='))
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v)
+}
+
+/// The cookie value a `Set-Cookie` sets.
+fn set_value(set_cookie: &str) -> &str {
+    set_cookie
+        .split(';')
+        .next()
+        .and_then(|pair| pair.split_once('='))
+        .map_or("", |(_, v)| v)
+}
+
+/// The expiry a lane cookie's value is signed with: its fifth field.
+fn signed_expiry(value: &str) -> u64 {
+    value
+        .split('.')
+        .nth(4)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no expiry in {value}"))
+}
+
+/// The lane a visitor's status on `route` names, asserting it waits.
+async fn waits_in(v: &mut Visitor, gate: &Gate, route: &str) -> String {
+    let status = v.status(gate, route).await;
+    assert_eq!(status["state"], "waiting", "{status}");
+    status["lane"].as_str().unwrap().to_owned()
+}
+
+/// A visitor whose ticket for `soldout` names a place that is gone: it
+/// joined, left, and still sends the ticket.
+async fn with_a_ticket_gone(gate: &Gate) -> Visitor {
+    let mut v = Visitor::new();
+    let a = v.fetch(&gate.url("/soldout/x")).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
+    let ticket = v.cookie("qg_soldout").unwrap().to_owned();
+    v.leave(gate, "soldout").await;
+    v.jar.insert("qg_soldout".into(), ticket);
+    v
+}
+
+/// `v` with `lane_cookie` (a `qg_lane.soldout` value) put in its jar.
+fn holding(mut v: Visitor, lane_cookie: &str) -> Visitor {
+    v.jar
+        .insert("qg_lane.soldout".into(), lane_cookie.to_owned());
+    v
+}
+
+#[tokio::test]
+async fn an_invites_lane_cookie_lasts_no_longer_than_the_invite_and_a_copy_gives_nothing() {
+    let (gate, _origin) = lane_gate().await;
+    let _holder = fill_soldout(&gate).await;
+    let vip = lane_grant::Lane::new("vip").unwrap();
+    let expires = now_unix() + 3600;
+    let token = lane_grant::sign_invite(&ring("k1"), "soldout", &vip, expires, 1);
+
+    // A browser follows the link: sent on to the target, with a lane
+    // cookie that ends with the invite at the latest.
+    let mut invited = Visitor::new();
+    let a = invited
+        .navigate(&gate.url(&format!("/soldout/x?qg_invite={token}")))
+        .await;
+    assert_eq!(a.location(), Some("/soldout/x"), "{a:?}");
+    let cookies = lane_cookies(&a);
+    assert_eq!(cookies.len(), 1, "{a:?}");
+    let set = &cookies[0].1;
+    let max_age: u64 = attribute(set, "Max-Age").unwrap().parse().unwrap();
+    assert!(max_age <= 3600, "the invite ends in an hour: {set}");
+    assert!(signed_expiry(set_value(set)) <= expires, "{set}");
+    let a = invited.navigate(&gate.url("/soldout/x")).await;
+    assert_eq!(a.status, StatusCode::FOUND, "{a:?}");
+    assert_eq!(waits_in(&mut invited, &gate, "soldout").await, "vip");
+    let copied = invited.cookie("qg_lane.soldout").unwrap().to_owned();
+
+    // A copy gives nothing: to a newcomer, nor to a visitor with a ticket
+    // of its own (whose place is gone, so it arrives again).
+    let mut newcomer = holding(Visitor::new(), &copied);
+    let a = newcomer.fetch(&gate.url("/soldout/x")).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
+    assert!(lane_cookies(&a).is_empty(), "{a:?}");
+    assert_eq!(waits_in(&mut newcomer, &gate, "soldout").await, "main");
+    let mut returning = holding(with_a_ticket_gone(&gate).await, &copied);
+    returning.fetch(&gate.url("/soldout/x")).await;
+    assert_eq!(waits_in(&mut returning, &gate, "soldout").await, "main");
+
+    // Its own holder, arriving again after its place went, is back in vip,
+    // and the cookie follows it to its new ticket without outliving the
+    // invite.
+    let ticket = invited.cookie("qg_soldout").unwrap().to_owned();
+    invited.leave(&gate, "soldout").await;
+    invited.jar.insert("qg_soldout".into(), ticket.clone());
+    let a = invited.fetch(&gate.url("/soldout/x")).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
+    assert_ne!(invited.cookie("qg_soldout"), Some(ticket.as_str()));
+    assert_eq!(waits_in(&mut invited, &gate, "soldout").await, "vip");
+    let rebound = lane_cookies(&a);
+    assert_eq!(rebound.len(), 1, "{a:?}");
+    assert_eq!(
+        signed_expiry(set_value(&rebound[0].1)),
+        signed_expiry(&copied)
+    );
+    assert_ne!(set_value(&rebound[0].1), copied);
+    gate.stop().await.unwrap();
+}
+
+/// A lane cookie of the form signed before lane cookies named their
+/// visitor: `v1.g.<route>.<lane>.<expires>.<kid>.<mac>`, signed with `k1`.
+fn unbound_lane_cookie(route: &str, lane: &str, expires: u64) -> String {
+    use base64::Engine as _;
+    use hmac::Mac as _;
+    let signed = format!("v1.g.{route}.{lane}.{expires}.k1");
+    let key = "test key k1 ".repeat(4);
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key.as_bytes()).unwrap();
+    mac.update(signed.as_bytes());
+    let tag = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes());
+    format!("{signed}.{tag}")
+}
+
+#[tokio::test]
+async fn a_lane_cookie_that_names_no_visitor_is_refused() {
+    let (gate, _origin) = lane_gate().await;
+    let _holder = fill_soldout(&gate).await;
+    let unbound = unbound_lane_cookie("soldout", "vip", now_unix() + 3600);
+    let mut newcomer = holding(Visitor::new(), &unbound);
+    newcomer.fetch(&gate.url("/soldout/x")).await;
+    assert_eq!(waits_in(&mut newcomer, &gate, "soldout").await, "main");
+    let mut returning = holding(with_a_ticket_gone(&gate).await, &unbound);
+    returning.fetch(&gate.url("/soldout/x")).await;
+    assert_eq!(waits_in(&mut returning, &gate, "soldout").await, "main");
+    gate.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_lane_the_origin_names_is_bound_to_its_visitor() {
+    let (gate, _origin) = lane_gate().await;
+    let mut holder = fill_soldout(&gate).await;
+
+    // Admitted: the lane is bound to the holder's pass.
+    let a = holder.navigate(&gate.url("/soldout/vip")).await;
+    assert!(a.reached_origin(), "{a:?}");
+    let cookies = lane_cookies(&a);
+    assert_eq!(cookies.len(), 1, "{a:?}");
+    let of_the_pass = set_value(&cookies[0].1).to_owned();
+    // Waiting, on an ungated page: bound to the ticket.
+    let mut waiter = Visitor::new();
+    waiter.fetch(&gate.url("/soldout/x")).await;
+    let a = waiter.navigate(&gate.url("/account/vip")).await;
+    assert!(a.reached_origin(), "{a:?}");
+    let of_the_ticket = waiter.cookie("qg_lane.soldout").unwrap().to_owned();
+    for copied in [&of_the_pass, &of_the_ticket] {
+        let mut newcomer = holding(Visitor::new(), copied);
+        newcomer.fetch(&gate.url("/soldout/x")).await;
+        assert_eq!(waits_in(&mut newcomer, &gate, "soldout").await, "main");
+        let mut returning = holding(with_a_ticket_gone(&gate).await, copied);
+        returning.fetch(&gate.url("/soldout/x")).await;
+        assert_eq!(waits_in(&mut returning, &gate, "soldout").await, "main");
+    }
+    // The waiter's own, when its place has gone, puts it back in vip.
+    let ticket = waiter.cookie("qg_soldout").unwrap().to_owned();
+    waiter.leave(&gate, "soldout").await;
+    waiter.jar.insert("qg_soldout".into(), ticket);
+    waiter.fetch(&gate.url("/soldout/x")).await;
+    assert_eq!(waits_in(&mut waiter, &gate, "soldout").await, "vip");
+
+    // Given to a visitor who holds nothing on the route, the lane is for
+    // the first arrival that presents it: the visitor, who arrives, and
+    // from then on nobody else.
+    let mut anonymous = Visitor::new();
+    let a = anonymous.navigate(&gate.url("/account/vip")).await;
+    assert!(a.reached_origin(), "{a:?}");
+    let given = anonymous.cookie("qg_lane.soldout").unwrap().to_owned();
+    let a = anonymous.fetch(&gate.url("/soldout/x")).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
+    assert_eq!(waits_in(&mut anonymous, &gate, "soldout").await, "vip");
+    let rebound = anonymous.cookie("qg_lane.soldout").unwrap().to_owned();
+    for copied in [&given, &rebound] {
+        let mut newcomer = holding(Visitor::new(), copied);
+        newcomer.fetch(&gate.url("/soldout/x")).await;
+        assert_eq!(waits_in(&mut newcomer, &gate, "soldout").await, "main");
+    }
+    gate.stop().await.unwrap();
+}

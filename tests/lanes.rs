@@ -983,3 +983,79 @@ async fn a_waiter_following_an_invite_link_in_a_browser_moves_to_its_lane() {
     assert_eq!(waiting_json(&a, "first in vip")["lane"], "vip");
     a_waiter_moves_by_invite(&instances, &redis, &good, 0, 1, true).await;
 }
+
+// ---------------------------------------------------------------------------
+// A lane cookie copied to another visitor, on any instance.
+
+/// An origin that names lane `vip` in its answer to `/account/vip` (a
+/// login, say) and answers everything else plainly.
+async fn account_origin() -> Origin {
+    spawn_origin(|req: Request<Incoming>| async move {
+        let mut resp = Response::new(full("origin"));
+        if req.uri().path() == "/account/vip" {
+            resp.headers_mut()
+                .insert("queuegate-lane", "vip".parse().unwrap());
+        }
+        resp
+    })
+    .await
+}
+
+/// The lane cookie `v` holds for the route.
+fn lane_cookie(v: &Visitor) -> String {
+    v.cookie("qg_lane.tickets")
+        .unwrap_or_else(|| panic!("no lane cookie: {:?}", v.jar))
+        .to_owned()
+}
+
+/// A newcomer holding only `copied` as its lane cookie, arriving at `at`:
+/// it waits in main, and is given no lane cookie.
+async fn a_copy_gives_nothing(copied: &str, at: &Instance, what: &str) {
+    let mut copier = Visitor::new();
+    copier
+        .jar
+        .insert("qg_lane.tickets".to_owned(), copied.to_owned());
+    let a = copier.fetch(&at.url("/tickets/x")).await;
+    let json = waiting_json(&a, what);
+    assert_eq!(json["lane"], "main", "{what}: {json}");
+    assert!(!lane_cookie_set(&a), "{what}: {a:?}");
+}
+
+#[tokio::test]
+async fn a_copied_lane_cookie_puts_nobody_in_a_lane_on_any_instance() {
+    let redis = RedisServer::start();
+    let origin = account_origin().await;
+    let instances = start_instances(&redis, &origin, lanes_config(1), 3).await;
+    let _holder = hold_the_place(&instances[0]).await;
+
+    // An invite for one, followed in a browser on one instance: the lane
+    // cookie is bound to the ticket the visitor got with it.
+    let token = lane_grant::sign_invite(&instance_ring(), ROUTE, &vip(), now_unix() + 3600, 1);
+    let mut invited = Visitor::new();
+    let a = invited
+        .navigate(&instances[0].url(&format!("/tickets/x?qg_invite={token}")))
+        .await;
+    assert_eq!(a.location(), Some("/tickets/x"), "{a:?}");
+    assert!(lane_cookie_set(&a), "{a:?}");
+    let a = invited.navigate(&instances[1].url("/tickets/x")).await;
+    assert_eq!(a.status, StatusCode::FOUND, "{a:?}");
+    let json = waiting_status(&mut invited, &instances[2], "invited").await;
+    assert_eq!(json["lane"], "vip", "{json}");
+    let copied = lane_cookie(&invited);
+    for at in &instances {
+        a_copy_gives_nothing(&copied, at, "a copy of the invite's").await;
+    }
+
+    // A lane the origin names to a visitor who holds nothing on the route
+    // is for the first arrival that presents it, counted once in the
+    // store: the visitor's, on one instance; a copy taken before, on
+    // another, gets nothing.
+    let mut anonymous = Visitor::new();
+    let a = anonymous.navigate(&instances[0].url("/account/vip")).await;
+    assert!(a.reached_origin(), "{a:?}");
+    let given = lane_cookie(&anonymous);
+    let a = anonymous.fetch(&instances[1].url("/tickets/x")).await;
+    assert_eq!(waiting_json(&a, "anonymous")["lane"], "vip");
+    a_copy_gives_nothing(&given, &instances[2], "a copy given before").await;
+    a_copy_gives_nothing(&lane_cookie(&anonymous), &instances[0], "a copy after").await;
+}

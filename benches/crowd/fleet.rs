@@ -227,9 +227,11 @@ impl GateSpec {
         let mut y = String::new();
         let _ = writeln!(y, "listen: [{{ addr: \"127.0.0.1:{port}\" }}]");
         let _ = writeln!(y, "admin: {{ addr: \"127.0.0.1:0\" }}");
+        // The whole crowd comes from 127.0.0.1: as many event streams from
+        // it as connections.
         let _ = writeln!(
             y,
-            "limits: {{ max_connections: {}, header_timeout: {} }}",
+            "limits: {{ max_connections: {0}, max_event_streams_per_client: {0}, header_timeout: {1} }}",
             self.max_connections,
             ms(self.header_timeout)
         );

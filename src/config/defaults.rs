@@ -30,6 +30,11 @@ pub const WORKERS: Option<usize> = None;
 pub const AMBIGUOUS_PATHS: AmbiguousPaths = AmbiguousPaths::Reject;
 /// `limits.max_event_streams`, per route and instance.
 pub const MAX_EVENT_STREAMS: u64 = 100_000;
+/// `limits.max_event_streams_per_client`, per instance, all routes: as many
+/// streams as the places one client may hold on a route by default
+/// (`client_limits.places`), so a household or an office can follow each
+/// of its places.
+pub const MAX_EVENT_STREAMS_PER_CLIENT: u64 = 20;
 
 /// `upstream.connect_timeout`.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);

@@ -218,6 +218,12 @@ pub struct ServerLimits {
     /// everyone polls).
     /// Beyond, a page is told to poll.
     pub max_event_streams: usize,
+    /// Event streams one client (its address as per-client limits count
+    /// it: IPv4, IPv6 /64, behind trusted proxies) may hold open at once on
+    /// this instance, all routes together (default [`defaults::MAX_EVENT_STREAMS_PER_CLIENT`]; `0`: none). Beyond,
+    /// its page is told to poll, so that a few addresses cannot take the
+    /// instance's streams and connections.
+    pub max_event_streams_per_client: usize,
 }
 
 /// What a request whose path an origin could read as another route gets

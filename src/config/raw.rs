@@ -66,6 +66,7 @@ pub(crate) struct RawLimits {
     pub ambiguous_paths: Option<AmbiguousPaths>,
     pub allowed_hosts: Option<Vec<String>>,
     pub max_event_streams: Option<u64>,
+    pub max_event_streams_per_client: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -7,11 +7,13 @@
 //! can ride an open stream: the page then makes one status request. It
 //! does not own the place itself (the gate's `recheck`, answered from the
 //! line record or the store as a poll is) nor the heartbeats (queued by the
-//! gate, flushed by the admitter). Open streams are capped per route and
-//! per visitor at each instance; one over either cap is a single `poll`
-//! event.
+//! gate, flushed by the admitter). Open streams are capped per route, per
+//! visitor and per client address at each instance; one over any cap is a
+//! single `poll` event.
 
-use std::sync::Arc;
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -27,6 +29,8 @@ use super::{fill_decision, fill_place, status_target, IDLE_POLL_MS};
 use crate::admission::Claims;
 use crate::cookie::{CookieMemo, Credentials};
 use crate::gate::{Decision, Gate, Requester};
+use crate::metrics::StreamCap;
+use crate::queue::ClientKey;
 use crate::response::{self, Body, Pieces};
 use crate::route::{RouteLive, RouteRt, Settings, StreamSlot};
 
@@ -47,19 +51,39 @@ pub const MAX_PER_VISITOR: usize = 4;
 
 /// What every event stream of a running queuegate shares: the cap on open
 /// streams per route (`limits.max_event_streams`; the cap per visitor is
-/// [`MAX_PER_VISITOR`]), the running settings
-/// (looked up again at each update, so a reload applies), and the signal
-/// that ends them all when the server drains.
+/// [`MAX_PER_VISITOR`]), the cap per client address and the streams each
+/// client holds open, the running settings (looked up again at each
+/// update, so a reload applies), and the signal that ends them all when the
+/// server drains.
+///
+/// The per-client cap (`limits.max_event_streams_per_client`) counts a
+/// client's streams on every route of this instance, under the key its
+/// places are counted under (`client_ip::limit_key`: IPv4 address, IPv6
+/// /64, behind trusted proxies). It is this instance's own, not the
+/// route's `client_limits.places` in the shared store: an open stream is a
+/// connection to this instance, which is what a few addresses holding many
+/// would use up (`limits.max_event_streams`, `limits.max_connections`), it
+/// holds no place, and it ends with the instance, so it needs no store
+/// round trip to count nor to give back.
 pub struct Streams {
     max_per_route: usize,
+    clients: ClientStreams,
     settings: Arc<ArcSwap<Settings>>,
     ending: watch::Sender<bool>,
 }
 
 impl Streams {
-    pub fn new(max_per_route: usize, settings: Arc<ArcSwap<Settings>>) -> Streams {
+    pub fn new(
+        max_per_route: usize,
+        max_per_client: usize,
+        settings: Arc<ArcSwap<Settings>>,
+    ) -> Streams {
         Streams {
             max_per_route,
+            clients: ClientStreams {
+                max: max_per_client,
+                open: Arc::default(),
+            },
             settings,
             ending: watch::channel(false).0,
         }
@@ -69,6 +93,61 @@ impl Streams {
     /// turn: the server is draining.
     pub fn end_all(&self) {
         self.ending.send_replace(true);
+    }
+}
+
+/// Open streams by client (its limit key) at this instance, on every
+/// route; a client's entry goes with its last stream, so there are never
+/// more entries than open streams.
+type OpenByClient = Arc<Mutex<HashMap<Box<[u8]>, usize>>>;
+
+/// The streams each client holds open at this instance, and how many one
+/// may.
+struct ClientStreams {
+    max: usize,
+    open: OpenByClient,
+}
+
+impl ClientStreams {
+    /// A place for one more stream of `client`, unless it holds as many as
+    /// one may. A client of no known address (an empty key) is not counted,
+    /// as per-client limits do not apply to it.
+    fn open(&self, client: ClientKey<'_>) -> Result<ClientSlot, StreamCap> {
+        if client.is_empty() {
+            return Ok(ClientSlot(None));
+        }
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let held = open.get(client).copied().unwrap_or(0);
+        if held >= self.max {
+            return Err(StreamCap::Client);
+        }
+        open.insert(client.into(), held + 1);
+        Ok(ClientSlot(Some((self.open.clone(), client.into()))))
+    }
+
+    /// Streams open in all, and clients holding them.
+    #[cfg(test)]
+    fn counts(&self) -> (usize, usize) {
+        let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        (open.values().sum(), open.len())
+    }
+}
+
+/// One open stream's place in its client's count, given back when dropped.
+struct ClientSlot(Option<(OpenByClient, Box<[u8]>)>);
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let Some((open, client)) = self.0.take() else {
+            return;
+        };
+        let mut open = open.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Entry::Occupied(mut held) = open.entry(client) {
+            *held.get_mut() -= 1;
+            if *held.get() == 0 {
+                held.remove();
+            }
+        }
     }
 }
 
@@ -109,13 +188,15 @@ pub fn serve(
         });
         return one_event(&body);
     };
-    let slot = match route
+    let slots = route
         .live
         .open_stream(ticket.id, streams.max_per_route, MAX_PER_VISITOR)
-    {
-        Ok(slot) => slot,
+        .and_then(|slot| Ok((slot, streams.clients.open(who.client)?)));
+    let (slot, client_slot) = match slots {
+        Ok(slots) => slots,
         Err(cap) => {
-            // Enough streams here, or of this visitor's: this page polls.
+            // Enough streams here, or of this visitor's, or of this
+            // client's: this page polls.
             route.metrics.stream_refused(cap);
             let body = json!({
                 "state": "poll",
@@ -141,6 +222,7 @@ pub fn serve(
         checked_at: Instant::now(),
         over: false,
         _slot: slot,
+        _client_slot: client_slot,
     };
     let pieces = futures_util::stream::unfold(stream, |mut stream| async move {
         let piece = stream.next().await?;
@@ -189,6 +271,7 @@ struct Stream {
     /// The last event was sent: the stream ends.
     over: bool,
     _slot: StreamSlot,
+    _client_slot: ClientSlot,
 }
 
 /// What an event showed of a place; another event goes out when it moves.
@@ -299,7 +382,7 @@ impl Stream {
             tls: self.tls,
             client: &self.client,
             invite: None,
-            lane: None,
+            invited: None,
         };
         let creds = Credentials {
             ticket: Some(self.ticket),
@@ -352,5 +435,38 @@ impl Stream {
     fn sent(&mut self, body: &serde_json::Value) -> Bytes {
         self.sent_at = Some(Instant::now());
         event(body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clients_streams_stop_at_its_cap_and_give_their_places_back() {
+        let clients = ClientStreams {
+            max: 2,
+            open: Arc::default(),
+        };
+        let (me, other): (&[u8], &[u8]) = (&[203, 0, 113, 9], &[198, 51, 100, 7]);
+        let mine = [clients.open(me), clients.open(me)];
+        assert!(mine.iter().all(Result::is_ok));
+        assert_eq!(clients.open(me).err(), Some(StreamCap::Client));
+        let theirs = clients.open(other).expect("another client");
+        assert_eq!(clients.counts(), (3, 2));
+        drop(mine);
+        assert_eq!(clients.counts(), (1, 1));
+        let again = clients.open(me).expect("places given back");
+        drop((theirs, again));
+        assert_eq!(clients.counts(), (0, 0));
+        // No known address: not counted, never refused.
+        let unknown: Vec<_> = (0..5).map(|_| clients.open(&[])).collect();
+        assert!(unknown.iter().all(Result::is_ok));
+        assert_eq!(clients.counts(), (0, 0));
+        let none = ClientStreams {
+            max: 0,
+            open: Arc::default(),
+        };
+        assert_eq!(none.open(me).err(), Some(StreamCap::Client));
     }
 }

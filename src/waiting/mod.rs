@@ -17,7 +17,7 @@ use rand::Rng;
 use serde_json::json;
 
 use crate::cookie::CookieMemo;
-use crate::gate::{Decision, Gate, Requester};
+use crate::gate::{Decided, Decision, Gate, Requester};
 use crate::queue::Place;
 use crate::response::{self, Body};
 use crate::route::{RouteRt, Settings};
@@ -271,7 +271,10 @@ async fn waiting_page(
         return response::redirect("not-gated", &query.return_path);
     };
     let route = &s.routes[index];
-    let decision = gate
+    let Decided {
+        decision,
+        lane_cookie,
+    } = gate
         .decide(s, index, who, || {
             s.credentials(index, req.headers(), who.tls, cookies)
         })
@@ -280,7 +283,7 @@ async fn waiting_page(
     let (state, place, set_cookie) = match decision {
         Decision::Admit { set_cookie, .. } => {
             let mut resp = response::redirect("admitted", &query.return_path);
-            if let Some(cookie) = set_cookie {
+            for cookie in set_cookie.into_iter().chain(lane_cookie) {
                 resp.headers_mut().append(SET_COOKIE, cookie);
             }
             return resp;
@@ -352,7 +355,7 @@ async fn waiting_page(
     if let Some(retry) = state.retry_after_s() {
         resp = response::with_retry_after(resp, retry);
     }
-    if let Some(cookie) = set_cookie {
+    for cookie in set_cookie.into_iter().chain(lane_cookie) {
         resp.headers_mut().append(SET_COOKIE, cookie);
     }
     resp
@@ -397,24 +400,19 @@ async fn status(
     let route = &s.routes[index];
     let creds = s.credentials(index, req.headers(), who.tls, cookies);
     let mut body = json!({"route": route.name(), "return": return_path});
-    let mut set_cookie = None;
+    let mut set_cookies = [None, None];
     if creds.pass.is_none() && creds.ticket.is_none() {
         body["state"] = json!("unknown");
     } else {
         // The credentials just read, not read again.
-        let decision = gate.decide(s, index, who, || creds).await;
-        fill_decision(&mut body, route, &decision);
-        if let Decision::Admit { set_cookie: c, .. }
-        | Decision::Wait { set_cookie: c, .. }
-        | Decision::PreQueue { set_cookie: c, .. } = decision
-        {
-            set_cookie = c;
-        }
+        let decided = gate.decide(s, index, who, || creds).await;
+        fill_decision(&mut body, route, &decided.decision);
+        set_cookies = [decided.decision.into_set_cookie(), decided.lane_cookie];
     }
     if body.get("poll_after_ms").is_none() {
         body["poll_after_ms"] = json!(IDLE_POLL_MS);
     }
-    status_json(body, set_cookie)
+    status_json(body, set_cookies.into_iter().flatten())
 }
 
 /// Writes a pre-queue waiter's answer into `body` (DESIGN §8.7): the
@@ -450,9 +448,12 @@ fn fill_place(body: &mut serde_json::Value, route: &RouteRt, place: &Place) -> u
     poll
 }
 
-fn status_json(body: serde_json::Value, set_cookie: Option<HeaderValue>) -> Response<Body> {
+fn status_json(
+    body: serde_json::Value,
+    set_cookies: impl IntoIterator<Item = HeaderValue>,
+) -> Response<Body> {
     let mut resp = response::json(StatusCode::OK, "status", body.to_string());
-    if let Some(cookie) = set_cookie {
+    for cookie in set_cookies {
         resp.headers_mut().append(SET_COOKIE, cookie);
     }
     resp

@@ -36,6 +36,9 @@ pub fn proxy_config(upstream: &str) -> Config {
             ambiguous_paths: AmbiguousPaths::Reject,
             allowed_hosts: vec![],
             max_event_streams: 100_000,
+            // Every test visitor comes from 127.0.0.1, as for per-client
+            // limits: tests that check this cap set it.
+            max_event_streams_per_client: 100_000,
         },
         client_ip: ClientIp::default(),
         upstream: Upstream {

@@ -64,6 +64,10 @@ pub(super) fn limits(raw: RawLimits, at: &FieldPath, problems: &mut Problems) ->
         ambiguous_paths: raw.ambiguous_paths.unwrap_or(defaults::AMBIGUOUS_PATHS),
         allowed_hosts,
         max_event_streams: to_usize(raw.max_event_streams.unwrap_or(defaults::MAX_EVENT_STREAMS)),
+        max_event_streams_per_client: to_usize(
+            raw.max_event_streams_per_client
+                .unwrap_or(defaults::MAX_EVENT_STREAMS_PER_CLIENT),
+        ),
     }
 }
 
@@ -133,6 +137,36 @@ mod tests {
     use std::time::Duration;
 
     use super::super::tests::{parse, problem_paths};
+
+    #[test]
+    fn event_stream_caps_read_back_and_are_named_when_bad() {
+        let config = parse("limits: {}\n").unwrap();
+        assert_eq!(
+            (
+                config.limits.max_event_streams,
+                config.limits.max_event_streams_per_client
+            ),
+            (100_000, 20)
+        );
+        let config =
+            parse("limits: { max_event_streams: 50, max_event_streams_per_client: 0 }\n").unwrap();
+        assert_eq!(
+            (
+                config.limits.max_event_streams,
+                config.limits.max_event_streams_per_client
+            ),
+            (50, 0)
+        );
+        for bad in ["-1", "many", "2.5"] {
+            assert_eq!(
+                problem_paths(&format!(
+                    "limits: {{ max_event_streams_per_client: {bad} }}\n"
+                )),
+                ["limits.max_event_streams_per_client"],
+                "{bad}"
+            );
+        }
+    }
 
     #[test]
     fn limits_are_bounded() {
