@@ -19,7 +19,9 @@
 //! - `admitter`: the per-route tick loop.
 //! - `waiting`: the waiting page (rendered by `page`), status JSON, its event
 //!   stream (`events`) and leave; the `return` path (`return_to`).
-//! - `gate`: the per-request decision (`Decision`), no socket I/O.
+//! - `gate`: the per-request decision (`Decision`), no socket I/O: passes
+//!   (`pass`), tickets' polls (`ticket`), newcomers, lanes and invites
+//!   (`arrive`), and the store or the local line in its stead (`lines`).
 //! - `route`: routes ready for requests (`Settings`, `RouteRt`, `RouteLive`):
 //!   matching, live numbers, the ETA, and what an instance remembers of
 //!   places that ended and invites used up (`remembered`).
