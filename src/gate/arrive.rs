@@ -9,7 +9,7 @@ use http::header::HeaderValue;
 use super::{Admitted, By, Decided, Decision, Gate, LaneGrant, Requester};
 use crate::admission::{self, Kind, VisitorId};
 use crate::config::{Mode, OnStoreError};
-use crate::cookie::{self, Credentials, LaneCookie};
+use crate::cookie::{Credentials, LaneCookie};
 use crate::lane_grant::{self, Holder, InviteVerdict, Lane, LANE_COOKIE_TTL};
 use crate::queue::{Arrival, InviteUse, QueueStore, StoreError};
 use crate::route::{RouteRt, Settings};
@@ -93,16 +93,12 @@ impl Gate {
         tls: bool,
     ) -> Option<HeaderValue> {
         let lane = Lane::new(&route.limits.lanes.get(grant.lane).name)?;
-        Some(cookie::set_lane(
-            &s.ring,
-            route.name(),
-            &lane,
-            &Holder::Visitor(*id),
-            self.clock.now_s(),
-            grant.until_unix,
-            tls,
-            s.cookie_domain.as_deref(),
-        ))
+        let holder = Holder::Visitor(*id);
+        let now = self.clock.now_s();
+        Some(
+            s.jar()
+                .lane(route.name(), &lane, &holder, now, grant.until_unix, tls),
+        )
     }
 
     /// No usable cookie: admit at once or join the line, in lane `lane`, as

@@ -1,6 +1,6 @@
 //! A pass: forwarded while fresh, renewed through the store past half its
 //! life (or locally while the store is down), and the admit-now sessions
-//! this instance saw confirmed. Signing a pass cookie.
+//! this instance saw confirmed. The pass cookie, from the cookie jar.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -10,7 +10,6 @@ use http::header::HeaderValue;
 
 use super::{Admitted, Decision, Gate, Requester};
 use crate::admission::{Claims, Kind, PassLife, VisitorId};
-use crate::cookie;
 use crate::queue::{PassTimes, QueueStore};
 use crate::route::{RouteRt, Settings};
 
@@ -126,18 +125,15 @@ impl Gate {
         kind: Kind,
         tls: bool,
     ) -> HeaderValue {
-        let now_us = self.clock.now_us();
-        let expiry = now_us / 1_000_000 + route.limits.pass_ttl.as_secs();
-        let value = s
-            .ring
-            .sign_at(kind, route.name(), id, expiry, Some(now_us / 1_000));
-        let max_age = route.limits.session_ttl.as_secs() + route.limits.pass_ttl.as_secs();
-        cookie::set_cookie(
+        s.jar().pass(
             route.cookie_name(tls),
-            &value,
-            max_age,
+            route.name(),
+            id,
+            kind,
+            self.clock.now_us(),
+            route.limits.pass_ttl.as_secs(),
+            route.limits.session_ttl.as_secs(),
             tls,
-            s.cookie_domain.as_deref(),
         )
     }
 }

@@ -1,7 +1,7 @@
 //! A ticket's poll: answered before the opening with the time left, from
 //! the line record behind the head of the line, or by the store (the
 //! local line while it cannot); an invite moving a held ticket to its
-//! lane. Signing a ticket cookie.
+//! lane. The ticket cookie, from the cookie jar.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -11,13 +11,8 @@ use http::header::HeaderValue;
 use super::lines::falls_back;
 use super::{Admitted, By, Decision, Gate, Requester};
 use crate::admission::{Claims, Kind, VisitorId};
-use crate::cookie;
 use crate::queue::{Heartbeat, Place, Poll, QueueStore, TicketTimes};
 use crate::route::{RouteRt, Settings};
-
-/// A ticket cookie outlives any reasonable wait; the place itself is kept by
-/// the store and by the score the ticket carries.
-const TICKET_COOKIE_MAX_AGE_S: u64 = 7 * 24 * 3600;
 
 impl Gate {
     /// A ticket: poll the line (a heartbeat; the first one confirms the
@@ -332,20 +327,15 @@ impl Gate {
         lane: usize,
         tls: bool,
     ) -> HeaderValue {
-        let value = s.ring.sign_place(
-            kind,
+        s.jar().place(
+            route.cookie_name(tls),
             route.name(),
+            kind,
             id,
             score_us,
             seen_us,
             route.lane_tag(lane).as_ref(),
-        );
-        cookie::set_cookie(
-            route.cookie_name(tls),
-            &value,
-            TICKET_COOKIE_MAX_AGE_S,
             tls,
-            s.cookie_domain.as_deref(),
         )
     }
 }
