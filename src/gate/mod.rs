@@ -19,6 +19,8 @@
 mod arrive;
 mod lines;
 mod pass;
+#[cfg(test)]
+mod tests;
 mod ticket;
 
 use std::sync::Arc;
