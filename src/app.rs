@@ -542,19 +542,10 @@ impl App {
         };
         let now = self.gate.clock().now_s();
         let until = now.saturating_add(LANE_COOKIE_TTL.as_secs());
-        let domain = s.cookie_domain.as_deref();
+        let jar = s.jar();
         for (route, visitor) in routes {
             let holder = visitor.map_or_else(Holder::first, Holder::Visitor);
-            let set = cookie::set_lane(
-                &s.ring,
-                route.name(),
-                &lane,
-                &holder,
-                now,
-                until,
-                tls,
-                domain,
-            );
+            let set = jar.lane(route.name(), &lane, &holder, now, until, tls);
             forwarded.resp.headers_mut().append(SET_COOKIE, set);
         }
     }

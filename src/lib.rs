@@ -19,12 +19,15 @@
 //! - `admitter`: the per-route tick loop.
 //! - `waiting`: the waiting page (rendered by `page`), status JSON, its event
 //!   stream (`events`) and leave; the `return` path (`return_to`).
-//! - `gate`: the per-request decision (`Decision`), no socket I/O.
+//! - `gate`: the per-request decision (`Decision`), no socket I/O: passes
+//!   (`pass`), tickets' polls (`ticket`), newcomers, lanes and invites
+//!   (`arrive`), and the store or the local line in its stead (`lines`).
 //! - `route`: routes ready for requests (`Settings`, `RouteRt`, `RouteLive`):
 //!   matching, live numbers, the ETA, and what an instance remembers of
 //!   places that ended and invites used up (`remembered`).
-//! - `cookie`: cookie names, `Set-Cookie` values, reading credentials, the
-//!   per-connection memo, stripping our cookies before the origin.
+//! - `cookie`: cookie names, every `Set-Cookie` value (built by `jar`),
+//!   reading credentials, the per-connection memo, stripping our cookies
+//!   before the origin.
 //! - `lane_grant`: invite tokens and lane cookies' values (signed with the
 //!   key ring), taking `qg_invite` out of request targets, the origin's
 //!   `Queuegate-Lane` header.

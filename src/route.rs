@@ -841,15 +841,14 @@ impl Settings {
         })
     }
 
+    /// What builds `Set-Cookie` values: the key ring and the cookie domain.
+    pub fn jar(&self) -> cookie::Jar<'_> {
+        cookie::Jar::new(&self.ring, self.cookie_domain.as_deref())
+    }
+
     /// A `Set-Cookie` value that removes `route`'s cookie.
     pub fn clear_cookie(&self, route: &RouteRt, tls: bool) -> HeaderValue {
-        cookie::set_cookie(
-            route.cookie_name(tls),
-            "",
-            0,
-            tls,
-            self.cookie_domain.as_deref(),
-        )
+        self.jar().clear(route.cookie_name(tls), tls)
     }
 }
 

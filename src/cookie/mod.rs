@@ -4,14 +4,19 @@
 //! stripping queuegate's cookies before a request reaches the origin. Each
 //! route has two cookies: its pass or ticket, and its lane cookie (DESIGN
 //! §8.5). What a cookie's value means is `admission`'s and `lane_grant`'s;
-//! when to send one is the gate's.
+//! when to send one is the gate's. The values are built by the [`Jar`]
+//! (`jar`).
+
+mod jar;
+
+pub use jar::Jar;
 
 use std::sync::{Mutex, PoisonError};
 
 use http::header::{HeaderMap, HeaderValue, COOKIE};
 
 use crate::admission::{Claims, KeyRing, Kind, LaneTag, Verdict, VisitorId};
-use crate::lane_grant::{self, GrantVerdict, Holder, Lane};
+use crate::lane_grant::{self, GrantVerdict, Holder};
 
 /// Cookies queuegate sets are named `qg_<route>` (`__Host-qg_<route>` on TLS).
 const COOKIE_PREFIX: &str = "qg_";
@@ -55,52 +60,6 @@ pub fn lane_name(route: &str, tls: bool, has_domain: bool) -> String {
     } else {
         plain
     }
-}
-
-/// The `Set-Cookie` value that puts `holder` in `lane` of `route` until
-/// `expires_unix`, with the pass cookie's attributes: its `Max-Age` ends
-/// when its signed expiry does (DESIGN §8.5).
-#[allow(clippy::too_many_arguments)]
-pub fn set_lane(
-    ring: &KeyRing,
-    route: &str,
-    lane: &Lane,
-    holder: &Holder,
-    now_unix: u64,
-    expires_unix: u64,
-    tls: bool,
-    domain: Option<&str>,
-) -> HeaderValue {
-    let value = lane_grant::sign_grant(ring, route, lane, expires_unix, holder);
-    let name = lane_name(route, tls, domain.is_some());
-    set_cookie(
-        &name,
-        &value,
-        expires_unix.saturating_sub(now_unix),
-        tls,
-        domain,
-    )
-}
-
-/// A `Set-Cookie` value: `HttpOnly; SameSite=Lax; Path=/`, `Secure` on TLS.
-pub fn set_cookie(
-    name: &str,
-    value: &str,
-    max_age_s: u64,
-    tls: bool,
-    domain: Option<&str>,
-) -> HeaderValue {
-    let mut text = format!("{name}={value}; Path=/; Max-Age={max_age_s}; HttpOnly; SameSite=Lax");
-    if tls {
-        text.push_str("; Secure");
-    }
-    if let Some(domain) = domain {
-        text.push_str("; Domain=");
-        text.push_str(domain);
-    }
-    // Names, values and the domain are validated ASCII, so this holds.
-    HeaderValue::from_str(&text)
-        .unwrap_or_else(|_| HeaderValue::from_static("qg_invalid=; Max-Age=0"))
 }
 
 /// The credentials a request carries for one route.
@@ -376,6 +335,7 @@ fn is_own_cookie(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lane_grant::Lane;
 
     fn claims(kind: Kind, id: VisitorId) -> Claims {
         Claims {
@@ -481,7 +441,7 @@ mod tests {
         };
         let vip = Lane::new("vip").unwrap_or_else(|| panic!("vip is a lane name"));
         let holder = Holder::Visitor([3; 16]);
-        let set = set_lane(&ring, "tickets", &vip, &holder, 1_000, 4_600, true, None);
+        let set = Jar::new(&ring, None).lane("tickets", &vip, &holder, 1_000, 4_600, true);
         let text = set.to_str().unwrap_or_default();
         assert!(
             text.starts_with("__Host-qg_lane.tickets=v1.g.tickets.vip.4600."),
