@@ -13,8 +13,11 @@
 //! - `admin`: the admin listener: /metrics, /healthz, /readyz, /routes.
 //! - `reload`: live config reload (file watch, SIGHUP).
 //! - `idle`: parks idle HTTP/1 keep-alive connections down to their socket.
-//! - `app`: shared state and the per-request entry point: host and path
-//!   checks, queuegate's own paths, bypass, route, gate, forward.
+//! - `request`: shared state (`App`, `Conn`) and one road for a request
+//!   (`App::handle`): screened (`screen`: framing, invite, host, path
+//!   readings, bypass, route), an invite redeemed (`invite`), counted,
+//!   decided and forwarded under its session or held back (`session`),
+//!   forwarded and the origin's lane recorded (`forward`).
 //! - `framing`: watches raw HTTP/1 heads for ambiguous framing hyper would resolve.
 //! - `admitter`: the per-route tick loop.
 //! - `waiting`: the waiting page (rendered by `page`), status JSON, its event
@@ -61,7 +64,6 @@
 pub mod admin;
 pub mod admission;
 pub mod admitter;
-pub mod app;
 pub mod cli;
 pub mod client_ip;
 pub mod clock;
@@ -79,6 +81,7 @@ pub mod path;
 pub mod proxy;
 pub mod queue;
 pub mod reload;
+pub mod request;
 pub mod response;
 pub mod route;
 pub mod server;
@@ -164,7 +167,7 @@ pub async fn run_with_options(
         _ => None,
     };
     let metrics = Arc::new(metrics::Metrics::new());
-    let app = Arc::new(app::App::new(&config, ring, store, clock, metrics)?);
+    let app = Arc::new(request::App::new(&config, ring, store, clock, metrics)?);
     log_start(&config, &listeners)?;
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
