@@ -28,9 +28,10 @@
 //!   places that ended and invites used up (`remembered`).
 //! - `cookie`: cookie names, `Set-Cookie` values, reading credentials, the
 //!   per-connection memo, stripping our cookies before the origin.
+//! - `origin`: what an origin tells queuegate in its answer, read in one
+//!   place: `Queuegate-Command` and `Queuegate-Lane`, queuegate's own fields.
 //! - `lane_grant`: invite tokens and lane cookies' values (signed with the
-//!   key ring), taking `qg_invite` out of request targets, the origin's
-//!   `Queuegate-Lane` header.
+//!   key ring), taking `qg_invite` out of request targets.
 //! - `admission`: signing and verifying tickets and passes.
 //! - `proxy`: forwarding: header rewriting, retries, upgrades and tunnels.
 //! - `client_ip`: who the client is behind trusted proxies; its limit key.
@@ -77,6 +78,7 @@ pub mod host;
 pub mod idle;
 pub mod lane_grant;
 pub mod metrics;
+pub mod origin;
 pub mod path;
 pub mod proxy;
 pub mod queue;

@@ -12,9 +12,10 @@ use hyper::body::Incoming;
 
 use crate::admission::VisitorId;
 use crate::cookie::{self, KeptCookies};
-use crate::lane_grant::{self, Holder, Lane, LANE_COOKIE_TTL};
+use crate::lane_grant::{Holder, Lane, LANE_COOKIE_TTL};
 use crate::metrics::UpstreamFailure;
-use crate::proxy::{self, OriginCommand, Peer};
+use crate::origin::{self, OriginCommand, Said};
+use crate::proxy::Peer;
 use crate::response::{self, Body, RequestError};
 use crate::route::{RouteRt, Settings};
 
@@ -102,7 +103,7 @@ impl App {
         // A combinator, not an async block: the block would hold the
         // upstream's future twice (captured, then pinned while awaited),
         // and every request's future is moved whole several times.
-        let exchange = self.upstream.forward(req, peer, &OWN_FIELDS);
+        let exchange = self.upstream.forward(req, peer, &origin::OWN_FIELDS);
         exchange.map(move |forwarded| {
             let seconds = started.elapsed().as_secs_f64();
             let from_origin = forwarded.is_ok();
@@ -126,8 +127,7 @@ impl App {
                     response::from_error(&err)
                 }
             };
-            let command = proxy::take_command(resp.headers_mut());
-            let lane = lane_grant::take_lane(resp.headers_mut());
+            let Said { command, lane } = origin::take(resp.headers_mut());
             Forwarded {
                 resp,
                 from_origin,
@@ -137,11 +137,6 @@ impl App {
         })
     }
 }
-
-/// queuegate's own fields: a command or a lane is the origin's to give
-/// (DESIGN §8.5, §8.6); one in a request, in its headers or its trailers,
-/// is nobody's and is not forwarded.
-static OWN_FIELDS: [http::HeaderName; 2] = [proxy::QUEUEGATE_COMMAND, lane_grant::QUEUEGATE_LANE];
 
 /// A forwarded request's answer.
 pub(super) struct Forwarded {
