@@ -123,11 +123,11 @@ impl App {
         self.draining.load(Ordering::SeqCst)
     }
 
-    /// Answers one request: screens it (see [`App::screen`]), answers it as
+    /// Answers one request: screens it (see `App::screen`), answers it as
     /// its target says, and counts how it was decided, once, globally and
     /// for the route it matched. A request dropped before it is answered
     /// (its client went away) is counted as `client_gone` instead (see
-    /// [`Unanswered`]).
+    /// `Unanswered`).
     pub async fn handle(&self, mut req: Request<Incoming>, conn: &Conn) -> Response<Body> {
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
         let s = self.settings.load();
