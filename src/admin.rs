@@ -17,9 +17,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::app::App;
 use crate::metrics::CONTENT_TYPE as METRICS_CONTENT_TYPE;
 use crate::queue::QueueStore;
+use crate::request::App;
 use crate::response::{self, Body};
 use crate::route::{self, RouteRt};
 

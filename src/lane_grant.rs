@@ -1,8 +1,8 @@
 //! Lane grants (DESIGN §8.5): what puts a visitor in a lane of a route other
 //! than its first. Owns the wire form of invite tokens (printed by
 //! `queuegate invite`, carried as `?qg_invite=TOKEN` on a link) and of the
-//! lane cookie's value; taking invites out of request targets; and reading
-//! the origin's `Queuegate-Lane` response header.
+//! lane cookie's value; and taking invites out of request targets. The
+//! origin's `Queuegate-Lane` response header is read by `origin`.
 //!
 //! Like `admission`, everything here is a pure function of its arguments
 //! (drawing an invite's random nonce aside), and a bad value is a verdict,
@@ -51,15 +51,6 @@
 //! holder (`v1.g.<route>.<lane>.<expires>.<kid>.<mac>`) are malformed:
 //! they were bearer grants.
 //!
-//! # `Queuegate-Lane`
-//!
-//! A response header from the origin, named in any case, possibly repeated
-//! or holding a comma-separated list: the last valid lane name in it counts
-//! ([`take_lane`]). Other values are ignored (logged at debug), so an origin
-//! that sends something queuegate cannot read changes nothing. The header
-//! is queuegate's: it never reaches the client, and a client that sends it
-//! in a request has it removed before the origin sees it.
-//!
 //! The key ring is the one that signs passes; the state letters `i`, `g`
 //! and `o` keep invites, lane cookies of either kind and admission values
 //! from ever verifying as one another.
@@ -70,7 +61,6 @@ use std::time::Duration;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
-use http::header::{self, HeaderMap, HeaderName};
 use http::uri::{PathAndQuery, Uri};
 use percent_encoding::percent_decode;
 use rand::RngCore as _;
@@ -83,11 +73,6 @@ use crate::config::{is_lane_name, is_route_name, Config, MAX_LANE_NAME_LEN};
 
 /// The query parameter an invite link carries its token in.
 pub const INVITE_PARAM: &str = "qg_invite";
-
-/// The response header an origin names a visitor's lane in. It is
-/// queuegate's, never the client's: removed from every response before it
-/// is answered and from every request before it is forwarded.
-pub const QUEUEGATE_LANE: HeaderName = HeaderName::from_static("queuegate-lane");
 
 /// How long a lane cookie is valid at most: a day, long enough for a visit
 /// that starts at the origin and waits in line, short enough that a lane
@@ -471,30 +456,6 @@ fn is_invite_pair(pair: &str) -> bool {
     name.contains('%')
         && name.len() <= INVITE_PARAM.len() * 3
         && percent_decode(name.as_bytes()).eq(INVITE_PARAM.bytes())
-}
-
-/// Removes every `Queuegate-Lane` header (named in any case) from an
-/// origin's response and answers the lane they name: the last valid lane
-/// name among their values and comma-separated parts. Invalid names are
-/// ignored (logged at debug).
-pub fn take_lane(headers: &mut HeaderMap) -> Option<Lane> {
-    let header::Entry::Occupied(entry) = headers.entry(QUEUEGATE_LANE) else {
-        return None;
-    };
-    let mut lane = None;
-    for value in entry.remove_entry_mult().1 {
-        for part in value.as_bytes().split(|&b| b == b',') {
-            let part = part.trim_ascii();
-            match std::str::from_utf8(part).ok().and_then(Lane::new) {
-                Some(named) => lane = Some(named),
-                None => tracing::debug!(
-                    value = %String::from_utf8_lossy(&part[..part.len().min(64)]),
-                    "invalid lane from the origin ignored"
-                ),
-            }
-        }
-    }
-    lane
 }
 
 /// An invite `queuegate invite` is asked to print, checked against the
@@ -905,30 +866,6 @@ mod tests {
             "/t?a#x?qg_invite=U"
         );
         assert!(matches!(strip_invite("/t?a=1#f"), Cow::Borrowed(_)));
-    }
-
-    #[test]
-    fn take_lane_takes_every_header_and_the_last_valid_name() {
-        let mut h = HeaderMap::new();
-        assert_eq!(take_lane(&mut h), None);
-        h.append("Queuegate-Lane", "vip".parse().unwrap());
-        assert_eq!(take_lane(&mut h), Some(lane("vip")));
-        assert!(h.is_empty());
-        h.append("QUEUEGATE-LANE", "press".parse().unwrap());
-        h.append("queuegate-lane", " staff , NOT VALID, ".parse().unwrap());
-        h.append("x-other", "1".parse().unwrap());
-        assert_eq!(take_lane(&mut h), Some(lane("staff")));
-        assert!(!h.contains_key(QUEUEGATE_LANE));
-        assert_eq!(h.len(), 1);
-        for bad in ["VIP", "", "a.b", "waytoolongforalane", "v\u{e9}p"] {
-            let mut h = HeaderMap::new();
-            h.append(
-                QUEUEGATE_LANE,
-                http::HeaderValue::from_bytes(bad.as_bytes()).unwrap(),
-            );
-            assert_eq!(take_lane(&mut h), None, "{bad}");
-            assert!(h.is_empty());
-        }
     }
 
     fn config_with(routes: &[&str]) -> Config {

@@ -13,8 +13,11 @@
 //! - `admin`: the admin listener: /metrics, /healthz, /readyz, /routes.
 //! - `reload`: live config reload (file watch, SIGHUP).
 //! - `idle`: parks idle HTTP/1 keep-alive connections down to their socket.
-//! - `app`: shared state and the per-request entry point: host and path
-//!   checks, queuegate's own paths, bypass, route, gate, forward.
+//! - `request`: shared state (`App`, `Conn`) and one road for a request
+//!   (`App::handle`): screened (`screen`: framing, invite, host, path
+//!   readings, bypass, route), an invite redeemed (`invite`), counted,
+//!   decided and forwarded under its session or held back (`session`),
+//!   forwarded and the origin's lane recorded (`forward`).
 //! - `framing`: watches raw HTTP/1 heads for ambiguous framing hyper would resolve.
 //! - `admitter`: the per-route tick loop.
 //! - `waiting`: the waiting page (rendered by `page`), status JSON, its event
@@ -28,9 +31,10 @@
 //! - `cookie`: cookie names, every `Set-Cookie` value (built by `jar`),
 //!   reading credentials, the per-connection memo, stripping our cookies
 //!   before the origin.
+//! - `origin`: what an origin tells queuegate in its answer, read in one
+//!   place: `Queuegate-Command` and `Queuegate-Lane`, queuegate's own fields.
 //! - `lane_grant`: invite tokens and lane cookies' values (signed with the
-//!   key ring), taking `qg_invite` out of request targets, the origin's
-//!   `Queuegate-Lane` header.
+//!   key ring), taking `qg_invite` out of request targets.
 //! - `admission`: signing and verifying tickets and passes.
 //! - `proxy`: forwarding: header rewriting, retries, upgrades and tunnels.
 //! - `client_ip`: who the client is behind trusted proxies; its limit key.
@@ -64,7 +68,6 @@
 pub mod admin;
 pub mod admission;
 pub mod admitter;
-pub mod app;
 pub mod cli;
 pub mod client_ip;
 pub mod clock;
@@ -78,10 +81,12 @@ pub mod host;
 pub mod idle;
 pub mod lane_grant;
 pub mod metrics;
+pub mod origin;
 pub mod path;
 pub mod proxy;
 pub mod queue;
 pub mod reload;
+pub mod request;
 pub mod response;
 pub mod route;
 pub mod server;
@@ -167,7 +172,7 @@ pub async fn run_with_options(
         _ => None,
     };
     let metrics = Arc::new(metrics::Metrics::new());
-    let app = Arc::new(app::App::new(&config, ring, store, clock, metrics)?);
+    let app = Arc::new(request::App::new(&config, ring, store, clock, metrics)?);
     log_start(&config, &listeners)?;
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

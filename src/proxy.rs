@@ -814,70 +814,9 @@ fn append_forwarded_for(headers: &mut HeaderMap, peer: &Peer) {
     }
 }
 
-/// The response header an origin gives queuegate commands in (DESIGN §8.6).
-/// It is queuegate's, never the client's: removed from every response
-/// before it is answered and from every request before it is forwarded.
-pub const QUEUEGATE_COMMAND: HeaderName = HeaderName::from_static("queuegate-command");
-
-/// What an origin may tell queuegate in a response.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OriginCommand {
-    /// `end-session`: end the visitor's session after this response.
-    EndSession,
-}
-
-impl OriginCommand {
-    fn parse(value: &[u8]) -> Option<OriginCommand> {
-        value
-            .trim_ascii()
-            .eq_ignore_ascii_case(b"end-session")
-            .then_some(OriginCommand::EndSession)
-    }
-}
-
-/// Removes every `Queuegate-Command` header (named in any case) from an
-/// origin's response and answers the command they give. A value may list
-/// several commands, comma-separated; unknown values are ignored (logged at
-/// debug), so an origin can be ahead of the queuegate it runs behind.
-pub fn take_command(headers: &mut HeaderMap) -> Option<OriginCommand> {
-    let mut command = None;
-    if let header::Entry::Occupied(entry) = headers.entry(QUEUEGATE_COMMAND) {
-        for value in entry.remove_entry_mult().1 {
-            for part in value.as_bytes().split(|&b| b == b',') {
-                match OriginCommand::parse(part) {
-                    Some(known) => command = Some(known),
-                    None => tracing::debug!(
-                        value = %String::from_utf8_lossy(part.trim_ascii()),
-                        "unknown origin command ignored"
-                    ),
-                }
-            }
-        }
-    }
-    command
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn origin_commands_are_taken_out_in_any_case_and_unknown_ones_ignored() {
-        let mut h = HeaderMap::new();
-        h.append("Queuegate-Command", HeaderValue::from_static("launch"));
-        assert_eq!(take_command(&mut h), None);
-        assert!(h.is_empty());
-        h.append("QUEUEGATE-COMMAND", HeaderValue::from_static("x"));
-        h.append(
-            "queuegate-command",
-            HeaderValue::from_static("x, End-Session "),
-        );
-        h.append("x-other", HeaderValue::from_static("1"));
-        assert_eq!(take_command(&mut h), Some(OriginCommand::EndSession));
-        assert!(!h.contains_key(QUEUEGATE_COMMAND));
-        assert_eq!(h.len(), 1);
-        assert_eq!(take_command(&mut h), None);
-    }
 
     #[test]
     fn connection_named_headers_are_removed_but_not_forwarding_ones() {

@@ -14,9 +14,9 @@ use tokio::sync::{mpsc, watch};
 
 use crate::admission::{KeyError, KeyRing};
 use crate::admitter::Admitters;
-use crate::app::App;
 use crate::config::{Config, ConfigError, ConfigErrors};
 use crate::file_watch::{self, FileWatch};
+use crate::request::App;
 use crate::route::Settings;
 
 /// Why a reload was rejected; the running settings are unchanged.

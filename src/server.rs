@@ -20,12 +20,12 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::app::{App, Conn};
 use crate::config::{Config, ServerLimits};
 use crate::framing::{FramingWatch, Watched};
 use crate::idle::{self, Activity, Http1, Parkable, Parking, Socket, Tracked, WhenWoken};
 use crate::metrics::Protocol;
 use crate::proxy::{Lease, Peer};
+use crate::request::{App, Conn};
 use crate::tls;
 
 /// hyper refuses a read buffer smaller than this.

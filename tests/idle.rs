@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use common::*;
 use http::{Request, Response};
-use queuegate::app::App;
 use queuegate::clock::Clock;
 use queuegate::config::Config;
 use queuegate::idle::Parking;
 use queuegate::metrics::Metrics;
 use queuegate::queue::Store;
+use queuegate::request::App;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;

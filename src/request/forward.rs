@@ -1,0 +1,153 @@
+//! Forwarding to the origin: an admitted or ungated request handed to the
+//! upstream, the origin's answer read for a command and a lane, and the lane
+//! it names recorded in lane cookies (DESIGN §8.5).
+
+use std::future::Future;
+use std::time::Instant;
+
+use futures_util::FutureExt;
+use http::header::SET_COOKIE;
+use http::{Request, Response};
+use hyper::body::Incoming;
+
+use crate::admission::VisitorId;
+use crate::cookie::{self, KeptCookies};
+use crate::lane_grant::{Holder, Lane, LANE_COOKIE_TTL};
+use crate::metrics::UpstreamFailure;
+use crate::origin::{self, OriginCommand, Said};
+use crate::proxy::Peer;
+use crate::response::{self, Body, RequestError};
+use crate::route::{RouteRt, Settings};
+
+use super::App;
+
+impl App {
+    /// Forwards a request no route gates, for `host` (see [`lane_host`]).
+    /// An origin command in the answer does nothing, as there is no session
+    /// to act on; it is removed all the same. A lane the origin names is
+    /// recorded for every route the host fits (DESIGN §8.5), bound to the
+    /// visitor's ticket or pass for the route: the request's own cookies
+    /// are kept past forwarding for that.
+    pub(super) async fn forward_ungated(
+        &self,
+        s: &Settings,
+        req: Request<Incoming>,
+        peer: &Peer,
+        host: Option<&str>,
+    ) -> Response<Body> {
+        let kept = KeptCookies::of(req.headers());
+        let mut forwarded = self.forward(req, peer).await;
+        if forwarded.command.is_some() {
+            tracing::debug!("origin command on an ungated path ignored: no session");
+        }
+        let routes = s
+            .routes
+            .iter()
+            .filter(|r| r.cfg.matcher.host_fits(host))
+            .map(|r| {
+                let (name, lane_name) = (r.cookie_name(peer.tls), r.lane_cookie_name(peer.tls));
+                (r, kept.visitor(name, lane_name, &s.ring, r.name()))
+            });
+        self.record_lane(s, &mut forwarded, routes, peer.tls);
+        forwarded.resp
+    }
+
+    /// Adds a lane cookie for each of `routes` to the answer when the
+    /// origin named a lane in it (DESIGN §8.5), for [`LANE_COOKIE_TTL`],
+    /// bound to the visitor id given with the route: the session the
+    /// request was admitted under, or the ticket or pass an ungated request
+    /// carried for the route. A visitor who holds none gets the lane for
+    /// its first arrival on the route ([`Holder::First`]), which the store
+    /// lets one arrival take. Whether the route has that lane is checked
+    /// when the cookie is read, against the config then.
+    pub(super) fn record_lane<'r>(
+        &self,
+        s: &Settings,
+        forwarded: &mut Forwarded,
+        routes: impl IntoIterator<Item = (&'r RouteRt, Option<VisitorId>)>,
+        tls: bool,
+    ) {
+        let Some(lane) = forwarded.lane.take() else {
+            return;
+        };
+        let now = self.gate.clock().now_s();
+        let until = now.saturating_add(LANE_COOKIE_TTL.as_secs());
+        let jar = s.jar();
+        for (route, visitor) in routes {
+            let holder = visitor.map_or_else(Holder::first, Holder::Visitor);
+            let set = jar.lane(route.name(), &lane, &holder, now, until, tls);
+            forwarded.resp.headers_mut().append(SET_COOKIE, set);
+        }
+    }
+
+    /// Forwards an admitted or ungated request, taking any origin command
+    /// and lane out of the answer. The request is handed to the upstream before
+    /// this returns (see [`Upstream::forward`]).
+    pub(super) fn forward(
+        &self,
+        mut req: Request<Incoming>,
+        peer: &Peer,
+    ) -> impl Future<Output = Forwarded> + Send + '_ {
+        cookie::strip_own_cookies(req.headers_mut());
+        let started = Instant::now();
+        let remote = peer.addr;
+        // A combinator, not an async block: the block would hold the
+        // upstream's future twice (captured, then pinned while awaited),
+        // and every request's future is moved whole several times.
+        let exchange = self.upstream.forward(req, peer, &origin::OWN_FIELDS);
+        exchange.map(move |forwarded| {
+            let seconds = started.elapsed().as_secs_f64();
+            let from_origin = forwarded.is_ok();
+            let mut resp = match forwarded {
+                Ok(resp) => {
+                    self.metrics.upstream(seconds, None);
+                    resp
+                }
+                Err(err @ RequestError::BadBody(_)) => {
+                    // The client's error, not the origin's.
+                    tracing::debug!(remote = %remote, error = %err, "request rejected");
+                    response::from_error(&err)
+                }
+                Err(err) => {
+                    let failure = match err {
+                        RequestError::UpstreamTimeout => UpstreamFailure::Timeout,
+                        _ => UpstreamFailure::Error,
+                    };
+                    self.metrics.upstream(seconds, Some(failure));
+                    tracing::warn!(remote = %remote, error = %err, "origin failed");
+                    response::from_error(&err)
+                }
+            };
+            let Said { command, lane } = origin::take(resp.headers_mut());
+            Forwarded {
+                resp,
+                from_origin,
+                command,
+                lane,
+            }
+        })
+    }
+}
+
+/// A forwarded request's answer.
+pub(super) struct Forwarded {
+    /// Without any `Queuegate-Command` or `Queuegate-Lane` header.
+    pub(super) resp: Response<Body>,
+    /// Whether the origin answered (not a 502 or 504 of queuegate's own).
+    pub(super) from_origin: bool,
+    /// What the origin's `Queuegate-Command` said, if anything known.
+    pub(super) command: Option<OriginCommand>,
+    /// The lane the origin's `Queuegate-Lane` named, if a valid one.
+    pub(super) lane: Option<Lane>,
+}
+
+/// `resp` with `set_cookie` added when there is one.
+pub(super) fn with_cookie(
+    mut resp: Response<Body>,
+    set_cookie: Option<http::HeaderValue>,
+) -> Response<Body> {
+    if let Some(cookie) = set_cookie {
+        resp.headers_mut().append(SET_COOKIE, cookie);
+    }
+    resp
+}
