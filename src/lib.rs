@@ -12,7 +12,9 @@
 //! - `server`: accept loops, connection limit, HTTP/1.1 and HTTP/2, drain.
 //! - `admin`: the admin listener: /metrics, /healthz, /readyz, /routes.
 //! - `reload`: live config reload (file watch, SIGHUP).
-//! - `idle`: parks idle HTTP/1 keep-alive connections down to their socket.
+//! - `connection`: a client connection's stream (its timeouts, send watchdog
+//!   and what it has in flight, for every protocol) and the HTTP/1 driver,
+//!   which parks idle keep-alive connections down to their socket.
 //! - `app`: shared state and the per-request entry point: host and path
 //!   checks, queuegate's own paths, bypass, route, gate, forward.
 //! - `framing`: watches raw HTTP/1 heads for ambiguous framing hyper would resolve.
@@ -66,13 +68,13 @@ pub mod cli;
 pub mod client_ip;
 pub mod clock;
 pub mod config;
+pub mod connection;
 pub mod cookie;
 pub mod demo;
 pub mod file_watch;
 pub mod framing;
 pub mod gate;
 pub mod host;
-pub mod idle;
 pub mod lane_grant;
 pub mod metrics;
 pub mod path;

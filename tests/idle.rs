@@ -11,7 +11,7 @@ use http::{Request, Response};
 use queuegate::app::App;
 use queuegate::clock::Clock;
 use queuegate::config::Config;
-use queuegate::idle::Parking;
+use queuegate::connection::Parking;
 use queuegate::metrics::Metrics;
 use queuegate::queue::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -1,3 +1,5 @@
+//! A client connection's stream, and the HTTP/1 driver (`serve_h1`).
+//!
 //! Parking of idle HTTP/1 keep-alive connections: once a connection has
 //! nothing in flight and no bytes moved for a while, hyper's connection (its
 //! read and write buffers, cached headers and state) is ended without the
