@@ -9,6 +9,7 @@
 //! coordinated by one instance per tick window; the others only look at
 //! each sub-line's epoch (noticing a lost one) and line length.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::PoisonError;
 
@@ -91,16 +92,20 @@ impl RedisStore {
         }
     }
 
-    /// The sub-line holding visitor `id` of split route `route`, and the
-    /// limits of calls to it.
-    pub(super) fn visitor_line(
+    /// The line holding visitor `id` of route `route`, and the limits of
+    /// calls to it: its sub-line on a split route, else the route's line.
+    pub(super) fn visitor_line<'a>(
         &self,
-        route: &str,
+        route: &'a str,
         id: &VisitorId,
-        limits: &Limits,
-    ) -> (String, Limits) {
+        limits: &'a Limits,
+    ) -> (Cow<'a, str>, Cow<'a, Limits>) {
+        if limits.shards <= 1 {
+            return (Cow::Borrowed(route), Cow::Borrowed(limits));
+        }
         let k = shards::shard_of(id, limits.shards);
-        (self.sub_name(route, limits, k), sub_limits(limits))
+        let line = self.sub_name(route, limits, k);
+        (Cow::Owned(line), Cow::Owned(sub_limits(limits)))
     }
 
     /// The name of sub-line `k` of split route `route`, without copying the
