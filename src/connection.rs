@@ -597,22 +597,18 @@ where
                 conn.as_mut().graceful_shutdown();
             }
             () = &mut timer, if !park => {
-                let now = Instant::now();
-                if activity
-                    .head_due(http1.head_timeout)
-                    .is_some_and(|due| now >= due)
-                {
-                    tracing::debug!(%remote, "no request head in time: closing");
-                    return None;
-                }
-                if now >= next_look {
-                    next_look = now + parking.after;
-                    if !draining && activity.may_park(requests_before) {
+                match look(http1, activity, requests_before, draining, &mut next_look) {
+                    Look::HeadLate => {
+                        tracing::debug!(%remote, "no request head in time: closing");
+                        return None;
+                    }
+                    Look::Park => {
                         park = true;
                         activity.parking.store(true, Ordering::Relaxed);
                         // Idle, hyper closes without writing anything.
                         conn.as_mut().graceful_shutdown();
                     }
+                    Look::Serve => {}
                 }
                 let next = earliest(next_look, activity.head_due(http1.head_timeout));
                 timer.inner_mut().reset(next);
@@ -628,12 +624,57 @@ where
     if !park {
         return None;
     }
+    take_back(Pin::into_inner(conn).into_parts(), draining).await
+}
+
+/// What a serving stretch's timer found.
+enum Look {
+    /// The request head is past its deadline: the connection is closed.
+    HeadLate,
+    /// Idle long enough: the connection is parked.
+    Park,
+    /// Neither: serving goes on.
+    Serve,
+}
+
+/// Looks, when a serving stretch's timer fires, at whether the request head
+/// is late and, every `parking.after` (`next_look`), whether the connection
+/// may park (never while the server drains).
+fn look(
+    http1: &Http1,
+    activity: &Activity,
+    requests_before: u64,
+    draining: bool,
+    next_look: &mut Instant,
+) -> Look {
+    let now = Instant::now();
+    if activity
+        .head_due(http1.head_timeout)
+        .is_some_and(|due| now >= due)
+    {
+        return Look::HeadLate;
+    }
+    if now >= *next_look {
+        *next_look = now + http1.parking.after;
+        if !draining && activity.may_park(requests_before) {
+            return Look::Park;
+        }
+    }
+    Look::Serve
+}
+
+/// The socket of a hyper connection ended to be parked, and what hyper had
+/// read of it; `None`, the socket closed, when the server drains.
+async fn take_back<S: Socket, Svc>(
+    parts: Option<http1::Parts<TokioIo<Parkable<S>>, Svc>>,
+    draining: bool,
+) -> Option<(Parkable<S>, Bytes)> {
     // `None`: upgraded (cannot happen while idle, but then it is over).
     let http1::Parts {
         io: stream,
         read_buf,
         ..
-    } = Pin::into_inner(conn).into_parts()?;
+    } = parts?;
     let io = stream.into_inner();
     io.activity.parking.store(false, Ordering::Relaxed);
     if draining {
