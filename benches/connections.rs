@@ -125,8 +125,8 @@ async fn bench(flags: &Flags) {
     }
     let opening = started.elapsed();
     // Idle means idle: queuegate parks a keep-alive connection after
-    // `idle::PARK_AFTER` to twice that without traffic.
-    tokio::time::sleep(queuegate::idle::PARK_AFTER * 2 + Duration::from_secs(2)).await;
+    // `connection::PARK_AFTER` to twice that without traffic.
+    tokio::time::sleep(queuegate::connection::PARK_AFTER * 2 + Duration::from_secs(2)).await;
     let after_kb = fleet::rss_kb(pid);
     let fds_after = fleet::open_fds(pid);
 

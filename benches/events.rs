@@ -171,7 +171,7 @@ async fn run(crowd: Crowd, waiters: usize, window: Duration, origin: &Origin) ->
         }
     }
     // The joins' connections are gone; what they left is freed.
-    tokio::time::sleep(queuegate::idle::PARK_AFTER * 2 + Duration::from_secs(1)).await;
+    tokio::time::sleep(queuegate::connection::PARK_AFTER * 2 + Duration::from_secs(1)).await;
     let rss_before_kb = fleet::rss_kb(pid);
 
     let seen = Arc::new(Mutex::new(HashMap::<[u8; 12], Instant>::new()));
@@ -215,7 +215,7 @@ async fn run(crowd: Crowd, waiters: usize, window: Duration, origin: &Origin) ->
     }
     // Polling connections park between polls, as they would between a
     // browser's.
-    tokio::time::sleep(queuegate::idle::PARK_AFTER * 2 + Duration::from_secs(1)).await;
+    tokio::time::sleep(queuegate::connection::PARK_AFTER * 2 + Duration::from_secs(1)).await;
     let rss_after_kb = fleet::rss_kb(pid);
 
     // The window: admissions begin as the holders leave.

@@ -54,82 +54,96 @@ pub async fn run(
             interval = tokio::time::interval(tick);
             interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
         }
-        let live = &route.live;
         // Past `closes_at` the route is closed: nobody is admitted.
         if route.cfg.mode == Mode::Gate && !route.closed_at(gate.clock().now_us()) {
-            let known = live.known_epoch_us();
-            // Visitors the local line let in come back to the store first.
-            if live.granted_locally.load(Ordering::Relaxed)
-                && gate.store().hold(&name, &route.limits).await.is_ok()
-            {
-                live.granted_locally.store(false, Ordering::Relaxed);
-                tracing::info!(route = %name, "store back after local admissions: holding admissions for one pass_ttl");
-            }
-            // Polls answered without the store: from the line record (a
-            // shared store) or before the opening (any store).
-            flush_heartbeats(&gate, route).await;
-            match gate.store().admit_tick(&name, &route.limits, known).await {
-                Ok(t) => {
-                    live.answered_locally.store(false, Ordering::Relaxed);
-                    if known.is_some_and(|k| k != t.epoch_us) {
-                        tracing::warn!(route = %name, "store lost its state: holding admissions for one pass_ttl");
-                    }
-                    live.epoch_us.store(t.epoch_us, Ordering::Relaxed);
-                    route.metrics.tick(&t);
-                    if t.ran {
-                        route.metrics.lanes(&route.limits.lanes, &t);
-                        live.set_lane_waiting(&t.lane_waiting);
-                    }
-                    if let Some(shuffled) = t.opened {
-                        tracing::info!(route = %name, shuffled, "opened: the pre-queue was shuffled");
-                    }
-                    if !t.admitted_scores.is_empty() {
-                        tracing::debug!(route = %name, admitted = t.admitted_scores.len(), "admitted from the line");
-                    }
-                }
-                Err(err) => {
-                    tracing::debug!(route = %name, error = %err, "admit tick failed");
-                }
-            }
-            if gate.store().is_shared() {
-                ended_read_ms = refuse_ended(&gate, route, ended_read_ms).await;
-                match gate.store().line_record(&name, &route.limits).await {
-                    Ok(record) => live.set_record(record),
-                    Err(err) => {
-                        tracing::debug!(route = %name, error = %err, "line record not read");
-                    }
-                }
-            }
-            if route.cfg.on_store_error == OnStoreError::Local {
-                if let Ok(t) = gate
-                    .local()
-                    .admit_tick(&name, &route.local_limits_now(), None)
-                    .await
-                {
-                    route.metrics.tick(&t);
-                }
-            }
+            ended_read_ms = admit(&gate, route, &name, ended_read_ms).await;
         }
         // Open event streams look at the record (or the store) again.
-        live.ticked();
+        route.live.ticked();
         if last_stats.is_none_or(|at| at.elapsed() >= STATS_EVERY) {
             last_stats = Some(Instant::now());
-            if let Ok(stats) = gate.store().stats(&name, &route.limits).await {
-                // Only the tick moves a known epoch: it is what notices a loss.
-                let _ = live.epoch_us.compare_exchange(
-                    0,
-                    stats.epoch_us,
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                );
-                live.waiting.store(stats.waiting, Ordering::Relaxed);
-                live.active.store(stats.active, Ordering::Relaxed);
-                live.admit_rate_milli
-                    .store((stats.admit_rate * 1000.0) as u64, Ordering::Relaxed);
-                let eta_s = route::eta_seconds(stats.waiting, stats.admit_rate).map(|s| s as f64);
-                route.metrics.live(stats.waiting, stats.active, eta_s);
+            refresh_stats(&gate, route, &name).await;
+        }
+    }
+}
+
+/// One tick of an open gate route: admits from the head of the line (and
+/// the local line, when it stands in for the store), and, on a shared
+/// store, refuses the passes of sessions ended anywhere since
+/// `ended_read_ms` and reads the line record. Returns the `ended_read_ms`
+/// of the next tick.
+async fn admit(gate: &Gate, route: &RouteRt, name: &str, mut ended_read_ms: u64) -> u64 {
+    let live = &route.live;
+    let known = live.known_epoch_us();
+    // Visitors the local line let in come back to the store first.
+    if live.granted_locally.load(Ordering::Relaxed)
+        && gate.store().hold(name, &route.limits).await.is_ok()
+    {
+        live.granted_locally.store(false, Ordering::Relaxed);
+        tracing::info!(route = %name, "store back after local admissions: holding admissions for one pass_ttl");
+    }
+    // Polls answered without the store: from the line record (a
+    // shared store) or before the opening (any store).
+    flush_heartbeats(gate, route).await;
+    match gate.store().admit_tick(name, &route.limits, known).await {
+        Ok(t) => {
+            live.answered_locally.store(false, Ordering::Relaxed);
+            if known.is_some_and(|k| k != t.epoch_us) {
+                tracing::warn!(route = %name, "store lost its state: holding admissions for one pass_ttl");
+            }
+            live.epoch_us.store(t.epoch_us, Ordering::Relaxed);
+            route.metrics.tick(&t);
+            if t.ran {
+                route.metrics.lanes(&route.limits.lanes, &t);
+                live.set_lane_waiting(&t.lane_waiting);
+            }
+            if let Some(shuffled) = t.opened {
+                tracing::info!(route = %name, shuffled, "opened: the pre-queue was shuffled");
+            }
+            if !t.admitted_scores.is_empty() {
+                tracing::debug!(route = %name, admitted = t.admitted_scores.len(), "admitted from the line");
             }
         }
+        Err(err) => {
+            tracing::debug!(route = %name, error = %err, "admit tick failed");
+        }
+    }
+    if gate.store().is_shared() {
+        ended_read_ms = refuse_ended(gate, route, ended_read_ms).await;
+        match gate.store().line_record(name, &route.limits).await {
+            Ok(record) => live.set_record(record),
+            Err(err) => {
+                tracing::debug!(route = %name, error = %err, "line record not read");
+            }
+        }
+    }
+    if route.cfg.on_store_error == OnStoreError::Local {
+        if let Ok(t) = gate
+            .local()
+            .admit_tick(name, &route.local_limits_now(), None)
+            .await
+        {
+            route.metrics.tick(&t);
+        }
+    }
+    ended_read_ms
+}
+
+/// Refreshes the route's live numbers (waiting, active, admission rate,
+/// ETA) from the store.
+async fn refresh_stats(gate: &Gate, route: &RouteRt, name: &str) {
+    let live = &route.live;
+    if let Ok(stats) = gate.store().stats(name, &route.limits).await {
+        // Only the tick moves a known epoch: it is what notices a loss.
+        let _ =
+            live.epoch_us
+                .compare_exchange(0, stats.epoch_us, Ordering::Relaxed, Ordering::Relaxed);
+        live.waiting.store(stats.waiting, Ordering::Relaxed);
+        live.active.store(stats.active, Ordering::Relaxed);
+        live.admit_rate_milli
+            .store((stats.admit_rate * 1000.0) as u64, Ordering::Relaxed);
+        let eta_s = route::eta_seconds(stats.waiting, stats.admit_rate).map(|s| s as f64);
+        route.metrics.live(stats.waiting, stats.active, eta_s);
     }
 }
 

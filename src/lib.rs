@@ -12,7 +12,9 @@
 //! - `server`: accept loops, connection limit, HTTP/1.1 and HTTP/2, drain.
 //! - `admin`: the admin listener: /metrics, /healthz, /readyz, /routes.
 //! - `reload`: live config reload (file watch, SIGHUP).
-//! - `idle`: parks idle HTTP/1 keep-alive connections down to their socket.
+//! - `connection`: a client connection's stream (its timeouts, send watchdog
+//!   and what it has in flight, for every protocol) and the HTTP/1 driver,
+//!   which parks idle keep-alive connections down to their socket.
 //! - `request`: shared state (`App`, `Conn`) and one road for a request
 //!   (`App::handle`): screened (`screen`: framing, invite, host, path
 //!   readings, bypass, route), an invite redeemed (`invite`), counted,
@@ -72,13 +74,13 @@ pub mod cli;
 pub mod client_ip;
 pub mod clock;
 pub mod config;
+pub mod connection;
 pub mod cookie;
 pub mod demo;
 pub mod file_watch;
 pub mod framing;
 pub mod gate;
 pub mod host;
-pub mod idle;
 pub mod lane_grant;
 pub mod metrics;
 pub mod origin;

@@ -13,7 +13,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 use std::sync::atomic::AtomicU64;
 
 use crate::queue::{Lanes, Tick};
@@ -350,220 +350,41 @@ impl Default for Metrics {
 
 impl Metrics {
     /// A fresh set of metrics, every series that a rate query needs to see at
-    /// zero already created.
+    /// zero already created. They are registered (and so exported) in the
+    /// order of the groups here.
     pub fn new() -> Metrics {
         let mut registry = Registry::default();
-        let waiting = Family::<RouteLabel, Gauge>::default();
-        let active = Family::<RouteLabel, Gauge>::default();
-        let capacity = Family::<RouteLabel, Gauge>::default();
-        let admitted = Family::<AdmittedLabels, Counter>::default();
-        let lanes = std::sync::Arc::new(LaneFamilies::default());
-        let rejected = Family::<RejectedLabels, Counter>::default();
-        let held = Family::<RouteLabel, Counter>::default();
-        let eta = Family::<RouteLabel, Gauge<f64, AtomicU64>>::default();
-        let wait = Family::<RouteLabel, Histogram>::new_with_constructor(
-            wait_histogram as fn() -> Histogram,
-        );
-        let abandoned = Family::<RouteLabel, Counter>::default();
-        let no_show = Family::<RouteLabel, Counter>::default();
-        let unconfirmed = Family::<UnconfirmedLabels, Counter>::default();
-        let sessions_ended = Family::<EndedLabels, Counter>::default();
-        let polls = Family::<PollLabels, Counter>::default();
-        let event_streams = Family::<RouteLabel, Gauge>::default();
-        let streams_refused = Family::<StreamRefusedLabels, Counter>::default();
-        let fail_open = Family::<RouteLabel, Counter>::default();
-        let client_gone = Family::<RouteLabel, Counter>::default();
-        let store_calls = Family::<OperationLabel, Counter>::default();
-        let store_errors = Family::<OperationLabel, Counter>::default();
-        let breaker_state = Gauge::default();
-        let upstream_duration = Histogram::new(UPSTREAM_BUCKETS);
-        let upstream_errors = Family::<KindLabel, Counter>::default();
-        let reloads = Family::<ResultLabel, Counter>::default();
-        let requests_family = Family::<DecisionLabel, Counter>::default();
-        let open_connections = Family::<ProtocolLabel, Gauge>::default();
-        let parked_connections = Gauge::default();
-        let parks = Counter::default();
-        let resumes = Counter::default();
-
-        registry.register(
-            "queuegate_waiting",
-            "People in line, per route",
-            waiting.clone(),
-        );
-        registry.register(
-            "queuegate_active",
-            "Active admitted sessions, per route",
-            active.clone(),
-        );
-        registry.register(
-            "queuegate_capacity",
-            "Configured concurrent sessions, per route",
-            capacity.clone(),
-        );
-        registry.register(
-            "queuegate_admitted",
-            "Visitors admitted, at once on arrival or from the line",
-            admitted.clone(),
-        );
-        registry.register(
-            "queuegate_lane_waiting",
-            "People in line, per route and lane",
-            lanes.waiting.clone(),
-        );
-        registry.register(
-            "queuegate_lane_admitted",
-            "Visitors admitted from the line, per route and lane",
-            lanes.admitted.clone(),
-        );
-        registry.register(
-            "queuegate_rejected",
-            "Requests turned away: line full, route closed, store down",
-            rejected.clone(),
-        );
-        registry.register(
-            "queuegate_held",
-            "Requests sent to the waiting room",
-            held.clone(),
-        );
-        registry.register(
-            "queuegate_eta_seconds",
-            "Estimated wait for the back of the line (NaN while there is no admission rate)",
-            eta.clone(),
-        );
-        registry.register(
-            "queuegate_wait_seconds",
-            "Time in line, join to admission",
-            wait.clone(),
-        );
-        registry.register(
-            "queuegate_abandoned",
-            "Waiters dropped after going silent",
-            abandoned.clone(),
-        );
-        registry.register(
-            "queuegate_no_show",
-            "Admitted waiters who never came",
-            no_show.clone(),
-        );
-        registry.register(
-            "queuegate_unconfirmed",
-            "Admit-now sessions and tickets whose visitor never came back within confirm_within",
-            unconfirmed.clone(),
-        );
-        registry.register(
-            "queuegate_sessions_ended",
-            "Sessions ended before they expired: by the origin's command, an exit path, or max_requests_per_session",
-            sessions_ended.clone(),
-        );
-        registry.register(
-            "queuegate_polls",
-            "Status polls of waiters, by what answered them: the line record (no store call) or the store",
-            polls.clone(),
-        );
-        registry.register(
-            "queuegate_event_streams",
-            "Waiting pages' event streams open at this instance, per route",
-            event_streams.clone(),
-        );
-        registry.register(
-            "queuegate_event_streams_refused",
-            "Event streams refused (the page told to poll) for being over the route's cap, the visitor's or the client address's",
-            streams_refused.clone(),
-        );
-        registry.register(
-            "queuegate_client_gone",
-            "Requests to a route whose client went away before they were answered",
-            client_gone.clone(),
-        );
-        registry.register(
-            "queuegate_store_calls",
-            "Calls made to the store, per operation (those the open breaker refused are not made)",
-            store_calls.clone(),
-        );
-        registry.register(
-            "queuegate_store_errors",
-            "Store calls that failed or timed out, per operation",
-            store_errors.clone(),
-        );
-        registry.register(
-            "queuegate_store_breaker_state",
-            "Store circuit breaker: 0 closed, 1 half-open, 2 open",
-            breaker_state.clone(),
-        );
-        registry.register(
-            "queuegate_upstream_request_duration_seconds",
-            "Time until the origin's response head",
-            upstream_duration.clone(),
-        );
-        registry.register(
-            "queuegate_upstream_errors",
-            "Origin requests that failed (error) or timed out (timeout)",
-            upstream_errors.clone(),
-        );
-        registry.register(
-            "queuegate_config_reloads",
-            "Config reloads, applied (ok) or rejected (error)",
-            reloads.clone(),
-        );
-        registry.register(
-            "queuegate_fail_open",
-            "New visitors forwarded without a pass because the store was down",
-            fail_open.clone(),
-        );
-        registry.register(
-            "queuegate_requests",
-            "Requests by how they were answered",
-            requests_family.clone(),
-        );
-        registry.register(
-            "queuegate_connections",
-            "Open client connections by protocol: h1, h2, or tunnel (upgraded, such as WebSocket)",
-            open_connections.clone(),
-        );
-        registry.register(
-            "queuegate_parked_connections",
-            "Idle HTTP/1 connections parked down to their socket (counted in h1 too)",
-            parked_connections.clone(),
-        );
-        registry.register(
-            "queuegate_parks",
-            "Idle HTTP/1 connections parked",
-            parks.clone(),
-        );
-        registry.register(
-            "queuegate_resumes",
-            "Parked connections picked up again when their socket turned readable",
-            resumes.clone(),
-        );
-
-        for op in Operation::ALL {
-            let label = OperationLabel {
-                operation: op.label(),
-            };
-            let _ = store_calls.get_or_create_owned(&label);
-            let _ = store_errors.get_or_create_owned(&label);
-        }
-        let requests = Outcome::ALL
-            .iter()
-            .map(|o| {
-                requests_family.get_or_create_owned(&DecisionLabel {
-                    decision: o.as_str(),
-                })
-            })
-            .collect();
-        let [h1, h2, tunnel] = Protocol::ALL.map(|protocol| {
-            open_connections.get_or_create_owned(&ProtocolLabel {
-                protocol: protocol.as_str(),
-            })
-        });
-        let connections = ConnectionMetrics {
-            h1,
-            h2,
-            tunnel,
-            parked: parked_connections,
-            parks,
-            resumes,
-        };
+        let LineMetrics {
+            waiting,
+            active,
+            capacity,
+            admitted,
+            lanes,
+            rejected,
+            held,
+            eta,
+            wait,
+        } = LineMetrics::register(&mut registry);
+        let WaiterMetrics {
+            abandoned,
+            no_show,
+            unconfirmed,
+            sessions_ended,
+            polls,
+            event_streams,
+            streams_refused,
+            client_gone,
+        } = WaiterMetrics::register(&mut registry);
+        let BackendMetrics {
+            store_calls,
+            store_errors,
+            breaker_state,
+            upstream_duration,
+            upstream_errors,
+            reloads,
+            fail_open,
+        } = BackendMetrics::register(&mut registry);
+        let (requests, connections) = register_traffic(&mut registry);
         Metrics {
             registry,
             waiting,
@@ -775,6 +596,295 @@ impl Metrics {
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
+}
+
+/// Registers `metric` in `registry` under `name` and returns it.
+fn register<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
+/// The line of each route: who waits, who is in, who was let in or turned
+/// away, and how long it takes.
+struct LineMetrics {
+    waiting: Family<RouteLabel, Gauge>,
+    active: Family<RouteLabel, Gauge>,
+    capacity: Family<RouteLabel, Gauge>,
+    admitted: Family<AdmittedLabels, Counter>,
+    lanes: std::sync::Arc<LaneFamilies>,
+    rejected: Family<RejectedLabels, Counter>,
+    held: Family<RouteLabel, Counter>,
+    eta: Family<RouteLabel, Gauge<f64, AtomicU64>>,
+    wait: Family<RouteLabel, Histogram>,
+}
+
+impl LineMetrics {
+    fn register(registry: &mut Registry) -> LineMetrics {
+        let r = registry;
+        let waiting = register(
+            r,
+            "queuegate_waiting",
+            "People in line, per route",
+            Family::default(),
+        );
+        let active = register(
+            r,
+            "queuegate_active",
+            "Active admitted sessions, per route",
+            Family::default(),
+        );
+        let capacity = register(
+            r,
+            "queuegate_capacity",
+            "Configured concurrent sessions, per route",
+            Family::default(),
+        );
+        let admitted = register(
+            r,
+            "queuegate_admitted",
+            "Visitors admitted, at once on arrival or from the line",
+            Family::default(),
+        );
+        let lanes = std::sync::Arc::new(LaneFamilies::default());
+        r.register(
+            "queuegate_lane_waiting",
+            "People in line, per route and lane",
+            lanes.waiting.clone(),
+        );
+        r.register(
+            "queuegate_lane_admitted",
+            "Visitors admitted from the line, per route and lane",
+            lanes.admitted.clone(),
+        );
+        LineMetrics {
+            waiting,
+            active,
+            capacity,
+            admitted,
+            lanes,
+            rejected: register(
+                r,
+                "queuegate_rejected",
+                "Requests turned away: line full, route closed, store down",
+                Family::default(),
+            ),
+            held: register(
+                r,
+                "queuegate_held",
+                "Requests sent to the waiting room",
+                Family::default(),
+            ),
+            eta: register(
+                r,
+                "queuegate_eta_seconds",
+                "Estimated wait for the back of the line (NaN while there is no admission rate)",
+                Family::default(),
+            ),
+            wait: register(
+                r,
+                "queuegate_wait_seconds",
+                "Time in line, join to admission",
+                Family::new_with_constructor(wait_histogram as fn() -> Histogram),
+            ),
+        }
+    }
+}
+
+/// What became of waiters and sessions, and how the waiting room's pages
+/// keep up with the line.
+struct WaiterMetrics {
+    abandoned: Family<RouteLabel, Counter>,
+    no_show: Family<RouteLabel, Counter>,
+    unconfirmed: Family<UnconfirmedLabels, Counter>,
+    sessions_ended: Family<EndedLabels, Counter>,
+    polls: Family<PollLabels, Counter>,
+    event_streams: Family<RouteLabel, Gauge>,
+    streams_refused: Family<StreamRefusedLabels, Counter>,
+    client_gone: Family<RouteLabel, Counter>,
+}
+
+impl WaiterMetrics {
+    fn register(registry: &mut Registry) -> WaiterMetrics {
+        let r = registry;
+        WaiterMetrics {
+            abandoned: register(
+                r,
+                "queuegate_abandoned",
+                "Waiters dropped after going silent",
+                Family::default(),
+            ),
+            no_show: register(
+                r,
+                "queuegate_no_show",
+                "Admitted waiters who never came",
+                Family::default(),
+            ),
+            unconfirmed: register(
+                r,
+                "queuegate_unconfirmed",
+                "Admit-now sessions and tickets whose visitor never came back within confirm_within",
+                Family::default(),
+            ),
+            sessions_ended: register(
+                r,
+                "queuegate_sessions_ended",
+                "Sessions ended before they expired: by the origin's command, an exit path, or max_requests_per_session",
+                Family::default(),
+            ),
+            polls: register(
+                r,
+                "queuegate_polls",
+                "Status polls of waiters, by what answered them: the line record (no store call) or the store",
+                Family::default(),
+            ),
+            event_streams: register(
+                r,
+                "queuegate_event_streams",
+                "Waiting pages' event streams open at this instance, per route",
+                Family::default(),
+            ),
+            streams_refused: register(
+                r,
+                "queuegate_event_streams_refused",
+                "Event streams refused (the page told to poll) for being over the route's cap, the visitor's or the client address's",
+                Family::default(),
+            ),
+            client_gone: register(
+                r,
+                "queuegate_client_gone",
+                "Requests to a route whose client went away before they were answered",
+                Family::default(),
+            ),
+        }
+    }
+}
+
+/// The store, the origin and config reloads, and the visitors let through
+/// while the store was down.
+struct BackendMetrics {
+    store_calls: Family<OperationLabel, Counter>,
+    store_errors: Family<OperationLabel, Counter>,
+    breaker_state: Gauge,
+    upstream_duration: Histogram,
+    upstream_errors: Family<KindLabel, Counter>,
+    reloads: Family<ResultLabel, Counter>,
+    fail_open: Family<RouteLabel, Counter>,
+}
+
+impl BackendMetrics {
+    fn register(registry: &mut Registry) -> BackendMetrics {
+        let r = registry;
+        let store_calls: Family<OperationLabel, Counter> = register(
+            r,
+            "queuegate_store_calls",
+            "Calls made to the store, per operation (those the open breaker refused are not made)",
+            Family::default(),
+        );
+        let store_errors: Family<OperationLabel, Counter> = register(
+            r,
+            "queuegate_store_errors",
+            "Store calls that failed or timed out, per operation",
+            Family::default(),
+        );
+        for op in Operation::ALL {
+            let label = OperationLabel {
+                operation: op.label(),
+            };
+            let _ = store_calls.get_or_create_owned(&label);
+            let _ = store_errors.get_or_create_owned(&label);
+        }
+        BackendMetrics {
+            store_calls,
+            store_errors,
+            breaker_state: register(
+                r,
+                "queuegate_store_breaker_state",
+                "Store circuit breaker: 0 closed, 1 half-open, 2 open",
+                Gauge::default(),
+            ),
+            upstream_duration: register(
+                r,
+                "queuegate_upstream_request_duration_seconds",
+                "Time until the origin's response head",
+                Histogram::new(UPSTREAM_BUCKETS),
+            ),
+            upstream_errors: register(
+                r,
+                "queuegate_upstream_errors",
+                "Origin requests that failed (error) or timed out (timeout)",
+                Family::default(),
+            ),
+            reloads: register(
+                r,
+                "queuegate_config_reloads",
+                "Config reloads, applied (ok) or rejected (error)",
+                Family::default(),
+            ),
+            fail_open: register(
+                r,
+                "queuegate_fail_open",
+                "New visitors forwarded without a pass because the store was down",
+                Family::default(),
+            ),
+        }
+    }
+}
+
+/// Requests by how they were answered (one counter per [`Outcome`], in
+/// `Outcome::ALL` order), and the client connections.
+fn register_traffic(r: &mut Registry) -> (Vec<Counter>, ConnectionMetrics) {
+    let requests_family: Family<DecisionLabel, Counter> = register(
+        r,
+        "queuegate_requests",
+        "Requests by how they were answered",
+        Family::default(),
+    );
+    let open_connections: Family<ProtocolLabel, Gauge> = register(
+        r,
+        "queuegate_connections",
+        "Open client connections by protocol: h1, h2, or tunnel (upgraded, such as WebSocket)",
+        Family::default(),
+    );
+    let parked = register(
+        r,
+        "queuegate_parked_connections",
+        "Idle HTTP/1 connections parked down to their socket (counted in h1 too)",
+        Gauge::default(),
+    );
+    let parks = register(
+        r,
+        "queuegate_parks",
+        "Idle HTTP/1 connections parked",
+        Counter::default(),
+    );
+    let resumes = register(
+        r,
+        "queuegate_resumes",
+        "Parked connections picked up again when their socket turned readable",
+        Counter::default(),
+    );
+    let requests = Outcome::ALL
+        .iter()
+        .map(|o| {
+            requests_family.get_or_create_owned(&DecisionLabel {
+                decision: o.as_str(),
+            })
+        })
+        .collect();
+    let [h1, h2, tunnel] = Protocol::ALL.map(|protocol| {
+        open_connections.get_or_create_owned(&ProtocolLabel {
+            protocol: protocol.as_str(),
+        })
+    });
+    let connections = ConnectionMetrics {
+        h1,
+        h2,
+        tunnel,
+        parked,
+        parks,
+        resumes,
+    };
+    (requests, connections)
 }
 
 fn wait_histogram() -> Histogram {

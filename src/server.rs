@@ -1,5 +1,5 @@
 //! Accept loops: the connection limit, the TLS handshake on TLS listeners,
-//! hyper's HTTP/1.1 (parked when idle, see `idle`) and HTTP/2 (by ALPN or
+//! hyper's HTTP/1.1 (parked when idle, see `connection`) and HTTP/2 (by ALPN or
 //! prior knowledge) connections, header limits, idle and HTTP/2 limits
 //! (streams, pings, header blocks, reset floods), and the graceful drain,
 //! which ends whatever is left (tunnels included) at its deadline.
@@ -21,8 +21,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::config::{Config, ServerLimits};
+use crate::connection::{self, Activity, Http1, Parkable, Parking, Socket, Tracked, WhenWoken};
 use crate::framing::{FramingWatch, Watched};
-use crate::idle::{self, Activity, Http1, Parkable, Parking, Socket, Tracked, WhenWoken};
 use crate::metrics::Protocol;
 use crate::proxy::{Lease, Peer};
 use crate::request::{App, Conn};
@@ -410,7 +410,7 @@ fn h1_buf_size(limits: &ServerLimits) -> usize {
 
 fn http1_builder(limits: &ServerLimits) -> http1::Builder {
     let mut builder = http1::Builder::new();
-    // No timer: the head timeout is kept by `idle::serve_h1`, with one
+    // No timer: the head timeout is kept by `connection::serve_h1`, with one
     // timer per connection rather than one made and dropped per request.
     // Without writev, hyper copies a body chunk after the head it has just
     // written and sends both with one write: fewer instructions per
@@ -512,7 +512,7 @@ impl Connections {
             })
         });
         if !h2 {
-            idle::serve_h1(&shared.http1, stream, || service.clone(), drain, remote).await;
+            connection::serve_h1(&shared.http1, stream, || service.clone(), drain, remote).await;
             return;
         }
         // Boxed: HTTP/2's connection future is large, and unboxed it would

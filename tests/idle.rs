@@ -10,7 +10,7 @@ use common::*;
 use http::{Request, Response};
 use queuegate::clock::Clock;
 use queuegate::config::Config;
-use queuegate::idle::Parking;
+use queuegate::connection::Parking;
 use queuegate::metrics::Metrics;
 use queuegate::queue::Store;
 use queuegate::request::App;

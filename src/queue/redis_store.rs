@@ -1117,19 +1117,13 @@ impl QueueStore for RedisStore {
         pass: PassTimes,
         limits: &Limits,
     ) -> Result<bool, StoreError> {
-        if limits.shards > 1 {
-            let (sub, sub_limits) = self.visitor_line(route, id, limits);
-            return self.renew_on(&sub, id, client, pass, &sub_limits).await;
-        }
-        self.renew_on(route, id, client, pass, limits).await
+        let (line, line_limits) = self.visitor_line(route, id, limits);
+        self.renew_on(&line, id, client, pass, &line_limits).await
     }
 
     async fn leave(&self, route: &str, id: &VisitorId, limits: &Limits) -> Result<(), StoreError> {
-        if limits.shards > 1 {
-            let (sub, sub_limits) = self.visitor_line(route, id, limits);
-            return self.leave_on(&sub, id, &sub_limits).await;
-        }
-        self.leave_on(route, id, limits).await
+        let (line, line_limits) = self.visitor_line(route, id, limits);
+        self.leave_on(&line, id, &line_limits).await
     }
 
     async fn count_request(
@@ -1139,11 +1133,8 @@ impl QueueStore for RedisStore {
         limit: u64,
         limits: &Limits,
     ) -> Result<Counted, StoreError> {
-        if limits.shards > 1 {
-            let (sub, sub_limits) = self.visitor_line(route, id, limits);
-            return self.count_request_on(&sub, id, limit, &sub_limits).await;
-        }
-        self.count_request_on(route, id, limit, limits).await
+        let (line, line_limits) = self.visitor_line(route, id, limits);
+        self.count_request_on(&line, id, limit, &line_limits).await
     }
 
     async fn admit_tick(
@@ -1208,11 +1199,8 @@ impl QueueStore for RedisStore {
         to_lane: usize,
         limits: &Limits,
     ) -> Result<bool, StoreError> {
-        if limits.shards > 1 {
-            let (sub, sub_limits) = self.visitor_line(route, id, limits);
-            return self.move_lane_on(&sub, id, to_lane, &sub_limits).await;
-        }
-        self.move_lane_on(route, id, to_lane, limits).await
+        let (line, line_limits) = self.visitor_line(route, id, limits);
+        self.move_lane_on(&line, id, to_lane, &line_limits).await
     }
 
     async fn take_use(

@@ -250,19 +250,7 @@ pub fn plan(capacity: u64, budget: u64, looks: &[Look]) -> Plan {
     }
     let used: u64 = looks.iter().map(|l| l.used).sum();
     let take = pool.min(budget.saturating_sub(used));
-    // The first `take` heads of the pooled sub-lines, merged by score (the
-    // lower index first on a tie).
-    let mut cursor = vec![0usize; n];
-    for _ in 0..take {
-        let next = pooled
-            .iter()
-            .copied()
-            .filter_map(|k| looks[k].heads.get(cursor[k]).map(|&s| (s, k)))
-            .min();
-        let Some((_, k)) = next else { break };
-        cursor[k] += 1;
-        plan.from_line[k] += 1;
-    }
+    plan.from_line = merge_heads(looks, &pooled, take);
     let taken: u64 = plan.from_line.iter().sum();
     let spare = pool - taken;
     // The rest, evenly, for arrivals admitted at once, but only while
@@ -278,9 +266,40 @@ pub fn plan(capacity: u64, budget: u64, looks: &[Look]) -> Plan {
             rest = rest.saturating_sub(1);
         }
     }
+    move_to_targets(&mut plan, looks, &pooled, &target);
+    // Every sub-line without a share gets one, if only of 0 (see above).
+    for k in lost {
+        if !plan.add.iter().any(|&(j, _)| j == k) {
+            plan.add.push((k, 0));
+        }
+    }
+    plan
+}
+
+/// How many of each sub-line's heads are among the first `take` heads of
+/// the `pooled` sub-lines, merged by score (the lower index first on a tie).
+fn merge_heads(looks: &[Look], pooled: &[usize], take: u64) -> Vec<u64> {
+    let mut from_line = vec![0; looks.len()];
+    let mut cursor = vec![0usize; looks.len()];
+    for _ in 0..take {
+        let next = pooled
+            .iter()
+            .copied()
+            .filter_map(|k| looks[k].heads.get(cursor[k]).map(|&s| (s, k)))
+            .min();
+        let Some((_, k)) = next else { break };
+        cursor[k] += 1;
+        from_line[k] += 1;
+    }
+    from_line
+}
+
+/// The gives and adds that bring each `pooled` sub-line's free share to its
+/// `target`, and the admissions its tick window may reach.
+fn move_to_targets(plan: &mut Plan, looks: &[Look], pooled: &[usize], target: &[u64]) {
     // Adds in the order of each sub-line's first head among those taken.
     let mut adds: Vec<(u64, usize, u64)> = Vec::new();
-    for &k in &pooled {
+    for &k in pooled {
         let free = looks[k].free();
         let want = target[k];
         if want < free {
@@ -298,13 +317,6 @@ pub fn plan(capacity: u64, budget: u64, looks: &[Look]) -> Plan {
     adds.sort_unstable();
     plan.add
         .extend(adds.into_iter().map(|(_, k, amount)| (k, amount)));
-    // Every sub-line without a share gets one, if only of 0 (see above).
-    for k in lost {
-        if !plan.add.iter().any(|&(j, _)| j == k) {
-            plan.add.push((k, 0));
-        }
-    }
-    plan
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! coordinated by one instance per tick window; the others only look at
 //! each sub-line's epoch (noticing a lost one) and line length.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::PoisonError;
 
@@ -91,16 +92,20 @@ impl RedisStore {
         }
     }
 
-    /// The sub-line holding visitor `id` of split route `route`, and the
-    /// limits of calls to it.
-    pub(super) fn visitor_line(
+    /// The line holding visitor `id` of route `route`, and the limits of
+    /// calls to it: its sub-line on a split route, else the route's line.
+    pub(super) fn visitor_line<'a>(
         &self,
-        route: &str,
+        route: &'a str,
         id: &VisitorId,
-        limits: &Limits,
-    ) -> (String, Limits) {
+        limits: &'a Limits,
+    ) -> (Cow<'a, str>, Cow<'a, Limits>) {
+        if limits.shards <= 1 {
+            return (Cow::Borrowed(route), Cow::Borrowed(limits));
+        }
         let k = shards::shard_of(id, limits.shards);
-        (self.sub_name(route, limits, k), sub_limits(limits))
+        let line = self.sub_name(route, limits, k);
+        (Cow::Owned(line), Cow::Owned(sub_limits(limits)))
     }
 
     /// The name of sub-line `k` of split route `route`, without copying the
@@ -291,11 +296,67 @@ impl RedisStore {
         generation: u64,
     ) -> Result<Tick, StoreError> {
         let sub = sub_limits(limits);
-        let count = seen.names.len();
-        let mut looks: Vec<Option<Look>> = vec![None; count];
+        let Some((looks, mut epochs)) = self
+            .look(route, seen, limits, &sub, known_epoch_us, generation)
+            .await?
+        else {
+            return self.split_peek(route, seen, limits, known_epoch_us).await;
+        };
+        let (max_admit, open) = self
+            .move_shares(seen, limits, &sub, generation, &looks)
+            .await;
+        let mut ticks = Vec::with_capacity(seen.names.len());
+        let mut failure = None;
+        for (k, name) in seen.names.iter().enumerate() {
+            let mut own = sub.clone();
+            own.max_admit_per_tick = max_admit[k];
+            match self
+                .admit_tick_on(name, &own, known_epoch_us.and(seen.epochs[k]), Some(open))
+                .await
+            {
+                Ok(t) => {
+                    epochs[k] = Some(t.epoch_us);
+                    ticks.push((k, t));
+                }
+                Err(e) => {
+                    tracing::debug!(route, sub_line = %name, error = %e, "split tick: sub-line tick failed");
+                    failure = Some(e);
+                }
+            }
+        }
+        if ticks.is_empty() {
+            return Err(
+                failure.unwrap_or_else(|| unexpected_reply("split tick: no sub-line".into()))
+            );
+        }
+        self.remember(route, |s| {
+            s.epochs.clone_from(&epochs);
+            for (k, t) in &ticks {
+                if t.ran {
+                    s.lane_waiting[*k].clone_from(&t.lane_waiting);
+                }
+            }
+        });
+        let epoch_us = epochs.iter().flatten().copied().max().unwrap_or(0);
+        Ok(sum_ticks(&ticks, seen, limits.lanes.len(), epoch_us))
+    }
+
+    /// The coordinated tick's first step: looks at every sub-line, and
+    /// answers what each look saw (`None` where it failed) with the
+    /// sub-lines' epochs; `None` when this coordinator is stale.
+    async fn look(
+        &self,
+        route: &str,
+        seen: &Seen,
+        limits: &Limits,
+        sub: &Limits,
+        known_epoch_us: Option<u64>,
+        generation: u64,
+    ) -> Result<Option<(Vec<Option<Look>>, Vec<Option<u64>>)>, StoreError> {
+        let mut looks: Vec<Option<Look>> = vec![None; seen.names.len()];
         let mut epochs = seen.epochs.clone();
         for (k, name) in seen.names.iter().enumerate() {
-            let mut invocation = prepare(&self.scripts.shares, name, &sub, None);
+            let mut invocation = prepare(&self.scripts.shares, name, sub, None);
             invocation
                 .arg("look")
                 .arg(generation)
@@ -327,9 +388,24 @@ impl RedisStore {
                 }
                 Some(2) => return Err(self.split_refused(route, &reply, limits)),
                 // A later coordinator looked: this one is stale.
-                _ => return self.split_peek(route, seen, limits, known_epoch_us).await,
+                _ => return Ok(None),
             }
         }
+        Ok(Some((looks, epochs)))
+    }
+
+    /// The coordinated tick's second step: moves capacity between the
+    /// sub-lines' shares as `shards::plan` says, and answers each
+    /// sub-line's most to admit this tick and whether anyone may be let in
+    /// at once.
+    async fn move_shares(
+        &self,
+        seen: &Seen,
+        limits: &Limits,
+        sub: &Limits,
+        generation: u64,
+        looks: &[Option<Look>],
+    ) -> (Vec<u64>, bool) {
         let mut max_admit: Vec<u64> = looks
             .iter()
             .map(|l| l.as_ref().map_or(0, |l| l.used))
@@ -342,7 +418,7 @@ impl RedisStore {
             for (k, &give) in plan.give.iter().enumerate() {
                 if give > 0 {
                     available += self
-                        .move_share(&seen.names[k], &sub, generation, "give", give)
+                        .move_share(&seen.names[k], sub, generation, "give", give)
                         .await;
                 }
             }
@@ -351,80 +427,14 @@ impl RedisStore {
                 // A sub-line without a share gets one even of 0.
                 if amount > 0 || !looks[k].has_share {
                     available -= amount;
-                    self.move_share(&seen.names[k], &sub, generation, "add", amount)
+                    self.move_share(&seen.names[k], sub, generation, "add", amount)
                         .await;
                 }
             }
             max_admit = plan.max_admit;
             open = plan.open;
         }
-        let mut ticks = Vec::with_capacity(count);
-        let mut failure = None;
-        for (k, name) in seen.names.iter().enumerate() {
-            let mut own = sub.clone();
-            own.max_admit_per_tick = max_admit[k];
-            match self
-                .admit_tick_on(name, &own, known_epoch_us.and(seen.epochs[k]), Some(open))
-                .await
-            {
-                Ok(t) => {
-                    epochs[k] = Some(t.epoch_us);
-                    ticks.push((k, t));
-                }
-                Err(e) => {
-                    tracing::debug!(route, sub_line = %name, error = %e, "split tick: sub-line tick failed");
-                    failure = Some(e);
-                }
-            }
-        }
-        if ticks.is_empty() {
-            return Err(
-                failure.unwrap_or_else(|| unexpected_reply("split tick: no sub-line".into()))
-            );
-        }
-        let lanes = limits.lanes.len();
-        self.remember(route, |s| {
-            s.epochs.clone_from(&epochs);
-            for (k, t) in &ticks {
-                if t.ran {
-                    s.lane_waiting[*k].clone_from(&t.lane_waiting);
-                }
-            }
-        });
-        let mut tick = Tick {
-            lane_admitted: vec![0; lanes],
-            lane_waiting: vec![0; lanes],
-            ..Tick::idle(0, epochs.iter().flatten().copied().max().unwrap_or(0))
-        };
-        for (k, t) in &ticks {
-            tick.ran |= t.ran;
-            tick.now_us = tick.now_us.max(t.now_us);
-            tick.abandoned += t.abandoned;
-            tick.no_shows += t.no_shows;
-            tick.unconfirmed_sessions += t.unconfirmed_sessions;
-            tick.unconfirmed_tickets += t.unconfirmed_tickets;
-            if let Some(shuffled) = t.opened {
-                tick.opened = Some(tick.opened.unwrap_or(0) + shuffled);
-            }
-            tick.admitted_scores.extend_from_slice(&t.admitted_scores);
-            let waiting = if t.ran {
-                &t.lane_waiting
-            } else {
-                &seen.lane_waiting[*k]
-            };
-            for (sum, n) in tick.lane_admitted.iter_mut().zip(&t.lane_admitted) {
-                *sum += n;
-            }
-            for (sum, n) in tick.lane_waiting.iter_mut().zip(waiting) {
-                *sum += n;
-            }
-        }
-        tick.admitted_scores.sort_unstable();
-        if !tick.ran {
-            tick.lane_admitted.clear();
-            tick.lane_waiting.clear();
-        }
-        Ok(tick)
+        (max_admit, open)
     }
 
     /// Gives (`op` "give") or adds capacity to a sub-line's share, stamped
@@ -595,6 +605,46 @@ impl RedisStore {
         }
         total.ok_or_else(|| unexpected_reply("stats: no sub-line".into()))
     }
+}
+
+/// The sub-lines' ticks (by sub-line index) as one tick of the route: sums
+/// and the latest time, lane waiters as last seen for a sub-line whose tick
+/// did not run.
+fn sum_ticks(ticks: &[(usize, Tick)], seen: &Seen, lanes: usize, epoch_us: u64) -> Tick {
+    let mut tick = Tick {
+        lane_admitted: vec![0; lanes],
+        lane_waiting: vec![0; lanes],
+        ..Tick::idle(0, epoch_us)
+    };
+    for (k, t) in ticks {
+        tick.ran |= t.ran;
+        tick.now_us = tick.now_us.max(t.now_us);
+        tick.abandoned += t.abandoned;
+        tick.no_shows += t.no_shows;
+        tick.unconfirmed_sessions += t.unconfirmed_sessions;
+        tick.unconfirmed_tickets += t.unconfirmed_tickets;
+        if let Some(shuffled) = t.opened {
+            tick.opened = Some(tick.opened.unwrap_or(0) + shuffled);
+        }
+        tick.admitted_scores.extend_from_slice(&t.admitted_scores);
+        let waiting = if t.ran {
+            &t.lane_waiting
+        } else {
+            &seen.lane_waiting[*k]
+        };
+        for (sum, n) in tick.lane_admitted.iter_mut().zip(&t.lane_admitted) {
+            *sum += n;
+        }
+        for (sum, n) in tick.lane_waiting.iter_mut().zip(waiting) {
+            *sum += n;
+        }
+    }
+    tick.admitted_scores.sort_unstable();
+    if !tick.ran {
+        tick.lane_admitted.clear();
+        tick.lane_waiting.clear();
+    }
+    tick
 }
 
 /// Waiters in the other sub-lines than `k`, in `lane` (`None`: every lane),

@@ -1,3 +1,5 @@
+//! A client connection's stream, and the HTTP/1 driver (`serve_h1`).
+//!
 //! Parking of idle HTTP/1 keep-alive connections: once a connection has
 //! nothing in flight and no bytes moved for a while, hyper's connection (its
 //! read and write buffers, cached headers and state) is ended without the
@@ -530,120 +532,206 @@ pub async fn serve_h1<S, Svc, B>(
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let activity = io.activity();
-    let parking = &http1.parking;
     loop {
-        let requests_before = activity.requests();
-        activity.read_lately.store(false, Ordering::Relaxed);
-        // Boxed: parked, the connection's task keeps only a pointer's worth.
-        let mut conn = Box::pin(
-            http1
-                .builder
-                .serve_connection(TokioIo::new(io), make_service())
-                .with_upgrades(),
-        );
-        let mut draining = *drain.borrow_and_update();
-        if draining {
-            conn.as_mut().graceful_shutdown();
-        }
-        let mut park = false;
-        // One timer for both the look at whether to park and the request
-        // head's deadline (hyper's own header timer is off: it would make
-        // and drop a timer for every request). Polled only when it fires.
-        let mut next_look = Instant::now() + parking.after;
-        let mut timer = WhenWoken::new(tokio::time::sleep_until(earliest(
-            next_look,
-            activity.head_due(http1.head_timeout),
-        )));
-        let ended = loop {
-            tokio::select! {
-                ended = conn.as_mut() => break ended,
-                _ = WhenWoken::new(drain.changed()), if !draining => {
-                    draining = true;
-                    conn.as_mut().graceful_shutdown();
-                }
-                () = &mut timer, if !park => {
-                    let now = Instant::now();
-                    if activity
-                        .head_due(http1.head_timeout)
-                        .is_some_and(|due| now >= due)
-                    {
-                        tracing::debug!(%remote, "no request head in time: closing");
-                        return;
-                    }
-                    if now >= next_look {
-                        next_look = now + parking.after;
-                        if !draining && activity.may_park(requests_before) {
-                            park = true;
-                            activity.parking.store(true, Ordering::Relaxed);
-                            // Idle, hyper closes without writing anything.
-                            conn.as_mut().graceful_shutdown();
-                        }
-                    }
-                    let next = earliest(next_look, activity.head_due(http1.head_timeout));
-                    timer.inner_mut().reset(next);
-                }
+        let Some((parked, read_buf)) =
+            serve_until_idle(http1, io, &make_service, &activity, &mut drain, remote).await
+        else {
+            return;
+        };
+        let Some(resumed) = park(http1, parked, read_buf, &activity, &mut drain, remote).await
+        else {
+            return;
+        };
+        io = resumed;
+    }
+}
+
+/// Serves one stretch of an HTTP/1 connection with a fresh hyper connection,
+/// until it ends (`None`) or goes idle: then hyper is ended and the socket
+/// handed back with what hyper had read of it.
+async fn serve_until_idle<S, Svc, B>(
+    http1: &Http1,
+    io: Parkable<S>,
+    make_service: &impl Fn() -> Svc,
+    activity: &Activity,
+    drain: &mut watch::Receiver<bool>,
+    remote: SocketAddr,
+) -> Option<(Parkable<S>, Bytes)>
+where
+    S: Socket,
+    Svc: HttpService<Incoming, ResBody = B> + Unpin + Send + 'static,
+    Svc::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    Svc::Future: Send,
+    B: HttpBody + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let parking = &http1.parking;
+    let requests_before = activity.requests();
+    activity.read_lately.store(false, Ordering::Relaxed);
+    // Boxed: parked, the connection's task keeps only a pointer's worth.
+    let mut conn = Box::pin(
+        http1
+            .builder
+            .serve_connection(TokioIo::new(io), make_service())
+            .with_upgrades(),
+    );
+    let mut draining = *drain.borrow_and_update();
+    if draining {
+        conn.as_mut().graceful_shutdown();
+    }
+    let mut park = false;
+    // One timer for both the look at whether to park and the request
+    // head's deadline (hyper's own header timer is off: it would make
+    // and drop a timer for every request). Polled only when it fires.
+    let mut next_look = Instant::now() + parking.after;
+    let mut timer = WhenWoken::new(tokio::time::sleep_until(earliest(
+        next_look,
+        activity.head_due(http1.head_timeout),
+    )));
+    let ended = loop {
+        tokio::select! {
+            ended = conn.as_mut() => break ended,
+            _ = WhenWoken::new(drain.changed()), if !draining => {
+                draining = true;
+                conn.as_mut().graceful_shutdown();
             }
-        };
-        // Its timer would go on waking a parked connection.
-        drop(timer);
-        if let Err(err) = ended {
-            tracing::debug!(%remote, error = %err, "connection ended with an error");
-            return;
+            () = &mut timer, if !park => {
+                match look(http1, activity, requests_before, draining, &mut next_look) {
+                    Look::HeadLate => {
+                        tracing::debug!(%remote, "no request head in time: closing");
+                        return None;
+                    }
+                    Look::Park => {
+                        park = true;
+                        activity.parking.store(true, Ordering::Relaxed);
+                        // Idle, hyper closes without writing anything.
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    Look::Serve => {}
+                }
+                let next = earliest(next_look, activity.head_due(http1.head_timeout));
+                timer.inner_mut().reset(next);
+            }
         }
-        if !park {
-            return;
-        }
-        // `None`: upgraded (cannot happen while idle, but then it is over).
-        let Some(parts) = Pin::into_inner(conn).into_parts() else {
-            return;
-        };
-        let http1::Parts {
-            io: stream,
-            read_buf,
-            ..
-        } = parts;
-        io = stream.into_inner();
-        io.activity.parking.store(false, Ordering::Relaxed);
-        if draining {
-            io.close().await;
-            return;
-        }
-        // Copied out: the frozen buffer would keep hyper's whole allocation.
-        let unread = std::mem::take(&mut io.replay);
-        io.replay = if read_buf.is_empty() {
-            unread
-        } else {
-            [&read_buf[..], &unread[..]].concat().into()
-        };
-        drop(read_buf);
-        let parked = http1.connections.park();
-        tracing::trace!(%remote, "connection parked");
-        // Parked with part of a head: it is due as if never parked.
-        // Parked with nothing: the connection may stay idle so long.
-        let begun = !io.replay.is_empty();
-        let deadline = if begun {
-            activity.head_deadline(http1.head_timeout)
-        } else {
-            activity.since() + http1.idle_timeout
-        };
-        let woken = tokio::select! {
-            ready = io.io.get_ref().tcp().readable() => ready.is_ok(),
-            _ = drain.changed() => false,
-            () = tokio::time::sleep_until(deadline) => false,
-        };
-        drop(parked);
-        if !woken {
-            io.close().await;
-            return;
-        }
-        http1.connections.resumed();
-        tracing::trace!(%remote, "connection resumed");
-        // A head begun before the park stays due when it was; one begun
-        // now is due within the head timeout from now.
-        if !begun {
-            activity.restart_idle_clock();
+    };
+    // Its timer would go on waking a parked connection.
+    drop(timer);
+    if let Err(err) = ended {
+        tracing::debug!(%remote, error = %err, "connection ended with an error");
+        return None;
+    }
+    if !park {
+        return None;
+    }
+    take_back(Pin::into_inner(conn).into_parts(), draining).await
+}
+
+/// What a serving stretch's timer found.
+enum Look {
+    /// The request head is past its deadline: the connection is closed.
+    HeadLate,
+    /// Idle long enough: the connection is parked.
+    Park,
+    /// Neither: serving goes on.
+    Serve,
+}
+
+/// Looks, when a serving stretch's timer fires, at whether the request head
+/// is late and, every `parking.after` (`next_look`), whether the connection
+/// may park (never while the server drains).
+fn look(
+    http1: &Http1,
+    activity: &Activity,
+    requests_before: u64,
+    draining: bool,
+    next_look: &mut Instant,
+) -> Look {
+    let now = Instant::now();
+    if activity
+        .head_due(http1.head_timeout)
+        .is_some_and(|due| now >= due)
+    {
+        return Look::HeadLate;
+    }
+    if now >= *next_look {
+        *next_look = now + http1.parking.after;
+        if !draining && activity.may_park(requests_before) {
+            return Look::Park;
         }
     }
+    Look::Serve
+}
+
+/// The socket of a hyper connection ended to be parked, and what hyper had
+/// read of it; `None`, the socket closed, when the server drains.
+async fn take_back<S: Socket, Svc>(
+    parts: Option<http1::Parts<TokioIo<Parkable<S>>, Svc>>,
+    draining: bool,
+) -> Option<(Parkable<S>, Bytes)> {
+    // `None`: upgraded (cannot happen while idle, but then it is over).
+    let http1::Parts {
+        io: stream,
+        read_buf,
+        ..
+    } = parts?;
+    let io = stream.into_inner();
+    io.activity.parking.store(false, Ordering::Relaxed);
+    if draining {
+        io.close().await;
+        return None;
+    }
+    Some((io, read_buf))
+}
+
+/// Parks an idle HTTP/1 connection down to its socket, `read_buf` (what
+/// hyper had read) kept for the next hyper connection to replay, until the
+/// client sends more (`Some`), or the server drains or the connection's
+/// deadline passes (closed, `None`).
+async fn park<S: Socket>(
+    http1: &Http1,
+    mut io: Parkable<S>,
+    read_buf: Bytes,
+    activity: &Activity,
+    drain: &mut watch::Receiver<bool>,
+    remote: SocketAddr,
+) -> Option<Parkable<S>> {
+    // Copied out: the frozen buffer would keep hyper's whole allocation.
+    let unread = std::mem::take(&mut io.replay);
+    io.replay = if read_buf.is_empty() {
+        unread
+    } else {
+        [&read_buf[..], &unread[..]].concat().into()
+    };
+    drop(read_buf);
+    let parked = http1.connections.park();
+    tracing::trace!(%remote, "connection parked");
+    // Parked with part of a head: it is due as if never parked.
+    // Parked with nothing: the connection may stay idle so long.
+    let begun = !io.replay.is_empty();
+    let deadline = if begun {
+        activity.head_deadline(http1.head_timeout)
+    } else {
+        activity.since() + http1.idle_timeout
+    };
+    let woken = tokio::select! {
+        ready = io.io.get_ref().tcp().readable() => ready.is_ok(),
+        _ = drain.changed() => false,
+        () = tokio::time::sleep_until(deadline) => false,
+    };
+    drop(parked);
+    if !woken {
+        io.close().await;
+        return None;
+    }
+    http1.connections.resumed();
+    tracing::trace!(%remote, "connection resumed");
+    // A head begun before the park stays due when it was; one begun
+    // now is due within the head timeout from now.
+    if !begun {
+        activity.restart_idle_clock();
+    }
+    Some(io)
 }
 
 /// The earlier of `at` and `due`, if there is a `due`.
