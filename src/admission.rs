@@ -53,8 +53,7 @@ use crate::config::{
     is_key_id, is_lane_name, is_route_name, KeyFrom, KeySource, MAX_KEY_ID_LEN, MAX_LANE_NAME_LEN,
 };
 
-/// A visitor's random identity; the same type as the store's `VisitorId`.
-pub type VisitorId = [u8; 16];
+pub use crate::queue::VisitorId;
 
 /// Values longer than this are rejected before any other work.
 pub const MAX_VALUE_LEN: usize = 256;
