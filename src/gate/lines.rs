@@ -6,8 +6,6 @@
 //! for the store), and any other route gets the store's error. Leaving and
 //! counting requests go to the local line whatever the policy.
 
-use std::sync::atomic::Ordering;
-
 use crate::admission::VisitorId;
 use crate::clock::Clock;
 use crate::config::OnStoreError;
@@ -85,7 +83,7 @@ impl Lines {
             return Err(err);
         }
         tracing::debug!(route = route.name(), error = %err, "{what}");
-        route.live.answered_locally.store(true, Ordering::Relaxed);
+        route.live.note_answered_locally();
         Ok(())
     }
 
@@ -137,8 +135,9 @@ impl Lines {
                 admit_now,
                 lane,
             };
-            let joins = &route.live.joins;
-            joins
+            route
+                .live
+                .joins()
                 .arrive(&self.shared, name, arriving, limits, known_epoch_us)
                 .await
         } else {

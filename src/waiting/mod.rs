@@ -8,8 +8,6 @@ pub mod events;
 pub mod page;
 pub mod return_to;
 
-use std::sync::atomic::Ordering;
-
 use http::header::{HeaderMap, HeaderValue, ACCEPT, ACCEPT_LANGUAGE, SET_COOKIE};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -60,7 +58,7 @@ pub fn is_navigation(method: &Method, headers: &HeaderMap) -> bool {
 /// is back in its line within a second, at its place, before positions are
 /// read from it again.
 pub fn poll_after_ms(route: &RouteRt, position: u64) -> u64 {
-    let base = if route.live.answered_locally.load(Ordering::Relaxed) {
+    let base = if route.live.answered_locally() {
         1_000
     } else {
         (1_000 + position.saturating_sub(1) * 40).min(8_000)
