@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::config::{Mode, OnStoreError};
+use crate::config::Mode;
 use crate::gate::Gate;
 use crate::queue::QueueStore;
 use crate::route::{self, RouteRt, Settings};
@@ -113,14 +113,8 @@ async fn admit(gate: &Gate, route: &RouteRt, name: &str, mut ended_read_ms: u64)
             }
         }
     }
-    if route.cfg.on_store_error == OnStoreError::Local {
-        if let Ok(t) = gate
-            .local()
-            .admit_tick(name, &route.local_limits_now(), None)
-            .await
-        {
-            route.metrics.tick(&t);
-        }
+    if let Some(t) = gate.lines().tick_local(route).await {
+        route.metrics.tick(&t);
     }
     ended_read_ms
 }

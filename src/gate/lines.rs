@@ -11,7 +11,7 @@ use crate::clock::Clock;
 use crate::config::OnStoreError;
 use crate::queue::{
     Arrival, Arriving, ClientKey, Counted, Guarded, MemoryStore, PassTimes, Poll, QueueStore,
-    StoreError, TicketTimes,
+    StoreError, Tick, TicketTimes,
 };
 use crate::route::RouteRt;
 
@@ -74,6 +74,19 @@ impl Lines {
                     .unwrap_or(Counted::Allowed)
             }
         }
+    }
+
+    /// Ticks the local line of a route that falls back to it, within the
+    /// limits it has now (`RouteRt::local_limits_now`); `None` for any
+    /// other route (its local line is not ticked).
+    pub async fn tick_local(&self, route: &RouteRt) -> Option<Tick> {
+        if !falls_back(route) {
+            return None;
+        }
+        self.local
+            .admit_tick(route.name(), &route.local_limits_now(), None)
+            .await
+            .ok()
     }
 
     /// A store error the local line answers for (noted on the route), or
