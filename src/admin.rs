@@ -165,7 +165,7 @@ pub fn answer(app: &App, readiness: &Readiness, req: &Request<Incoming>) -> Resp
 fn route_json(route: &RouteRt) -> serde_json::Value {
     let cfg = &route.cfg;
     let live = &route.live;
-    let waiting = live.waiting.load(Ordering::Relaxed);
+    let waiting = live.waiting();
     let rate = live.admit_rate();
     json!({
         "name": cfg.name,
@@ -186,7 +186,7 @@ fn route_json(route: &RouteRt) -> serde_json::Value {
         "max_waiting": cfg.max_waiting,
         "waiting_status": cfg.waiting_status.as_u16(),
         "waiting": waiting,
-        "active": live.active.load(Ordering::Relaxed),
+        "active": live.active(),
         "admit_rate": rate,
         "eta_seconds": route::eta_seconds(waiting, rate),
     })

@@ -4,7 +4,6 @@
 //! room, whose open event streams it wakes after each tick.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,7 +12,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::config::{Mode, OnStoreError};
+use crate::config::Mode;
 use crate::gate::Gate;
 use crate::queue::QueueStore;
 use crate::route::{self, RouteRt, Settings};
@@ -76,10 +75,8 @@ async fn admit(gate: &Gate, route: &RouteRt, name: &str, mut ended_read_ms: u64)
     let live = &route.live;
     let known = live.known_epoch_us();
     // Visitors the local line let in come back to the store first.
-    if live.granted_locally.load(Ordering::Relaxed)
-        && gate.store().hold(name, &route.limits).await.is_ok()
-    {
-        live.granted_locally.store(false, Ordering::Relaxed);
+    if live.granted_locally() && gate.store().hold(name, &route.limits).await.is_ok() {
+        live.note_store_holds_local_grants();
         tracing::info!(route = %name, "store back after local admissions: holding admissions for one pass_ttl");
     }
     // Polls answered without the store: from the line record (a
@@ -87,11 +84,10 @@ async fn admit(gate: &Gate, route: &RouteRt, name: &str, mut ended_read_ms: u64)
     flush_heartbeats(gate, route).await;
     match gate.store().admit_tick(name, &route.limits, known).await {
         Ok(t) => {
-            live.answered_locally.store(false, Ordering::Relaxed);
             if known.is_some_and(|k| k != t.epoch_us) {
                 tracing::warn!(route = %name, "store lost its state: holding admissions for one pass_ttl");
             }
-            live.epoch_us.store(t.epoch_us, Ordering::Relaxed);
+            live.note_store_ticked(t.epoch_us);
             route.metrics.tick(&t);
             if t.ran {
                 route.metrics.lanes(&route.limits.lanes, &t);
@@ -117,14 +113,8 @@ async fn admit(gate: &Gate, route: &RouteRt, name: &str, mut ended_read_ms: u64)
             }
         }
     }
-    if route.cfg.on_store_error == OnStoreError::Local {
-        if let Ok(t) = gate
-            .local()
-            .admit_tick(name, &route.local_limits_now(), None)
-            .await
-        {
-            route.metrics.tick(&t);
-        }
+    if let Some(t) = gate.lines().tick_local(route).await {
+        route.metrics.tick(&t);
     }
     ended_read_ms
 }
@@ -132,16 +122,8 @@ async fn admit(gate: &Gate, route: &RouteRt, name: &str, mut ended_read_ms: u64)
 /// Refreshes the route's live numbers (waiting, active, admission rate,
 /// ETA) from the store.
 async fn refresh_stats(gate: &Gate, route: &RouteRt, name: &str) {
-    let live = &route.live;
     if let Ok(stats) = gate.store().stats(name, &route.limits).await {
-        // Only the tick moves a known epoch: it is what notices a loss.
-        let _ =
-            live.epoch_us
-                .compare_exchange(0, stats.epoch_us, Ordering::Relaxed, Ordering::Relaxed);
-        live.waiting.store(stats.waiting, Ordering::Relaxed);
-        live.active.store(stats.active, Ordering::Relaxed);
-        live.admit_rate_milli
-            .store((stats.admit_rate * 1000.0) as u64, Ordering::Relaxed);
+        route.live.note_stats(&stats);
         let eta_s = route::eta_seconds(stats.waiting, stats.admit_rate).map(|s| s as f64);
         route.metrics.live(stats.waiting, stats.active, eta_s);
     }

@@ -22,7 +22,9 @@ use crate::cookie::{self, CookieMemo, Credentials};
 use crate::metrics::{Metrics, RouteMetrics, StreamCap};
 use crate::path;
 use crate::queue::joins::JoinQueue;
-use crate::queue::{store_id, Heartbeat, Lanes, Limits, LineRecord, StoreId, MAIN_LANE};
+use crate::queue::{
+    store_id, Heartbeat, Lanes, Limits, LineRecord, RouteStats, StoreId, MAIN_LANE,
+};
 use crate::template::Template;
 
 mod remembered;
@@ -57,21 +59,21 @@ impl UseCounter {
 #[derive(Debug, Default)]
 pub struct RouteLive {
     /// The route's epoch in the store (µs), 0 until first seen.
-    pub epoch_us: AtomicU64,
+    epoch_us: AtomicU64,
     /// People in line, at the last stats read.
-    pub waiting: AtomicU64,
+    waiting: AtomicU64,
     /// Active sessions, at the last stats read.
-    pub active: AtomicU64,
+    active: AtomicU64,
     /// Admissions per second × 1000, at the last stats read.
-    pub admit_rate_milli: AtomicU64,
+    admit_rate_milli: AtomicU64,
     /// The local line admitted someone since the store last heard of it:
     /// the admitter asks the store for a hold before its next tick.
-    pub granted_locally: AtomicBool,
+    granted_locally: AtomicBool,
     /// The local line answered for this route since the admitter last
     /// reached the store: waiters are told to poll again within about a
     /// second, so that once the store is back they are in its line again
     /// (restored at their places) before anyone can be ranked wrongly.
-    pub answered_locally: AtomicBool,
+    answered_locally: AtomicBool,
     /// Places this instance has seen end: left here, sessions it ended
     /// (DESIGN §8.6), and every tombstone the store listed since (on a
     /// shared store). Their passes are refused here even in the first half
@@ -87,7 +89,7 @@ pub struct RouteLive {
     /// lost their counts.
     used_up_invites: Mutex<Remembered<UseCounter, USED_UP_INVITES_KEPT>>,
     /// Arrivals waiting for this instance's next arrive call (DESIGN §8.9).
-    pub joins: Arc<JoinQueue>,
+    joins: Arc<JoinQueue>,
     /// The line record the admitter read last, and when (DESIGN §8.9).
     record: ArcSwapOption<ReadRecord>,
     /// Waiters answered from the record since the admitter's last flush.
@@ -223,6 +225,75 @@ impl RouteLive {
                 .unwrap_or_else(PoisonError::into_inner)
                 .contains(&counter, now_s)
         })
+    }
+
+    /// The store's epoch (µs) as this instance last saw it; 0 before it saw
+    /// any.
+    pub fn epoch_us(&self) -> u64 {
+        self.epoch_us.load(Ordering::Relaxed)
+    }
+
+    /// Notes the epoch the store answered a tick with: the store answered,
+    /// so the local line no longer answers for it.
+    pub fn note_store_ticked(&self, epoch_us: u64) {
+        self.answered_locally.store(false, Ordering::Relaxed);
+        self.epoch_us.store(epoch_us, Ordering::Relaxed);
+    }
+
+    /// Notes the numbers of a stats read. Only a tick moves a known epoch
+    /// (it is what notices a loss): the stats' epoch is kept only while
+    /// none was seen.
+    pub fn note_stats(&self, stats: &RouteStats) {
+        let _ =
+            self.epoch_us
+                .compare_exchange(0, stats.epoch_us, Ordering::Relaxed, Ordering::Relaxed);
+        self.waiting.store(stats.waiting, Ordering::Relaxed);
+        self.active.store(stats.active, Ordering::Relaxed);
+        self.admit_rate_milli
+            .store((stats.admit_rate * 1000.0) as u64, Ordering::Relaxed);
+    }
+
+    /// People in line, at the last stats read.
+    pub fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Active sessions, at the last stats read.
+    pub fn active(&self) -> u64 {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Notes that the local line admitted someone the store has not heard of.
+    pub fn note_granted_locally(&self) {
+        self.granted_locally.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the local line admitted someone since the store last heard
+    /// of it.
+    pub fn granted_locally(&self) -> bool {
+        self.granted_locally.load(Ordering::Relaxed)
+    }
+
+    /// Notes that the store heard of the local line's admissions (it holds
+    /// admissions for them).
+    pub fn note_store_holds_local_grants(&self) {
+        self.granted_locally.store(false, Ordering::Relaxed);
+    }
+
+    /// Notes that the local line answered for the store on this route.
+    pub fn note_answered_locally(&self) {
+        self.answered_locally.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the local line answered for this route since the admitter
+    /// last reached the store.
+    pub fn answered_locally(&self) -> bool {
+        self.answered_locally.load(Ordering::Relaxed)
+    }
+
+    /// Arrivals waiting for this instance's next arrive call.
+    pub fn joins(&self) -> &Arc<JoinQueue> {
+        &self.joins
     }
 
     /// The store's epoch as this instance last saw it; `None` before it saw
@@ -574,7 +645,7 @@ impl RouteRt {
     /// keeps the origin within capacity during an outage instead of letting
     /// a full room's worth in again.
     pub fn local_limits_now(&self) -> Limits {
-        let active = self.live.active.load(Ordering::Relaxed);
+        let active = self.live.active();
         let share = active.saturating_mul(self.local_limits.capacity) / self.limits.capacity.max(1);
         Limits {
             capacity: self.local_limits.capacity.saturating_sub(share),

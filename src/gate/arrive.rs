@@ -2,8 +2,6 @@
 //! invite's, its lane cookie's, or the route's first), admitted at once or
 //! queued there; invites and their uses.
 
-use std::sync::atomic::Ordering;
-
 use http::header::HeaderValue;
 
 use super::{Admitted, By, Decided, Decision, Gate, LaneGrant, Requester};
@@ -130,7 +128,7 @@ impl Gate {
         match arrival {
             Arrival::Admitted => {
                 if granted == Kind::LocalPass {
-                    route.live.granted_locally.store(true, Ordering::Relaxed);
+                    route.live.note_granted_locally();
                 }
                 Decision::Admit {
                     how: Admitted::AtOnce,

@@ -6,14 +6,12 @@
 //! for the store), and any other route gets the store's error. Leaving and
 //! counting requests go to the local line whatever the policy.
 
-use std::sync::atomic::Ordering;
-
 use crate::admission::VisitorId;
 use crate::clock::Clock;
 use crate::config::OnStoreError;
 use crate::queue::{
     Arrival, Arriving, ClientKey, Counted, Guarded, MemoryStore, PassTimes, Poll, QueueStore,
-    StoreError, TicketTimes,
+    StoreError, Tick, TicketTimes,
 };
 use crate::route::RouteRt;
 
@@ -78,6 +76,19 @@ impl Lines {
         }
     }
 
+    /// Ticks the local line of a route that falls back to it, within the
+    /// limits it has now (`RouteRt::local_limits_now`); `None` for any
+    /// other route (its local line is not ticked).
+    pub async fn tick_local(&self, route: &RouteRt) -> Option<Tick> {
+        if !falls_back(route) {
+            return None;
+        }
+        self.local
+            .admit_tick(route.name(), &route.local_limits_now(), None)
+            .await
+            .ok()
+    }
+
     /// A store error the local line answers for (noted on the route), or
     /// `Err` with it. `what` says what the local line does, for the log.
     fn fall_back(&self, route: &RouteRt, err: StoreError, what: &str) -> Result<(), StoreError> {
@@ -85,7 +96,7 @@ impl Lines {
             return Err(err);
         }
         tracing::debug!(route = route.name(), error = %err, "{what}");
-        route.live.answered_locally.store(true, Ordering::Relaxed);
+        route.live.note_answered_locally();
         Ok(())
     }
 
@@ -137,8 +148,9 @@ impl Lines {
                 admit_now,
                 lane,
             };
-            let joins = &route.live.joins;
-            joins
+            route
+                .live
+                .joins()
                 .arrive(&self.shared, name, arriving, limits, known_epoch_us)
                 .await
         } else {

@@ -3,7 +3,6 @@
 //! this instance saw confirmed. The pass cookie, from the cookie jar.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Mutex, PoisonError};
 
 use http::header::HeaderValue;
@@ -31,7 +30,7 @@ impl Gate {
     ) -> Option<Decision> {
         let now_s = self.clock.now_s();
         let times = pass_times(pass, route.limits.pass_ttl.as_secs());
-        let epoch_ms = route.live.epoch_us.load(Ordering::Relaxed) / 1_000;
+        let epoch_ms = route.live.epoch_us() / 1_000;
         let before_epoch = epoch_ms > 0 && times.issued_ms < epoch_ms;
         let fresh = pass.pass_life(now_s, route.limits.pass_ttl) == PassLife::Fresh;
         // Only an admit-now pass looks its session up: the confirmed path

@@ -4,7 +4,6 @@
 //! them.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderValue, COOKIE};
@@ -186,7 +185,7 @@ async fn a_failing_store_queues_in_the_local_line_when_the_route_says_local() {
         panic!("not queued: {second:?}");
     };
     assert_eq!((place.position, place.waiting_total), (1, 1));
-    assert!(s.routes[0].live.answered_locally.load(Ordering::Relaxed));
+    assert!(s.routes[0].live.answered_locally());
     // Its poll is answered by the local line too.
     let waiting = sending(&s, &set_cookie.expect("a ticket"));
     let polled = decide(&gate, &s, waiting).await;
@@ -200,7 +199,7 @@ async fn a_failing_store_refuses_when_the_route_says_closed() {
     let (s, gate) = gate(&config(UNREACHABLE, route), Clock::system());
     let first = decide(&gate, &s, Credentials::default()).await;
     assert!(matches!(first, Decision::Unavailable), "{first:?}");
-    assert!(!s.routes[0].live.answered_locally.load(Ordering::Relaxed));
+    assert!(!s.routes[0].live.answered_locally());
 }
 
 #[tokio::test(start_paused = true)]

@@ -3,7 +3,6 @@
 //! local line while it cannot); an invite moving a held ticket to its
 //! lane. The ticket cookie, from the cookie jar.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use http::header::HeaderValue;
@@ -105,7 +104,7 @@ impl Gate {
             Poll::Waiting(place) => Some(self.waiting(s, route, ticket, times, place, now_us, who)),
             Poll::Admitted => {
                 if granted == Kind::LocalPass {
-                    route.live.granted_locally.store(true, Ordering::Relaxed);
+                    route.live.note_granted_locally();
                 }
                 Some(Decision::Admit {
                     how: Admitted::FromLine,

@@ -8,8 +8,6 @@ pub mod events;
 pub mod page;
 pub mod return_to;
 
-use std::sync::atomic::Ordering;
-
 use http::header::{HeaderMap, HeaderValue, ACCEPT, ACCEPT_LANGUAGE, SET_COOKIE};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -60,7 +58,7 @@ pub fn is_navigation(method: &Method, headers: &HeaderMap) -> bool {
 /// is back in its line within a second, at its place, before positions are
 /// read from it again.
 pub fn poll_after_ms(route: &RouteRt, position: u64) -> u64 {
-    let base = if route.live.answered_locally.load(Ordering::Relaxed) {
+    let base = if route.live.answered_locally() {
         1_000
     } else {
         (1_000 + position.saturating_sub(1) * 40).min(8_000)
@@ -279,29 +277,77 @@ async fn waiting_page(
             s.credentials(index, req.headers(), who.tls, cookies)
         })
         .await;
-    let mut opens_in_ms = None;
-    let (state, place, set_cookie) = match decision {
-        Decision::Admit { set_cookie, .. } => {
+    let shown = match Shown::of(decision) {
+        Ok(shown) => shown,
+        Err(set_cookie) => {
             let mut resp = response::redirect("admitted", &query.return_path);
             for cookie in set_cookie.into_iter().chain(lane_cookie) {
                 resp.headers_mut().append(SET_COOKIE, cookie);
             }
             return resp;
         }
-        Decision::Wait { place, set_cookie } => (PageState::Waiting, Some(place), set_cookie),
-        Decision::PreQueue {
-            opens_in_ms: left,
-            set_cookie,
-            ..
-        } => {
-            opens_in_ms = Some(left);
-            (PageState::PreQueue, None, set_cookie)
-        }
-        Decision::Full { .. } => (PageState::Full, None, None),
-        Decision::TooMany { .. } => (PageState::TooMany, None, None),
-        Decision::Closed => (PageState::Closed, None, None),
-        Decision::Unavailable => (PageState::StoreDown, None, None),
     };
+    let html = render_page(gate, s, route, req, &query, &shown);
+    let mut resp = page_response(route, shown.state, html);
+    for cookie in shown.set_cookie.into_iter().chain(lane_cookie) {
+        resp.headers_mut().append(SET_COOKIE, cookie);
+    }
+    resp
+}
+
+/// What the waiting page shows for a decision: its state, the visitor's
+/// place in line when waiting, the time left before the opening in the
+/// pre-queue, and the cookie the decision sets.
+struct Shown {
+    state: PageState,
+    place: Option<Place>,
+    opens_in_ms: Option<u64>,
+    set_cookie: Option<HeaderValue>,
+}
+
+impl Shown {
+    /// What the waiting page shows for `decision`; `Err` with the pass of
+    /// an admission (the visitor is sent back).
+    fn of(decision: Decision) -> Result<Shown, Option<HeaderValue>> {
+        let shown = |state, place, opens_in_ms, set_cookie| Shown {
+            state,
+            place,
+            opens_in_ms,
+            set_cookie,
+        };
+        Ok(match decision {
+            Decision::Admit { set_cookie, .. } => return Err(set_cookie),
+            Decision::Wait { place, set_cookie } => {
+                shown(PageState::Waiting, Some(place), None, set_cookie)
+            }
+            Decision::PreQueue {
+                opens_in_ms,
+                set_cookie,
+                ..
+            } => shown(PageState::PreQueue, None, Some(opens_in_ms), set_cookie),
+            Decision::Full { .. } => shown(PageState::Full, None, None, None),
+            Decision::TooMany { .. } => shown(PageState::TooMany, None, None, None),
+            Decision::Closed => shown(PageState::Closed, None, None, None),
+            Decision::Unavailable => shown(PageState::StoreDown, None, None, None),
+        })
+    }
+}
+
+/// The waiting page's HTML for what it shows, in the visitor's language.
+fn render_page(
+    gate: &Gate,
+    s: &Settings,
+    route: &RouteRt,
+    req: &Request<Incoming>,
+    query: &WaitingQuery,
+    shown: &Shown,
+) -> String {
+    let &Shown {
+        state,
+        place,
+        opens_in_ms,
+        ..
+    } = shown;
     let lang = page::negotiate(
         req.headers()
             .get(ACCEPT_LANGUAGE)
@@ -341,7 +387,12 @@ async fn waiting_page(
         opens_at: route.cfg.opens_at.map(|t| t.rfc3339()),
         opens_in_ms,
     };
-    let html = page::render(&view, route.template.as_deref());
+    page::render(&view, route.template.as_deref())
+}
+
+/// The waiting page's response: its status for `state`, the template's
+/// content security policy, and when to retry if it says so.
+fn page_response(route: &RouteRt, state: PageState, html: String) -> Response<Body> {
     let status = match state {
         PageState::Waiting | PageState::PreQueue => StatusCode::OK,
         PageState::TooMany => StatusCode::TOO_MANY_REQUESTS,
@@ -354,9 +405,6 @@ async fn waiting_page(
     }
     if let Some(retry) = state.retry_after_s() {
         resp = response::with_retry_after(resp, retry);
-    }
-    for cookie in set_cookie.into_iter().chain(lane_cookie) {
-        resp.headers_mut().append(SET_COOKIE, cookie);
     }
     resp
 }
