@@ -250,23 +250,27 @@ impl CookieMemo {
     }
 }
 
-/// A request's `Cookie` headers kept past forwarding (which strips
-/// queuegate's own): who the visitor is on each route, should the origin's
-/// answer name a lane (DESIGN §8.5). Only headers that may hold one of
-/// queuegate's cookies are kept; otherwise nothing is, and nothing is
-/// allocated.
+/// The `Cookie` headers of a request forwarded ungated, kept past
+/// forwarding (which strips queuegate's own): who the visitor is on each
+/// route, should the origin's answer name a lane (DESIGN §8.5). Only headers
+/// that may hold one of queuegate's cookies are kept, and kept by reference
+/// to the request's bytes: nothing is allocated unless the request split its
+/// cookies over several headers (HTTP/2), or until the origin names a lane.
 #[derive(Default)]
-pub struct KeptCookies(HeaderMap);
+pub struct KeptCookies {
+    first: Option<HeaderValue>,
+    rest: Vec<HeaderValue>,
+}
 
 impl KeptCookies {
     pub fn of(headers: &HeaderMap) -> KeptCookies {
-        let mut kept = HeaderMap::new();
+        let mut kept = KeptCookies::default();
         if carries_own(headers) {
-            for value in headers.get_all(COOKIE) {
-                kept.append(COOKIE, value.clone());
-            }
+            let mut values = headers.get_all(COOKIE).iter().cloned();
+            kept.first = values.next();
+            kept.rest.extend(values);
         }
-        KeptCookies(kept)
+        kept
     }
 
     /// The visitor id of the pass, else the ticket, the request carried
@@ -279,10 +283,12 @@ impl KeptCookies {
         ring: &KeyRing,
         route: &str,
     ) -> Option<VisitorId> {
-        if self.0.is_empty() {
-            return None;
+        let first = self.first.as_ref()?;
+        let mut headers = HeaderMap::new();
+        for value in std::iter::once(first).chain(&self.rest) {
+            headers.append(COOKIE, value.clone());
         }
-        credentials(&self.0, name, lane_name, ring, route).visitor()
+        credentials(&headers, name, lane_name, ring, route).visitor()
     }
 }
 
