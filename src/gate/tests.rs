@@ -83,33 +83,23 @@ fn cookie_of(decision: Decision) -> HeaderValue {
     }
 }
 
+/// Fails unless `decision` admits, as `how`.
+fn assert_admitted(decision: &Decision, how: Admitted) {
+    assert!(
+        matches!(decision, Decision::Admit { how: h, .. } if *h == how),
+        "not admitted {how:?}: {decision:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_fresh_confirmed_pass_admits_without_a_store_call() {
     let (s, gate) = gate(&config("{ backend: memory }", ""), clock_at_new_year());
     let first = decide(&gate, &s, Credentials::default()).await;
-    assert!(
-        matches!(
-            first,
-            Decision::Admit {
-                how: Admitted::AtOnce,
-                ..
-            }
-        ),
-        "{first:?}"
-    );
+    assert_admitted(&first, Admitted::AtOnce);
     // Its first return confirms the session: a store call.
     let unconfirmed = sending(&s, &cookie_of(first));
     let back = decide(&gate, &s, unconfirmed).await;
-    assert!(
-        matches!(
-            back,
-            Decision::Admit {
-                how: Admitted::Renewed,
-                ..
-            }
-        ),
-        "{back:?}"
-    );
+    assert_admitted(&back, Admitted::Renewed);
     let confirmed = sending(&s, &cookie_of(back));
     let calls = store_calls(&gate);
     assert!(calls >= 2, "{calls}");
@@ -148,16 +138,7 @@ async fn an_admit_now_pass_seen_confirmed_costs_no_more_store_calls() {
     ));
     let calls = store_calls(&gate);
     let again = decide(&gate, &s, kept).await;
-    assert!(
-        matches!(
-            again,
-            Decision::Admit {
-                how: Admitted::Pass,
-                ..
-            }
-        ),
-        "{again:?}"
-    );
+    assert_admitted(&again, Admitted::Pass);
     assert_eq!(store_calls(&gate), calls);
 }
 
@@ -170,16 +151,7 @@ async fn a_failing_store_queues_in_the_local_line_when_the_route_says_local() {
     let route = ", on_store_error: local";
     let (s, gate) = gate(&config(UNREACHABLE, route), Clock::system());
     let first = decide(&gate, &s, Credentials::default()).await;
-    assert!(
-        matches!(
-            first,
-            Decision::Admit {
-                how: Admitted::AtOnce,
-                ..
-            }
-        ),
-        "{first:?}"
-    );
+    assert_admitted(&first, Admitted::AtOnce);
     let second = decide(&gate, &s, Credentials::default()).await;
     let Decision::Wait { place, set_cookie } = second else {
         panic!("not queued: {second:?}");
@@ -237,16 +209,7 @@ async fn a_pass_given_up_by_leave_is_refused_at_once() {
     assert!(gate.leave(&s.routes[0], &confirmed).await);
     // Not admitted on it: it arrives anew, and the slot it gave up is free.
     let after = decide(&gate, &s, confirmed).await;
-    assert!(
-        matches!(
-            after,
-            Decision::Admit {
-                how: Admitted::AtOnce,
-                ..
-            }
-        ),
-        "{after:?}"
-    );
+    assert_admitted(&after, Admitted::AtOnce);
 }
 
 #[tokio::test]

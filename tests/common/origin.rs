@@ -54,33 +54,19 @@ where
     F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<OriginBody>> + Send + 'static,
 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let connections = Arc::new(AtomicUsize::new(0));
-    let counter = connections.clone();
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            counter.fetch_add(1, Ordering::SeqCst);
-            let handler = handler.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |req| {
-                    let fut = handler(req);
-                    async move { Ok::<_, Infallible>(fut.await) }
-                });
-                let _ = auto::Builder::new(TokioExecutor::new())
-                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                    .await;
+    spawn_raw_origin(move |stream| {
+        let handler = handler.clone();
+        async move {
+            let service = service_fn(move |req| {
+                let fut = handler(req);
+                async move { Ok::<_, Infallible>(fut.await) }
             });
+            let _ = auto::Builder::new(TokioExecutor::new())
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                .await;
         }
-    });
-    Origin {
-        addr,
-        connections,
-        task,
-    }
+    })
+    .await
 }
 
 /// A raw-byte origin: `handler` gets each accepted socket as it is.
