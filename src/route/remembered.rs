@@ -34,19 +34,26 @@ impl<K, const CAP: usize> Default for Remembered<K, CAP> {
 }
 
 impl<K: Hash + Eq + Copy, const CAP: usize> Remembered<K, CAP> {
-    /// Remembers `key` at `now_s` until `until_s`. A key already remembered
+    /// Remembers `key` at `now_s` until `until_s`. A key still remembered
     /// keeps its time: the store says again what it said (its reads of
-    /// ended places overlap), and the first word counts.
+    /// ended places overlap), and the first word counts. A key whose time is
+    /// over but not yet dropped (it waits behind one remembered longer) is
+    /// remembered anew.
     pub(super) fn remember(&mut self, key: K, now_s: u64, until_s: u64) {
         // At most once a second, so remembering many stays cheap.
         if self.pruned_s != now_s {
             self.pruned_s = now_s;
             self.forget_expired(now_s);
         }
-        let Entry::Vacant(vacant) = self.until.entry(key) else {
-            return;
-        };
-        vacant.insert(until_s);
+        match self.until.entry(key) {
+            Entry::Occupied(mut over) if *over.get() < now_s => {
+                over.insert(until_s);
+            }
+            Entry::Occupied(_) => return,
+            Entry::Vacant(vacant) => {
+                vacant.insert(until_s);
+            }
+        }
         self.order.push_back((until_s, key));
         while self.order.len() > CAP {
             if let Some((at, oldest)) = self.order.pop_front() {
@@ -99,6 +106,16 @@ mod tests {
         assert!(!set.contains(&2, 100));
         set.remember(2, 131, 140);
         assert_eq!(set.len(), 1, "the expired key was dropped");
+    }
+
+    #[test]
+    fn a_key_over_but_not_yet_dropped_is_remembered_anew() {
+        let mut set = Remembered::<u8, 10>::default();
+        set.remember(1, 100, 1_000);
+        set.remember(2, 100, 110);
+        // Key 2's time is over, but it waits behind key 1 to be dropped.
+        set.remember(2, 120, 200);
+        assert!(set.contains(&2, 150));
     }
 
     #[test]
