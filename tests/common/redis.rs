@@ -135,6 +135,19 @@ pub struct RedisServer {
     conf: Option<PathBuf>,
     extra: Vec<String>,
     paused: bool,
+    /// While killed: the port, bound and not listening, so connecting is
+    /// refused as at a dead server and no server another test starts
+    /// meanwhile takes the address a client of this one still remembers
+    /// (a client that reconnected to a stranger would see an empty store).
+    held: Option<tokio::net::TcpSocket>,
+}
+
+/// `port` bound without listening (see `RedisServer::held`); `None` if
+/// something else took it first.
+fn hold_port(port: u16) -> Option<tokio::net::TcpSocket> {
+    let socket = tokio::net::TcpSocket::new_v4().ok()?;
+    socket.bind(([127, 0, 0, 1], port).into()).ok()?;
+    Some(socket)
 }
 
 /// How a launch ended.
@@ -180,6 +193,7 @@ impl RedisServer {
             conf,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             paused: false,
+            held: None,
         };
         match server.launch() {
             Launch::Up => Some(server),
@@ -188,6 +202,7 @@ impl RedisServer {
     }
 
     fn launch(&mut self) -> Launch {
+        self.held = None;
         let log = self.dir.path().join("redis.log");
         let mut cmd = Command::new(redis_binary("redis-server"));
         if let Some(conf) = &self.conf {
@@ -296,6 +311,7 @@ impl RedisServer {
             }
             let _ = child.kill();
             let _ = child.wait();
+            self.held = hold_port(self.port);
         }
     }
 
