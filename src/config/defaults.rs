@@ -99,3 +99,12 @@ pub const LANE: &str = "main";
 pub const LANE_WEIGHT: u32 = 1;
 /// `routes[].shards`: one line.
 pub const SHARDS: u32 = 1;
+
+/// `adapt_every`: the window an adaptive capacity is decided over.
+pub const ADAPT_EVERY: Duration = Duration::from_secs(5);
+
+/// `capacity.target.p95`.
+pub const TARGET_P95: Duration = Duration::from_secs(1);
+
+/// `capacity.target.errors`: 2 %.
+pub const TARGET_ERRORS: f64 = 0.02;

@@ -167,6 +167,7 @@ fn node_mut<'v>(value: &'v mut Node, path: &FieldPath) -> Option<&'v mut Node> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::raw::RawCapacity;
 
     fn read_problems(text: &str) -> Vec<(String, String)> {
         let mut problems = Problems::default();
@@ -242,7 +243,7 @@ mod tests {
         assert!(problems.is_empty());
         let routes = raw.routes.unwrap();
         assert_eq!(routes[1].name.as_deref(), Some("b"));
-        assert_eq!(routes[1].capacity, Some(3));
+        assert!(matches!(routes[1].capacity, Some(RawCapacity::Fixed(3))));
     }
 
     #[test]

@@ -384,7 +384,12 @@ pub struct Route {
     /// See [`is_route_name`]: it is part of the cookie name and value.
     pub name: String,
     pub matcher: RouteMatch,
+    /// Sessions admitted at once: the fixed number, or where an adaptive
+    /// route starts (`capacity.start`).
     pub capacity: u64,
+    /// How the capacity follows the origin's health (DESIGN §9.1); `None`
+    /// for a fixed capacity.
+    pub adapt: Option<Adapt>,
     /// Default [`defaults::MAX_ADMIT_PER_TICK`].
     pub max_admit_per_tick: u64,
     /// Default [`defaults::TICK`].
@@ -434,6 +439,25 @@ pub struct Route {
     /// [`defaults::SHARDS`].
     pub shards: u32,
     pub page: PageConfig,
+}
+
+/// An adaptive capacity's range and targets (DESIGN §9.1): `capacity:
+/// { min, max, start, target: { p95, errors } }` and `adapt_every`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Adapt {
+    /// At least 1.
+    pub min: u64,
+    /// At least `min`.
+    pub max: u64,
+    /// The origin's time to the response head that 95 % of a window's
+    /// requests stay within. Default [`defaults::TARGET_P95`].
+    pub target_p95: Duration,
+    /// The share (0 to 1) of answers that may be `5xx`, timeouts or failed
+    /// connections. Default [`defaults::TARGET_ERRORS`].
+    pub target_errors: f64,
+    /// The window the origin's health is measured over and capacity decided
+    /// once per. Default [`defaults::ADAPT_EVERY`].
+    pub every: Duration,
 }
 
 /// An instant written in RFC 3339 with its offset, such as

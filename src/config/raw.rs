@@ -164,7 +164,8 @@ pub(crate) struct RawRoute {
     pub name: Option<String>,
     #[serde(rename = "match")]
     pub matcher: Option<RawMatch>,
-    pub capacity: Option<u64>,
+    pub capacity: Option<RawCapacity>,
+    pub adapt_every: Option<DurationText>,
     pub max_admit_per_tick: Option<u64>,
     pub tick: Option<DurationText>,
     pub session_ttl: Option<DurationText>,
@@ -184,6 +185,116 @@ pub(crate) struct RawRoute {
     pub closes_at: Option<String>,
     pub shards: Option<u32>,
     pub page: Option<RawPage>,
+}
+
+/// A route's `capacity`: a number (fixed) or a range it adapts within
+/// (DESIGN §9.1).
+#[derive(Debug)]
+pub(crate) enum RawCapacity {
+    Fixed(u64),
+    Range(RawCapacityRange),
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCapacityRange {
+    pub min: Option<u64>,
+    pub max: Option<u64>,
+    pub start: Option<u64>,
+    pub target: Option<RawTarget>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTarget {
+    pub p95: Option<DurationText>,
+    pub errors: Option<ShareText>,
+}
+
+impl<'de> Deserialize<'de> for RawCapacity {
+    /// By hand rather than `untagged`: a mistake inside the range is then
+    /// reported at its own field, not as "no variant matched".
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct CapacityVisitor;
+
+        impl<'de> Visitor<'de> for CapacityVisitor {
+            type Value = RawCapacity;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a number, or a range { min, max, start, target: { p95, errors } }")
+            }
+
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<RawCapacity, E> {
+                Ok(RawCapacity::Fixed(n))
+            }
+
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<RawCapacity, E> {
+                u64::try_from(n)
+                    .map(RawCapacity::Fixed)
+                    .map_err(|_| E::custom(format!("{n}: must be at least 1")))
+            }
+
+            fn visit_map<M: de::MapAccess<'de>>(self, map: M) -> Result<RawCapacity, M::Error> {
+                RawCapacityRange::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(RawCapacity::Range)
+            }
+        }
+
+        deserializer.deserialize_any(CapacityVisitor)
+    }
+}
+
+/// A share written as a percentage, `2%` or `0.5%`, or as a fraction from 0
+/// to 1.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct ShareText(pub f64);
+
+impl ShareText {
+    pub(crate) fn parse(text: &str) -> Result<f64, String> {
+        let invalid = || format!("invalid share {text:?}: write a percentage such as 2% or 0.5%");
+        let number = text.trim().strip_suffix('%').ok_or_else(invalid)?;
+        let percent: f64 = number.trim().parse().map_err(|_| invalid())?;
+        if !(0.0..=100.0).contains(&percent) {
+            return Err(format!("{text:?}: must be from 0% to 100%"));
+        }
+        Ok(percent / 100.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ShareText {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ShareVisitor;
+
+        impl Visitor<'_> for ShareVisitor {
+            type Value = ShareText;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a percentage such as 2%")
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<ShareText, E> {
+                ShareText::parse(text).map(ShareText).map_err(E::custom)
+            }
+
+            fn visit_f64<E: de::Error>(self, n: f64) -> Result<ShareText, E> {
+                if (0.0..=1.0).contains(&n) {
+                    Ok(ShareText(n))
+                } else {
+                    Err(E::custom(format!("{n}: write a percentage such as 2%")))
+                }
+            }
+
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<ShareText, E> {
+                self.visit_f64(n as f64)
+            }
+
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<ShareText, E> {
+                self.visit_f64(n as f64)
+            }
+        }
+
+        deserializer.deserialize_any(ShareVisitor)
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]

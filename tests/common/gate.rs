@@ -155,6 +155,7 @@ pub fn route(name: &str, prefix: &str, capacity: u64) -> Route {
             case_insensitive: false,
         },
         capacity,
+        adapt: None,
         max_admit_per_tick: 20,
         tick: Duration::from_millis(20),
         session_ttl: Duration::from_secs(600),

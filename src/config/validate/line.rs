@@ -1,19 +1,96 @@
 //! A route's line: how many it admits, how long the line may grow, what one
 //! client may hold in it, and the sub-lines it is split into.
 
-use super::field::{at_least_one, required};
+use std::time::Duration;
+
+use super::field::{at_least, at_least_one, duration, required};
 use crate::config::defaults;
 use crate::config::error::FieldPath;
 use crate::config::problems::Problems;
-use crate::config::raw::RawClientLimits;
-use crate::config::{ClientLimits, MAX_SHARDS};
+use crate::config::raw::{DurationText, RawCapacity, RawCapacityRange, RawClientLimits};
+use crate::config::{Adapt, ClientLimits, MAX_SHARDS};
 
-/// `capacity`: required, at least 1; `None` otherwise.
-pub(super) fn capacity(raw: Option<u64>, at: &FieldPath, problems: &mut Problems) -> Option<u64> {
+/// The shortest `adapt_every`: a window needs requests to say anything.
+const MIN_ADAPT_EVERY: Duration = Duration::from_secs(1);
+
+/// `capacity` (required) and `adapt_every`: a number of at least 1, fixed;
+/// or a range (DESIGN §9.1), `min` ≤ `start` ≤ `max`, all at least 1,
+/// `start` by default `min`, targets above zero. Returns the capacity the
+/// route starts with and how it adapts, or `None` when it is not valid.
+pub(super) fn capacity(
+    raw: Option<RawCapacity>,
+    adapt_every: Option<DurationText>,
+    at: &FieldPath,
+    problems: &mut Problems,
+) -> Option<(u64, Option<Adapt>)> {
+    let every_at = at.key("adapt_every");
     let at = at.key("capacity");
-    required(raw, &at, problems)
-        .map(|capacity| at_least_one(capacity, &at, problems))
-        .filter(|&capacity| capacity > 0)
+    match required(raw, &at, problems)? {
+        RawCapacity::Fixed(capacity) => {
+            if adapt_every.is_some() {
+                problems.report(
+                    every_at,
+                    "only for a capacity range: `capacity: { min, max, ... }`",
+                );
+            }
+            Some((at_least_one(capacity, &at, problems), None)).filter(|(c, _)| *c > 0)
+        }
+        RawCapacity::Range(range) => {
+            let every = at_least(
+                adapt_every,
+                defaults::ADAPT_EVERY,
+                MIN_ADAPT_EVERY,
+                &every_at,
+                problems,
+            );
+            capacity_range(range, every, &at, problems)
+        }
+    }
+}
+
+/// The range of an adaptive `capacity` (see [`capacity`]).
+fn capacity_range(
+    range: RawCapacityRange,
+    every: Duration,
+    at: &FieldPath,
+    problems: &mut Problems,
+) -> Option<(u64, Option<Adapt>)> {
+    let min = required(range.min, &at.key("min"), problems)
+        .map(|n| at_least_one(n, &at.key("min"), problems));
+    let max = required(range.max, &at.key("max"), problems)
+        .map(|n| at_least_one(n, &at.key("max"), problems));
+    let target = range.target.unwrap_or_default();
+    let target_p95 = duration(target.p95, defaults::TARGET_P95);
+    if target_p95.is_zero() {
+        problems.report(at.key("target").key("p95"), "must be more than 0s");
+    }
+    let target_errors = target.errors.map_or(defaults::TARGET_ERRORS, |e| e.0);
+    if target_errors <= 0.0 {
+        problems.report(at.key("target").key("errors"), "must be more than 0%");
+    }
+    let (min, max) = (min?, max?);
+    if max < min {
+        problems.report(at.key("max"), format!("{max} is below min {min}"));
+    }
+    let start = range.start.unwrap_or(min);
+    if !(min..=max).contains(&start) {
+        problems.report(
+            at.key("start"),
+            format!("{start} is outside the range: must be from min {min} to max {max}"),
+        );
+    }
+    let valid = min > 0 && max >= min && (min..=max).contains(&start);
+    let valid = valid && !target_p95.is_zero() && target_errors > 0.0;
+    valid.then_some((
+        start,
+        Some(Adapt {
+            min,
+            max,
+            target_p95,
+            target_errors,
+            every,
+        }),
+    ))
 }
 
 /// `max_admit_per_tick`: at least 1.

@@ -59,10 +59,10 @@ pub(super) fn routes(
 /// One route, each part read by the file that holds its rules. Problems
 /// are found in this order, which is their order on one line (a route
 /// written as a flow mapping, `- { name: a, ... }`).
-fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route> {
+fn route(mut raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route> {
     let name = route_name(raw.name.clone(), at, problems);
     let matcher = matcher::matcher(raw.matcher.as_ref(), at, problems);
-    let capacity = line::capacity(raw.capacity, at, problems);
+    let capacity = line::capacity(raw.capacity.take(), raw.adapt_every, at, problems);
     let max_admit_per_tick = line::max_admit_per_tick(raw.max_admit_per_tick, at, problems);
     let timing = timing::timing(&raw, at, problems);
     let max_waiting = raw.max_waiting.unwrap_or(defaults::MAX_WAITING);
@@ -78,7 +78,8 @@ fn route(raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<Route
     Some(Route {
         name: name?,
         matcher: matcher?,
-        capacity: capacity?,
+        capacity: capacity.as_ref()?.0,
+        adapt: capacity?.1,
         max_admit_per_tick,
         tick: timing.tick,
         session_ttl: timing.session_ttl,
