@@ -50,6 +50,9 @@
 //!   polls are answered from (`record`); arrivals gathered into batches
 //!   (`joins`); the rules of a split line: sub-line names, capacity shares,
 //!   the coordinated tick's plan (`shards`).
+//! - `health`: the origin's health as a route's requests see it (counts and
+//!   a response-time histogram per window) and the rule an adaptive capacity
+//!   follows.
 //! - `config`: the YAML file, parsed and validated into a typed `Config`:
 //!   text to a node tree with positions (`node`), serde structs mirroring it
 //!   (`raw`, filled by `document`), validation (`validate`) with every
@@ -80,6 +83,7 @@ pub mod demo;
 pub mod file_watch;
 pub mod framing;
 pub mod gate;
+pub mod health;
 pub mod host;
 pub mod lane_grant;
 pub mod metrics;

@@ -13,8 +13,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, InviteUse, Limits, LineRecord,
-    PassTimes, Poll, QueueStore, RouteStats, Store, StoreError, Tick, TicketTimes, VisitorId,
+    Arrival, Arriving, ClientKey, Counted, Ended, HealthLook, Heartbeat, InviteUse, Limits,
+    LineRecord, PassTimes, Poll, QueueStore, RouteStats, Store, StoreError, Tick, TicketTimes,
+    VisitorId, WindowCounts,
 };
 use crate::config::StoreConfig;
 
@@ -74,11 +75,12 @@ pub enum Operation {
     Ready,
     MoveLane,
     TakeUse,
+    Health,
 }
 
 impl Operation {
     /// Every operation, in label order.
-    pub const ALL: [Operation; 14] = [
+    pub const ALL: [Operation; 15] = [
         Operation::Arrive,
         Operation::Poll,
         Operation::Renew,
@@ -93,6 +95,7 @@ impl Operation {
         Operation::Ready,
         Operation::MoveLane,
         Operation::TakeUse,
+        Operation::Health,
     ];
 
     /// The metric label.
@@ -112,6 +115,7 @@ impl Operation {
             Operation::Ready => "ready",
             Operation::MoveLane => "move_lane",
             Operation::TakeUse => "take_use",
+            Operation::Health => "health",
         }
     }
 }
@@ -529,6 +533,36 @@ impl QueueStore for Guarded {
         self.breaker
             .call(Operation::Ready, self.store.ready())
             .await
+    }
+
+    async fn report_health(
+        &self,
+        route: &str,
+        counts: &WindowCounts,
+        every: Duration,
+    ) -> Result<HealthLook, StoreError> {
+        let call = self.store.report_health(route, counts, every);
+        self.breaker.call(Operation::Health, call).await
+    }
+
+    async fn take_health_lease(
+        &self,
+        route: &str,
+        every: Duration,
+    ) -> Result<Option<u64>, StoreError> {
+        let call = self.store.take_health_lease(route, every);
+        self.breaker.call(Operation::Health, call).await
+    }
+
+    async fn set_capacity(
+        &self,
+        route: &str,
+        lease: u64,
+        capacity: u64,
+        why: &str,
+    ) -> Result<bool, StoreError> {
+        let call = self.store.set_capacity(route, lease, capacity, why);
+        self.breaker.call(Operation::Health, call).await
     }
 }
 

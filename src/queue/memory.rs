@@ -51,6 +51,7 @@
 //! reports admissions / age and an old one the average of roughly the last
 //! minute or two. The Redis store computes the same in Lua.
 
+mod health;
 mod ranked_set;
 pub mod snapshot;
 
@@ -60,9 +61,9 @@ use std::time::Duration;
 
 use super::record::{self, LaneRecord, LineRecord};
 use super::{
-    store_id, Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, InviteUse, LaneStats,
-    Limits, PassTimes, Place, Poll, QueueStore, RouteStats, StoreError, StoreId, Tick, TicketTimes,
-    VisitorId, JOIN_WINDOW,
+    store_id, Arrival, Arriving, ClientKey, Counted, Ended, HealthLook, Heartbeat, InviteUse,
+    LaneStats, Limits, PassTimes, Place, Poll, QueueStore, RouteStats, StoreError, StoreId, Tick,
+    TicketTimes, VisitorId, WindowCounts, JOIN_WINDOW,
 };
 use crate::clock::Clock;
 use ranked_set::RankedSet;
@@ -84,6 +85,8 @@ pub struct MemoryStore {
 struct Shared {
     clock: Clock,
     routes: RwLock<HashMap<String, Arc<Mutex<Route>>>>,
+    /// Health windows and adaptive capacities (DESIGN §9.1).
+    health: health::Healths,
     /// The local line of `on_store_error: local` (see [`MemoryStore::fallback`]).
     fallback: bool,
 }
@@ -112,6 +115,7 @@ impl MemoryStore {
             inner: Arc::new(Shared {
                 clock,
                 routes: RwLock::new(HashMap::new()),
+                health: health::Healths::default(),
                 fallback,
             }),
         }
@@ -1425,6 +1429,35 @@ impl QueueStore for MemoryStore {
 
     async fn ready(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    async fn report_health(
+        &self,
+        route: &str,
+        counts: &WindowCounts,
+        every: Duration,
+    ) -> Result<HealthLook, StoreError> {
+        let now_ms = self.inner.clock.now_us() / 1000;
+        Ok(self.inner.health.report(route, counts, every, now_ms))
+    }
+
+    async fn take_health_lease(
+        &self,
+        route: &str,
+        every: Duration,
+    ) -> Result<Option<u64>, StoreError> {
+        let now_ms = self.inner.clock.now_us() / 1000;
+        Ok(self.inner.health.take_lease(route, every, now_ms))
+    }
+
+    async fn set_capacity(
+        &self,
+        route: &str,
+        lease: u64,
+        capacity: u64,
+        why: &str,
+    ) -> Result<bool, StoreError> {
+        Ok(self.inner.health.set_capacity(route, lease, capacity, why))
     }
 }
 

@@ -106,6 +106,7 @@ pub use redis_store::RedisStore;
 
 use crate::clock::Clock;
 use crate::config::{Backend, StoreConfig};
+pub use crate::health::WindowCounts;
 
 /// A visitor's id: 128 random bits, decoded from the cookie. Never part of a key.
 pub type VisitorId = [u8; 16];
@@ -730,6 +731,53 @@ pub trait QueueStore: Send + Sync {
 
     /// Whether the store answers a script round trip (readiness).
     fn ready(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Adds `counts`, what this instance counted of the route's requests
+    /// since its last report, to the route's window of length `every`
+    /// (DESIGN §9.1). The windows follow the store's clock, so on a shared
+    /// store every instance adds to the same one. Returns the capacity the
+    /// store holds for the route and the window that ended before the one
+    /// counted now, with every instance's counts.
+    fn report_health(
+        &self,
+        route: &str,
+        counts: &WindowCounts,
+        every: Duration,
+    ) -> impl Future<Output = Result<HealthLook, StoreError>> + Send;
+
+    /// The right to decide the capacity once for the window `look` was
+    /// counting: a lease at most one caller per window gets (the split
+    /// line's coordinator lease), or `None`.
+    fn take_health_lease(
+        &self,
+        route: &str,
+        every: Duration,
+    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
+
+    /// Sets the capacity every instance admits the route by, and why, if
+    /// `lease` is still held; whether it was set.
+    fn set_capacity(
+        &self,
+        route: &str,
+        lease: u64,
+        capacity: u64,
+        why: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+}
+
+/// What a health report brings back (see [`QueueStore::report_health`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HealthLook {
+    /// The capacity the store holds for the route: `None` until one was set
+    /// (or since the store was wiped).
+    pub capacity: Option<u64>,
+    /// Why it was last set.
+    pub why: String,
+    /// The window counted now (the store's time over the window's length).
+    pub window: u64,
+    /// The window before, as every instance counted it (empty if nothing
+    /// was reported in it).
+    pub ended: WindowCounts,
 }
 
 /// The configured backend, one concrete type for the gate and the admitter.
@@ -893,6 +941,33 @@ impl QueueStore for Store {
 
     async fn ready(&self) -> Result<(), StoreError> {
         dispatch!(self, s => s.ready().await)
+    }
+
+    async fn report_health(
+        &self,
+        route: &str,
+        counts: &WindowCounts,
+        every: Duration,
+    ) -> Result<HealthLook, StoreError> {
+        dispatch!(self, s => s.report_health(route, counts, every).await)
+    }
+
+    async fn take_health_lease(
+        &self,
+        route: &str,
+        every: Duration,
+    ) -> Result<Option<u64>, StoreError> {
+        dispatch!(self, s => s.take_health_lease(route, every).await)
+    }
+
+    async fn set_capacity(
+        &self,
+        route: &str,
+        lease: u64,
+        capacity: u64,
+        why: &str,
+    ) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.set_capacity(route, lease, capacity, why).await)
     }
 }
 

@@ -32,13 +32,14 @@ use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, Ser
 use tokio::sync::{watch, Notify};
 
 use super::{
-    store_id, Arrival, Arriving, ClientKey, Counted, Ended, Heartbeat, InviteUse, LaneStats,
-    Limits, LineRecord, PassTimes, Place, Poll, QueueStore, RouteStats, StoreError, StoreId, Tick,
-    TicketTimes, VisitorId, JOIN_WINDOW, MAIN_LANE,
+    store_id, Arrival, Arriving, ClientKey, Counted, Ended, HealthLook, Heartbeat, InviteUse,
+    LaneStats, Limits, LineRecord, PassTimes, Place, Poll, QueueStore, RouteStats, StoreError,
+    StoreId, Tick, TicketTimes, VisitorId, WindowCounts, JOIN_WINDOW, MAIN_LANE,
 };
 use crate::clock::Clock;
 use crate::config::{RedisConfig, RedisMode};
 
+mod health;
 mod split;
 
 /// Builds a script from the shared prelude and one operation's file.
@@ -73,6 +74,7 @@ struct Scripts {
     shares: Script,
     coord: Script,
     ahead: Script,
+    adapt: Script,
 }
 
 impl Scripts {
@@ -95,6 +97,7 @@ impl Scripts {
             lanes: route_script!("lanes.lua"),
             shares: route_script!("shares.lua"),
             coord: Script::new(include_str!("../../lua/coord.lua")),
+            adapt: Script::new(include_str!("../../lua/adapt.lua")),
             ahead: Script::new(include_str!("../../lua/ahead.lua")),
         }
     }
@@ -1234,6 +1237,33 @@ impl QueueStore for RedisStore {
 
     async fn ready(&self) -> Result<(), StoreError> {
         self.ready_on().await
+    }
+
+    async fn report_health(
+        &self,
+        route: &str,
+        counts: &WindowCounts,
+        every: Duration,
+    ) -> Result<HealthLook, StoreError> {
+        self.report_health_on(route, counts, every).await
+    }
+
+    async fn take_health_lease(
+        &self,
+        route: &str,
+        every: Duration,
+    ) -> Result<Option<u64>, StoreError> {
+        self.take_health_lease_on(route, every).await
+    }
+
+    async fn set_capacity(
+        &self,
+        route: &str,
+        lease: u64,
+        capacity: u64,
+        why: &str,
+    ) -> Result<bool, StoreError> {
+        self.set_capacity_on(route, lease, capacity, why).await
     }
 }
 
