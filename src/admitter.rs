@@ -14,11 +14,16 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::config::Mode;
 use crate::gate::Gate;
+use crate::health;
 use crate::queue::QueueStore;
 use crate::route::{self, RouteRt, Settings};
 
 /// Live numbers are refreshed at most this often.
 const STATS_EVERY: Duration = Duration::from_millis(500);
+
+/// How often an adaptive route's counts go to the store (DESIGN §9.1): a
+/// window's decision waits at most this long after it ends.
+const HEALTH_EVERY: Duration = Duration::from_secs(1);
 
 /// Runs the tick loop of route `name` until it leaves the config or `stop`
 /// changes.
@@ -34,20 +39,27 @@ pub async fn run(
     };
     let mut interval = tokio::time::interval(tick);
     interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut health = tokio::time::interval(HEALTH_EVERY);
+    health.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut last_stats: Option<Instant> = None;
     // The store time of the last sessions-ended read (0: none yet).
     let mut ended_read_ms = 0;
     loop {
-        tokio::select! {
-            _ = interval.tick() => {}
+        let ticked = tokio::select! {
+            _ = interval.tick() => true,
+            _ = health.tick() => false,
             _ = stop.changed() => return,
-        }
+        };
         let s = settings.load();
         let Some(index) = s.route_named(&name) else {
             tracing::debug!(route = %name, "route removed: admitter stops");
             return;
         };
         let route = &s.routes[index];
+        if !ticked {
+            adapt(&gate, route, &name).await;
+            continue;
+        }
         if route.limits.tick != tick {
             tick = route.limits.tick;
             interval = tokio::time::interval(tick);
@@ -82,7 +94,11 @@ async fn admit(gate: &Gate, route: &RouteRt, name: &str, mut ended_read_ms: u64)
     // Polls answered without the store: from the line record (a
     // shared store) or before the opening (any store).
     flush_heartbeats(gate, route).await;
-    match gate.store().admit_tick(name, &route.limits, known).await {
+    match gate
+        .store()
+        .admit_tick(name, &route.limits_now(), known)
+        .await
+    {
         Ok(t) => {
             if known.is_some_and(|k| k != t.epoch_us) {
                 tracing::warn!(route = %name, "store lost its state: holding admissions for one pass_ttl");
@@ -117,6 +133,69 @@ async fn admit(gate: &Gate, route: &RouteRt, name: &str, mut ended_read_ms: u64)
         route.metrics.tick(&t);
     }
     ended_read_ms
+}
+
+/// An adaptive route's health step (DESIGN §9.1): adds what this instance
+/// counted to the store's window and follows the capacity the store holds;
+/// the first time it sees a window end, it asks for the lease to decide on
+/// that window, and with it applies [`health::decide`]. With the store
+/// down, the route keeps the capacity it had (what was counted meanwhile
+/// is dropped: the windows it belonged to are gone).
+async fn adapt(gate: &Gate, route: &RouteRt, name: &str) {
+    let Some(adapt) = &route.cfg.adapt else {
+        return;
+    };
+    let (live, store) = (&route.live, gate.store());
+    let counts = live.health().take();
+    let look = match store.report_health(name, &counts, adapt.every).await {
+        Ok(look) => look,
+        Err(err) => {
+            tracing::debug!(route = %name, error = %err, "health not reported: capacity kept");
+            return;
+        }
+    };
+    if let Some(capacity) = look.capacity {
+        let capacity = capacity.clamp(adapt.min, adapt.max);
+        if live.note_capacity(capacity, &look.why) {
+            route.metrics.origin.capacity(capacity);
+            tracing::info!(route = %name, capacity, why = %look.why, "capacity follows the store");
+        }
+    }
+    if !live.first_try_for(look.window) {
+        return;
+    }
+    live.note_window(&look.ended);
+    let Ok(Some(lease)) = store.take_health_lease(name, adapt.every).await else {
+        return;
+    };
+    let Ok(stats) = store.stats(name, &route.limits_now()).await else {
+        return;
+    };
+    let room = health::Room {
+        capacity: route.capacity_now(),
+        waiting: stats.waiting,
+        active: stats.active,
+    };
+    let Some(change) = health::decide(adapt, room, &look.ended) else {
+        return;
+    };
+    if let Ok(true) = store
+        .set_capacity(name, lease, change.capacity, &change.reason)
+        .await
+    {
+        live.note_capacity(change.capacity, &change.reason);
+        route
+            .metrics
+            .origin
+            .changed(change.direction, change.capacity);
+        tracing::info!(
+            route = %name,
+            from = room.capacity,
+            to = change.capacity,
+            why = %change.reason,
+            "capacity changed"
+        );
+    }
 }
 
 /// Refreshes the route's live numbers (waiting, active, admission rate,

@@ -7,6 +7,7 @@
 //! `deploy/` query them. Counters are registered without `_total`; the encoder
 //! adds it.
 
+use crate::health::Direction;
 use crate::queue::breaker::{Breaker, Operation};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -177,6 +178,12 @@ struct OperationLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabels {
+    route: String,
+    direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
     kind: &'static str,
 }
@@ -329,6 +336,7 @@ pub struct Metrics {
     streams_refused: Family<StreamRefusedLabels, Counter>,
     fail_open: Family<RouteLabel, Counter>,
     client_gone: Family<RouteLabel, Counter>,
+    origin: OriginMetrics,
     store_calls: Family<OperationLabel, Counter>,
     store_errors: Family<OperationLabel, Counter>,
     breaker_state: Gauge,
@@ -375,6 +383,7 @@ impl Metrics {
             streams_refused,
             client_gone,
         } = WaiterMetrics::register(&mut registry);
+        let origin = OriginMetrics::register(&mut registry);
         let BackendMetrics {
             store_calls,
             store_errors,
@@ -405,6 +414,7 @@ impl Metrics {
             streams_refused,
             fail_open,
             client_gone,
+            origin,
             store_calls,
             store_errors,
             breaker_state,
@@ -478,6 +488,7 @@ impl Metrics {
                 })
             }),
             event_streams: self.event_streams.get_or_create_owned(&route),
+            origin: self.origin.route(name),
             streams_refused: StreamCap::ALL.map(|cap| {
                 self.streams_refused
                     .get_or_create_owned(&StreamRefusedLabels {
@@ -515,6 +526,7 @@ impl Metrics {
             });
         }
         self.lanes.forget_route(name);
+        self.origin.forget_route(name);
         for how in ["at_once", "from_line"] {
             self.admitted.remove(&AdmittedLabels {
                 route: name.to_owned(),
@@ -759,6 +771,107 @@ impl WaiterMetrics {
     }
 }
 
+/// Each route's origin as its admitted requests see it, and the capacity
+/// that follows it (DESIGN §9.1).
+#[derive(Clone)]
+struct OriginMetrics {
+    capacity: Family<RouteLabel, Gauge>,
+    response: Family<RouteLabel, Histogram>,
+    changes: Family<DirectionLabels, Counter>,
+}
+
+impl OriginMetrics {
+    fn register(registry: &mut Registry) -> OriginMetrics {
+        let r = registry;
+        OriginMetrics {
+            capacity: register(
+                r,
+                "queuegate_route_capacity",
+                "Concurrent sessions the route admits by now: the configured number, or where an adaptive capacity stands",
+                Family::default(),
+            ),
+            response: register(
+                r,
+                "queuegate_origin_response_seconds",
+                "The origin's time to the response head (or to failing) for the route's forwarded requests",
+                Family::new_with_constructor(upstream_histogram as fn() -> Histogram),
+            ),
+            changes: register(
+                r,
+                "queuegate_capacity_changes",
+                "Changes of an adaptive route's capacity, up or down, made by this instance",
+                Family::default(),
+            ),
+        }
+    }
+
+    fn route(&self, name: &str) -> RouteOrigin {
+        let route = RouteLabel {
+            route: name.to_owned(),
+        };
+        RouteOrigin {
+            capacity: self.capacity.get_or_create_owned(&route),
+            response: self.response.get_or_create_owned(&route),
+            changes: [Direction::Up, Direction::Down].map(|d| {
+                self.changes.get_or_create_owned(&DirectionLabels {
+                    route: name.to_owned(),
+                    direction: d.as_str(),
+                })
+            }),
+        }
+    }
+
+    fn forget_route(&self, name: &str) {
+        let route = RouteLabel {
+            route: name.to_owned(),
+        };
+        self.capacity.remove(&route);
+        self.response.remove(&route);
+        for d in [Direction::Up, Direction::Down] {
+            self.changes.remove(&DirectionLabels {
+                route: name.to_owned(),
+                direction: d.as_str(),
+            });
+        }
+    }
+}
+
+fn upstream_histogram() -> Histogram {
+    Histogram::new(UPSTREAM_BUCKETS)
+}
+
+/// A route's handles of [`OriginMetrics`].
+#[derive(Clone, Debug)]
+pub struct RouteOrigin {
+    capacity: Gauge,
+    response: Histogram,
+    /// Up, then down.
+    changes: [Counter; 2],
+}
+
+impl RouteOrigin {
+    /// A forwarded request's time to the origin's answer head (or failure).
+    pub fn response(&self, seconds: f64) {
+        self.response.observe(seconds);
+    }
+
+    /// The capacity the route admits by now.
+    pub fn capacity(&self, capacity: u64) {
+        self.capacity
+            .set(i64::try_from(capacity).unwrap_or(i64::MAX));
+    }
+
+    /// The capacity moved `direction` to `capacity`.
+    pub fn changed(&self, direction: Direction, capacity: u64) {
+        let i = match direction {
+            Direction::Up => 0,
+            Direction::Down => 1,
+        };
+        self.changes[i].inc();
+        self.capacity(capacity);
+    }
+}
+
 /// The store, the origin and config reloads, and the visitors let through
 /// while the store was down.
 struct BackendMetrics {
@@ -806,7 +919,7 @@ impl BackendMetrics {
                 r,
                 "queuegate_upstream_request_duration_seconds",
                 "Time until the origin's response head",
-                Histogram::new(UPSTREAM_BUCKETS),
+                upstream_histogram(),
             ),
             upstream_errors: register(
                 r,
@@ -991,6 +1104,8 @@ pub struct RouteMetrics {
     event_streams: Gauge,
     /// By [`StreamCap`], in the order of [`StreamCap::ALL`].
     streams_refused: [Counter; 3],
+    /// The origin as this route's requests see it, and its capacity.
+    pub origin: RouteOrigin,
 }
 
 impl RouteMetrics {
@@ -1089,10 +1204,12 @@ impl RouteMetrics {
         self.eta.set(eta_s.unwrap_or(f64::NAN));
     }
 
-    /// The configured capacity.
-    pub fn capacity(&self, capacity: u64) {
+    /// The configured capacity (an adaptive route's `start`), and the one
+    /// it admits by now.
+    pub fn capacity(&self, configured: u64, now: u64) {
         self.capacity
-            .set(i64::try_from(capacity).unwrap_or(i64::MAX));
+            .set(i64::try_from(configured).unwrap_or(i64::MAX));
+        self.origin.capacity(now);
     }
 }
 

@@ -19,6 +19,7 @@ use http::Method;
 use crate::admission::{KeyRing, LaneTag, VisitorId};
 use crate::config::{self, BypassRule, Config};
 use crate::cookie::{self, CookieMemo, Credentials};
+use crate::health::{Recorder, WindowCounts};
 use crate::metrics::{Metrics, RouteMetrics, StreamCap};
 use crate::path;
 use crate::queue::joins::JoinQueue;
@@ -109,6 +110,27 @@ pub struct RouteLive {
     ticks: watch::Sender<u64>,
     /// Event streams open on this route at this instance.
     event_streams: Arc<Mutex<OpenStreams>>,
+    /// An adaptive route's capacity now (DESIGN §9.1), 0 on a fixed one:
+    /// kept across reloads, which bring it into a changed range.
+    capacity: AtomicU64,
+    /// Why the capacity last changed, for `/routes`.
+    capacity_why: Mutex<String>,
+    /// The health window whose decision this instance last tried for.
+    health_window: AtomicU64,
+    /// The route's forwarded requests since the admitter last reported.
+    health: Recorder,
+    /// The last health window that ended, as the store added it up.
+    last_window: Mutex<Option<WindowSummary>>,
+}
+
+/// A health window in a few numbers, for `/routes`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WindowSummary {
+    pub requests: u64,
+    /// 0 without requests.
+    pub p95_ms: u64,
+    /// The share (0 to 1) of failed requests.
+    pub errors: f64,
 }
 
 /// The event streams open on a route at this instance: in all, and by
@@ -171,6 +193,67 @@ pub struct RecordedPlace {
 }
 
 impl RouteLive {
+    /// What this instance counts of the origin's answers to the route.
+    pub fn health(&self) -> &Recorder {
+        &self.health
+    }
+
+    /// Notes the health window that ended last (see [`WindowSummary`]).
+    pub fn note_window(&self, window: &WindowCounts) {
+        let summary = WindowSummary {
+            requests: window.requests,
+            p95_ms: window.p95().map_or(0, |p| p.as_millis() as u64),
+            errors: window.error_share(),
+        };
+        *self
+            .last_window
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(summary);
+    }
+
+    /// The health window that ended last, once one was reported.
+    pub fn last_window(&self) -> Option<WindowSummary> {
+        *self
+            .last_window
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// An adaptive route's capacity now; 0 on a fixed one.
+    pub fn capacity(&self) -> u64 {
+        self.capacity.load(Ordering::Relaxed)
+    }
+
+    /// Why an adaptive route's capacity last changed (empty: it did not).
+    pub fn capacity_why(&self) -> String {
+        self.capacity_why
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The adaptive capacity is now `capacity`, for `why` (empty: keep the
+    /// reason known). Whether it changed.
+    pub fn note_capacity(&self, capacity: u64, why: &str) -> bool {
+        let before = self.capacity.swap(capacity, Ordering::Relaxed);
+        if !why.is_empty() {
+            let mut kept = self
+                .capacity_why
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if *kept != why {
+                why.clone_into(&mut kept);
+            }
+        }
+        before != capacity
+    }
+
+    /// Whether this instance has not yet tried to decide for health window
+    /// `window`; notes that it has now.
+    pub fn first_try_for(&self, window: u64) -> bool {
+        self.health_window.swap(window, Ordering::Relaxed) != window
+    }
+
     /// Remembers that the place (session or ticket) `id` ended at `now_s`,
     /// for as long as any of its cookies could be admitted or restored
     /// ([`Limits::end_memory`]).
@@ -549,6 +632,8 @@ pub struct RouteRt {
     prefix: Option<String>,
     exit_prefixes: Vec<String>,
     pub live: Arc<RouteLive>,
+    /// `store.expected_instances`, at least 1: the local line's share.
+    expected_instances: u64,
     /// The route's own waiting page template, if it has one.
     pub template: Option<Arc<Template>>,
     /// The route's metric handles.
@@ -580,8 +665,22 @@ impl RouteRt {
             opens_at_us: cfg.opens_at.map(|t| t.unix_us()),
             shards: cfg.shards,
         };
+        let mut limits = limits;
+        if let Some(adapt) = &cfg.adapt {
+            // Where the route stood, brought into the range (DESIGN §9.1:
+            // a reload keeps a number that lies inside); else `start`.
+            let now = match live.capacity() {
+                0 => cfg.capacity,
+                kept => kept.clamp(adapt.min, adapt.max),
+            };
+            live.note_capacity(now, "");
+            limits.capacity = now;
+        } else {
+            live.note_capacity(0, "");
+        }
         let mut local_limits = limits.clone();
         local_limits.capacity = (cfg.capacity / expected_instances.max(1)).max(1);
+        let expected_instances = expected_instances.max(1);
         let (cookie_plain, cookie_tls) = cookie::names(&cfg.name, cookie.domain.is_some());
         let (lane_cookie_plain, lane_cookie_tls) =
             cookie::lane_names(&cfg.name, cookie.domain.is_some());
@@ -605,6 +704,7 @@ impl RouteRt {
             prefix,
             exit_prefixes,
             live,
+            expected_instances,
             template,
             metrics,
         }
@@ -646,11 +746,36 @@ impl RouteRt {
     /// a full room's worth in again.
     pub fn local_limits_now(&self) -> Limits {
         let active = self.live.active();
-        let share = active.saturating_mul(self.local_limits.capacity) / self.limits.capacity.max(1);
+        let capacity = self.capacity_now();
+        let mine = (capacity / self.expected_instances).max(1);
+        let share = active.saturating_mul(mine) / capacity.max(1);
         Limits {
-            capacity: self.local_limits.capacity.saturating_sub(share),
+            capacity: mine.saturating_sub(share),
             ..self.local_limits.clone()
         }
+    }
+
+    /// The capacity the route admits by now: the configured one, or where an
+    /// adaptive one stands (DESIGN §9.1).
+    pub fn capacity_now(&self) -> u64 {
+        match self.cfg.adapt {
+            Some(_) => self.live.capacity().max(1),
+            None => self.limits.capacity,
+        }
+    }
+
+    /// The route's limits with the capacity it admits by now: for the store
+    /// calls capacity matters to (arrivals, renewals, ticks). Borrowed on a
+    /// fixed route.
+    pub fn limits_now(&self) -> Cow<'_, Limits> {
+        let capacity = self.capacity_now();
+        if capacity == self.limits.capacity {
+            return Cow::Borrowed(&self.limits);
+        }
+        Cow::Owned(Limits {
+            capacity,
+            ..self.limits.clone()
+        })
     }
 
     /// The cookie name for a request over TLS or not.
@@ -798,15 +923,16 @@ impl Settings {
             let live = lives.get(&r.name).cloned().unwrap_or_default();
             let template = r.page.template.as_ref().map(|t| t.template.clone());
             let route_metrics = metrics.route(&r.name);
-            route_metrics.capacity(r.capacity);
-            routes.push(RouteRt::new(
+            let route = RouteRt::new(
                 r.clone(),
                 &config.cookie,
                 config.store.expected_instances,
                 live,
                 template,
                 route_metrics,
-            ));
+            );
+            route.metrics.capacity(r.capacity, route.limits.capacity);
+            routes.push(route);
         }
         Settings {
             generation: Settings::next_generation(),

@@ -140,7 +140,8 @@ impl Lines {
         // A store lost since the last tick is noticed here too, before
         // anyone is let in at once.
         let known_epoch_us = route.live.known_epoch_us();
-        let (name, limits) = (route.name(), &route.limits);
+        let limits_now = route.limits_now();
+        let (name, limits) = (route.name(), &*limits_now);
         let arrived = if self.shared.is_shared() {
             let arriving = Arriving {
                 id: *id,

@@ -57,7 +57,7 @@ impl Gate {
             &pass.id,
             who.client,
             times,
-            &route.limits,
+            &route.limits_now(),
         ))
         .await;
         let (how, kind) = match renewed {

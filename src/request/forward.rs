@@ -3,7 +3,8 @@
 //! it names recorded in lane cookies (DESIGN §8.5).
 
 use std::future::Future;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use http::header::SET_COOKIE;
@@ -13,11 +14,11 @@ use hyper::body::Incoming;
 use crate::admission::VisitorId;
 use crate::cookie::{self, KeptCookies};
 use crate::lane_grant::{Holder, Lane, LANE_COOKIE_TTL};
-use crate::metrics::UpstreamFailure;
+use crate::metrics::{RouteOrigin, UpstreamFailure};
 use crate::origin::{self, OriginCommand, Said};
 use crate::proxy::Peer;
 use crate::response::{self, Body, RequestError};
-use crate::route::{RouteRt, Settings};
+use crate::route::{RouteLive, RouteRt, Settings};
 
 use super::App;
 
@@ -36,7 +37,7 @@ impl App {
         host: Option<&str>,
     ) -> Response<Body> {
         let kept = KeptCookies::of(req.headers());
-        let mut forwarded = self.forward(req, peer).await;
+        let mut forwarded = self.forward(req, peer, None).await;
         if forwarded.command.is_some() {
             tracing::debug!("origin command on an ungated path ignored: no session");
         }
@@ -81,12 +82,14 @@ impl App {
     }
 
     /// Forwards an admitted or ungated request, taking any origin command
-    /// and lane out of the answer. The request is handed to the upstream before
-    /// this returns (see [`Upstream::forward`]).
+    /// and lane out of the answer; a route's request is counted in `tap`.
+    /// The request is handed to the upstream before this returns (see
+    /// [`Upstream::forward`]).
     pub(super) fn forward(
         &self,
         mut req: Request<Incoming>,
         peer: &Peer,
+        tap: Option<HealthTap>,
     ) -> impl Future<Output = Forwarded> + Send + '_ {
         cookie::strip_own_cookies(req.headers_mut());
         let started = Instant::now();
@@ -118,6 +121,9 @@ impl App {
                     response::from_error(&err)
                 }
             };
+            if let Some(tap) = tap {
+                tap.record(seconds, from_origin, &resp);
+            }
             let Said { command, lane } = origin::take(resp.headers_mut());
             Forwarded {
                 resp,
@@ -126,6 +132,37 @@ impl App {
                 lane,
             }
         })
+    }
+}
+
+/// Where a route's forwarded request is counted: the route's health window
+/// (DESIGN §9.1) and its origin metrics.
+pub(super) struct HealthTap {
+    live: Arc<RouteLive>,
+    origin: RouteOrigin,
+}
+
+impl HealthTap {
+    pub(super) fn of(route: &RouteRt) -> HealthTap {
+        HealthTap {
+            live: route.live.clone(),
+            origin: route.metrics.origin.clone(),
+        }
+    }
+
+    /// Counts an answer that took `seconds`: failed when it is a `5xx`,
+    /// the origin's or queuegate's own (a timeout, a connection that
+    /// failed). A request the client got wrong (a bad body) is not the
+    /// origin's doing and is not counted.
+    fn record(self, seconds: f64, from_origin: bool, resp: &Response<Body>) {
+        let status = resp.status();
+        if !from_origin && !status.is_server_error() {
+            return;
+        }
+        self.live
+            .health()
+            .record(Duration::from_secs_f64(seconds), status.is_server_error());
+        self.origin.response(seconds);
     }
 }
 

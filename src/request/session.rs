@@ -24,7 +24,7 @@ use crate::response::Body;
 use crate::route::{RouteRt, Settings};
 use crate::waiting;
 
-use super::forward::{with_cookie, Forwarded};
+use super::forward::{with_cookie, Forwarded, HealthTap};
 use super::{outcome_of, App, Conn};
 
 impl App {
@@ -122,7 +122,9 @@ impl App {
             Decision::Admit { session: None, .. } => {
                 // Passthrough or failing open: no session for an origin
                 // command to end.
-                let mut forwarded = self.forward(req, &conn.peer).await;
+                let mut forwarded = self
+                    .forward(req, &conn.peer, Some(HealthTap::of(route)))
+                    .await;
                 self.record_lane(s, &mut forwarded, [(route, None)], conn.peer.tls);
                 (outcome, forwarded.resp)
             }
@@ -211,8 +213,8 @@ impl SessionStep {
         req: Request<Incoming>,
         peer: Peer,
     ) -> (Forwarded, bool) {
-        let forwarded = app.forward(req, &peer).await;
         let route = &self.s.routes[self.index];
+        let forwarded = app.forward(req, &peer, Some(HealthTap::of(route))).await;
         let reason = if forwarded.command == Some(OriginCommand::EndSession) {
             Some(SessionEnd::Origin)
         } else if self.exit && forwarded.from_origin {
