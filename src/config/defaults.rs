@@ -99,3 +99,5 @@ pub const LANE: &str = "main";
 pub const LANE_WEIGHT: u32 = 1;
 /// `routes[].shards`: one line.
 pub const SHARDS: u32 = 1;
+/// `routes[].inflight_wait`.
+pub const INFLIGHT_WAIT: Duration = Duration::from_secs(2);

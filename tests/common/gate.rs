@@ -178,6 +178,8 @@ pub fn route(name: &str, prefix: &str, capacity: u64) -> Route {
         opens_at: None,
         closes_at: None,
         shards: 1,
+        max_inflight: None,
+        inflight_wait: Duration::from_secs(2),
         page: PageConfig::default(),
     }
 }
