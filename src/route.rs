@@ -19,6 +19,7 @@ use http::Method;
 use crate::admission::{KeyRing, LaneTag, VisitorId};
 use crate::config::{self, BypassRule, Config};
 use crate::cookie::{self, CookieMemo, Credentials};
+use crate::inflight::Turns;
 use crate::metrics::{Metrics, RouteMetrics, StreamCap};
 use crate::path;
 use crate::queue::joins::JoinQueue;
@@ -109,6 +110,9 @@ pub struct RouteLive {
     ticks: watch::Sender<u64>,
     /// Event streams open on this route at this instance.
     event_streams: Arc<Mutex<OpenStreams>>,
+    /// The route's turns at the origin (DESIGN §9.2), sized by
+    /// `max_inflight` whenever settings are built.
+    turns: Arc<Turns>,
 }
 
 /// The event streams open on a route at this instance: in all, and by
@@ -171,6 +175,11 @@ pub struct RecordedPlace {
 }
 
 impl RouteLive {
+    /// The route's turns at the origin (DESIGN §9.2).
+    pub fn turns(&self) -> &Arc<Turns> {
+        &self.turns
+    }
+
     /// Remembers that the place (session or ticket) `id` ended at `now_s`,
     /// for as long as any of its cookies could be admitted or restored
     /// ([`Limits::end_memory`]).
@@ -795,7 +804,8 @@ impl Settings {
     ) -> Settings {
         let mut routes = Vec::with_capacity(config.routes.len());
         for r in &config.routes {
-            let live = lives.get(&r.name).cloned().unwrap_or_default();
+            let live: Arc<RouteLive> = lives.get(&r.name).cloned().unwrap_or_default();
+            live.turns().resize(r.max_inflight);
             let template = r.page.template.as_ref().map(|t| t.template.clone());
             let route_metrics = metrics.route(&r.name);
             route_metrics.capacity(r.capacity);
