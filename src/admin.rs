@@ -193,5 +193,6 @@ fn route_json(route: &RouteRt) -> serde_json::Value {
         "max_inflight": cfg.max_inflight,
         "inflight_wait_ms": cfg.inflight_wait.as_millis() as u64,
         "inflight": live.turns().held(),
+        "inflight_waiting": live.turns().waiting(),
     })
 }

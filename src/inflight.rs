@@ -26,6 +26,8 @@ pub struct Turns {
     cap: Mutex<Cap>,
     /// Turns held now.
     held: AtomicU64,
+    /// Requests waiting for a turn now.
+    waiting: AtomicU64,
 }
 
 /// The size of the turns, changed only under the lock.
@@ -48,6 +50,7 @@ impl Default for Turns {
                 owed: 0,
             }),
             held: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
         }
     }
 }
@@ -83,6 +86,11 @@ impl Turns {
         self.held.load(Ordering::Relaxed)
     }
 
+    /// Requests waiting for a turn now.
+    pub fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
     /// A turn, at once if one is free, or the first free one within `wait`
     /// behind those already waiting; `None` when none came in time. Dropping
     /// the future gives up the place in the line.
@@ -90,11 +98,14 @@ impl Turns {
         match turns.permits.try_acquire() {
             Ok(permit) => permit.forget(),
             Err(_) if wait.is_zero() => return None,
-            Err(_) => match tokio::time::timeout(wait, turns.permits.acquire()).await {
-                Ok(Ok(permit)) => permit.forget(),
-                // Never closed; a closed one would free no turn anyway.
-                Ok(Err(_)) | Err(_) => return None,
-            },
+            Err(_) => {
+                let _waiting = Waiting::new(&turns.waiting);
+                match tokio::time::timeout(wait, turns.permits.acquire()).await {
+                    Ok(Ok(permit)) => permit.forget(),
+                    // Never closed; a closed one would free no turn anyway.
+                    Ok(Err(_)) | Err(_) => return None,
+                }
+            }
         }
         turns.held.fetch_add(1, Ordering::Relaxed);
         Some(Turn {
@@ -111,6 +122,23 @@ impl Turns {
         } else {
             self.permits.add_permits(1);
         }
+    }
+}
+
+/// One request counted as waiting for a turn while this lives: until it
+/// has one, gave up, or went away.
+struct Waiting<'a>(&'a AtomicU64);
+
+impl<'a> Waiting<'a> {
+    fn new(count: &'a AtomicU64) -> Waiting<'a> {
+        count.fetch_add(1, Ordering::Relaxed);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -156,11 +184,13 @@ mod tests {
         let turns = capped(1);
         let held = Turns::take(&turns, NOW).await.expect("a free turn");
         assert!(Turns::take(&turns, Duration::from_secs(1)).await.is_none());
+        assert_eq!(turns.waiting(), 0);
         let waiter = tokio::spawn({
             let turns = turns.clone();
             async move { Turns::take(&turns, Duration::from_secs(5)).await.is_some() }
         });
         tokio::task::yield_now().await;
+        assert_eq!(turns.waiting(), 1);
         drop(held);
         assert!(waiter.await.unwrap());
     }
