@@ -128,6 +128,7 @@ pub fn answer(app: &App, readiness: &Readiness, req: &Request<Incoming>) -> Resp
             app.metrics.observe_store(app.gate.store().breaker());
             for route in &app.settings.load().routes {
                 route.metrics.event_streams(route.live.event_streams());
+                route.metrics.inflight(route.live.turns().held());
             }
             let mut resp = Response::new(Body::full(app.metrics.encode()));
             resp.headers_mut()
@@ -205,5 +206,9 @@ fn route_json(route: &RouteRt) -> serde_json::Value {
         "active": live.active(),
         "admit_rate": rate,
         "eta_seconds": route::eta_seconds(waiting, rate),
+        "max_inflight": cfg.max_inflight,
+        "inflight_wait_ms": cfg.inflight_wait.as_millis() as u64,
+        "inflight": live.turns().held(),
+        "inflight_waiting": live.turns().waiting(),
     })
 }

@@ -64,6 +64,9 @@
 //! - `response`: the one body type and every response queuegate makes.
 //! - `upstream`: the per-worker pools of HTTP/1.1 connections to the origin,
 //!   driven by the requests that use them.
+//! - `inflight`: a route's turns at the origin (`Turns`, DESIGN §9.2): the
+//!   cap on its requests in flight, resized by reloads, and the `Turn` one
+//!   request holds.
 //! - `host`: the host a request is for, canonical, and `allowed_hosts` patterns.
 //! - `clock`: wall-clock time read through tokio, so tests can pause it.
 //! - `shutdown`: SIGTERM/SIGINT.
@@ -85,6 +88,7 @@ pub mod framing;
 pub mod gate;
 pub mod health;
 pub mod host;
+pub mod inflight;
 pub mod lane_grant;
 pub mod metrics;
 pub mod origin;

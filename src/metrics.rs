@@ -257,6 +257,9 @@ pub enum Outcome {
     Invite,
     /// One of queuegate's own paths.
     Reserved,
+    /// Admitted, but the route's requests in flight to the origin were at
+    /// its `max_inflight` past `inflight_wait`: answered busy (DESIGN §9.2).
+    Busy,
     /// The client went away before it was answered (the request's work
     /// stopped there, except an exchange that may end a session, which goes
     /// on to the origin's answer).
@@ -268,7 +271,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    const ALL: [Outcome; 19] = [
+    const ALL: [Outcome; 20] = [
         Outcome::Forwarded,
         Outcome::Bypass,
         Outcome::Pass,
@@ -286,6 +289,7 @@ impl Outcome {
         Outcome::UsedUp,
         Outcome::Invite,
         Outcome::Reserved,
+        Outcome::Busy,
         Outcome::ClientGone,
         Outcome::BadRequest,
     ];
@@ -309,6 +313,7 @@ impl Outcome {
             Outcome::UsedUp => "used_up",
             Outcome::Invite => "invite",
             Outcome::Reserved => "reserved",
+            Outcome::Busy => "busy",
             Outcome::ClientGone => "client_gone",
             Outcome::BadRequest => "bad_request",
         }
@@ -348,6 +353,7 @@ pub struct Metrics {
     /// One counter per [`Outcome`], in `Outcome::ALL` order.
     requests: Vec<Counter>,
     connections: ConnectionMetrics,
+    inflight: InflightMetrics,
 }
 
 impl Default for Metrics {
@@ -394,6 +400,7 @@ impl Metrics {
             fail_open,
         } = BackendMetrics::register(&mut registry);
         let (requests, connections) = register_traffic(&mut registry);
+        let inflight = InflightMetrics::register(&mut registry);
         Metrics {
             registry,
             waiting,
@@ -425,6 +432,7 @@ impl Metrics {
             reload_error: reloads.get_or_create_owned(&ResultLabel { result: "error" }),
             requests,
             connections,
+            inflight,
         }
     }
 
@@ -489,6 +497,8 @@ impl Metrics {
             }),
             event_streams: self.event_streams.get_or_create_owned(&route),
             origin: self.origin.route(name),
+            inflight: self.inflight.inflight.get_or_create_owned(&route),
+            inflight_refused: self.inflight.refused.get_or_create_owned(&route),
             streams_refused: StreamCap::ALL.map(|cap| {
                 self.streams_refused
                     .get_or_create_owned(&StreamRefusedLabels {
@@ -519,6 +529,8 @@ impl Metrics {
         self.eta.remove(&route);
         self.wait.remove(&route);
         self.event_streams.remove(&route);
+        self.inflight.inflight.remove(&route);
+        self.inflight.refused.remove(&route);
         for cap in StreamCap::ALL {
             self.streams_refused.remove(&StreamRefusedLabels {
                 route: name.to_owned(),
@@ -943,6 +955,32 @@ impl BackendMetrics {
     }
 }
 
+/// Each route's requests in flight to the origin and those answered busy
+/// for being over its `max_inflight` (DESIGN §9.2).
+struct InflightMetrics {
+    inflight: Family<RouteLabel, Gauge>,
+    refused: Family<RouteLabel, Counter>,
+}
+
+impl InflightMetrics {
+    fn register(r: &mut Registry) -> InflightMetrics {
+        InflightMetrics {
+            inflight: register(
+                r,
+                "queuegate_inflight",
+                "Requests of the route at the origin now, at this instance (capped by max_inflight or not)",
+                Family::default(),
+            ),
+            refused: register(
+                r,
+                "queuegate_inflight_refused",
+                "Admitted requests answered busy (503) after waiting inflight_wait for a turn under max_inflight",
+                Family::default(),
+            ),
+        }
+    }
+}
+
 /// Requests by how they were answered (one counter per [`Outcome`], in
 /// `Outcome::ALL` order), and the client connections.
 fn register_traffic(r: &mut Registry) -> (Vec<Counter>, ConnectionMetrics) {
@@ -1106,6 +1144,8 @@ pub struct RouteMetrics {
     streams_refused: [Counter; 3],
     /// The origin as this route's requests see it, and its capacity.
     pub origin: RouteOrigin,
+    inflight: Gauge,
+    inflight_refused: Counter,
 }
 
 impl RouteMetrics {
@@ -1120,6 +1160,12 @@ impl RouteMetrics {
     pub fn event_streams(&self, open: usize) {
         self.event_streams
             .set(i64::try_from(open).unwrap_or(i64::MAX));
+    }
+
+    /// The route's requests at the origin at this instance; set before each
+    /// scrape from its turns (see `inflight::Turns`).
+    pub fn inflight(&self, held: u64) {
+        self.inflight.set(i64::try_from(held).unwrap_or(i64::MAX));
     }
 
     /// Counts an event stream refused by `cap`.
@@ -1161,6 +1207,9 @@ impl RouteMetrics {
             }
             Outcome::StoreDown => {
                 self.rejected_store_down.inc();
+            }
+            Outcome::Busy => {
+                self.inflight_refused.inc();
             }
             _ => {}
         }

@@ -13,6 +13,7 @@ use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 use http_body::{Frame, SizeHint};
 
+use crate::inflight::Turn;
 use crate::upstream::{self, UpstreamBody};
 
 /// Header that marks a response as made by queuegate, with the reason.
@@ -27,6 +28,9 @@ pub enum Body {
     Full(Option<Bytes>),
     /// The origin's body, streamed as it arrives.
     Upstream(UpstreamBody),
+    /// The origin's body, holding its request's turn at the origin until
+    /// it ends or is dropped (see [`holding_turn`]).
+    Turned(UpstreamBody, Option<Turn>),
     /// A body made here piece by piece as things happen (an event stream).
     Pieces(Pieces),
 }
@@ -64,6 +68,14 @@ impl http_body::Body for Body {
             Body::Empty => Poll::Ready(None),
             Body::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             Body::Upstream(incoming) => Pin::new(incoming).poll_frame(cx),
+            Body::Turned(incoming, turn) => {
+                let frame = std::task::ready!(Pin::new(&mut *incoming).poll_frame(cx));
+                if !matches!(frame, Some(Ok(_))) || incoming.is_end_stream() {
+                    // The origin is done with the request: the turn is free.
+                    turn.take();
+                }
+                Poll::Ready(frame)
+            }
             Body::Pieces(Pieces(stream)) => stream
                 .as_mut()
                 .poll_next(cx)
@@ -75,7 +87,7 @@ impl http_body::Body for Body {
         match self {
             Body::Empty => true,
             Body::Full(bytes) => bytes.is_none(),
-            Body::Upstream(incoming) => incoming.is_end_stream(),
+            Body::Upstream(incoming) | Body::Turned(incoming, _) => incoming.is_end_stream(),
             Body::Pieces(_) => false,
         }
     }
@@ -84,7 +96,7 @@ impl http_body::Body for Body {
         match self {
             Body::Empty => SizeHint::with_exact(0),
             Body::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
-            Body::Upstream(incoming) => incoming.size_hint(),
+            Body::Upstream(incoming) | Body::Turned(incoming, _) => incoming.size_hint(),
             Body::Pieces(_) => SizeHint::default(),
         }
     }
@@ -286,6 +298,35 @@ pub fn redirect(reason: &'static str, location: &str) -> Response<Body> {
         resp.headers_mut().insert(http::header::LOCATION, value);
     }
     resp
+}
+
+/// `resp` holding `turn`, its request's turn at the origin (DESIGN §9.2),
+/// until the origin's body ends or the client stops reading it (the body is
+/// dropped): an origin still sending is still busy with the request. An
+/// answer with nothing more to come from the origin (no body, or one made
+/// here: a 502 or 504, a `101`'s tunnel) gives the turn back at once.
+pub fn holding_turn(resp: Response<Body>, turn: Turn) -> Response<Body> {
+    resp.map(|body| match body {
+        Body::Upstream(incoming) if !http_body::Body::is_end_stream(&incoming) => {
+            Body::Turned(incoming, Some(turn))
+        }
+        other => other,
+    })
+}
+
+/// The answer to an admitted request that found its route's requests at
+/// the origin at `max_inflight` and no turn free within `inflight_wait`
+/// (DESIGN §9.2): `503`, `Retry-After: 1`. Nothing is ended: the visitor's
+/// session, pass and place stay as they were.
+pub fn busy() -> Response<Body> {
+    with_retry_after(
+        plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            "503 service unavailable: the application is busy, try again in a moment\n",
+        ),
+        1,
+    )
 }
 
 /// Adds `Retry-After: secs`.

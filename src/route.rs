@@ -20,6 +20,7 @@ use crate::admission::{KeyRing, LaneTag, VisitorId};
 use crate::config::{self, BypassRule, Config};
 use crate::cookie::{self, CookieMemo, Credentials};
 use crate::health::{Recorder, WindowCounts};
+use crate::inflight::Turns;
 use crate::metrics::{Metrics, RouteMetrics, StreamCap};
 use crate::path;
 use crate::queue::joins::JoinQueue;
@@ -121,6 +122,9 @@ pub struct RouteLive {
     health: Recorder,
     /// The last health window that ended, as the store added it up.
     last_window: Mutex<Option<WindowSummary>>,
+    /// The route's turns at the origin (DESIGN §9.2), sized by
+    /// `max_inflight` whenever settings are built.
+    turns: Arc<Turns>,
 }
 
 /// A health window in a few numbers, for `/routes`.
@@ -252,6 +256,11 @@ impl RouteLive {
     /// `window`; notes that it has now.
     pub fn first_try_for(&self, window: u64) -> bool {
         self.health_window.swap(window, Ordering::Relaxed) != window
+    }
+
+    /// The route's turns at the origin (DESIGN §9.2).
+    pub fn turns(&self) -> &Arc<Turns> {
+        &self.turns
     }
 
     /// Remembers that the place (session or ticket) `id` ended at `now_s`,
@@ -920,7 +929,8 @@ impl Settings {
     ) -> Settings {
         let mut routes = Vec::with_capacity(config.routes.len());
         for r in &config.routes {
-            let live = lives.get(&r.name).cloned().unwrap_or_default();
+            let live: Arc<RouteLive> = lives.get(&r.name).cloned().unwrap_or_default();
+            live.turns().resize(r.max_inflight);
             let template = r.page.template.as_ref().map(|t| t.template.clone());
             let route_metrics = metrics.route(&r.name);
             let route = RouteRt::new(

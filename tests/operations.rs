@@ -5,7 +5,7 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use futures_util::{SinkExt, StreamExt};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use queuegate::config::{Config, Mode};
+use queuegate::config::Mode;
 use queuegate::RunOptions;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
@@ -38,42 +38,6 @@ routes:
 ",
         key = key_file.display()
     )
-}
-
-/// A temp dir holding a key file and `config.yaml`.
-struct ConfigDir {
-    dir: tempfile::TempDir,
-}
-
-impl ConfigDir {
-    fn new() -> ConfigDir {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("k1.key"), queuegate::admission::keygen()).unwrap();
-        ConfigDir { dir }
-    }
-    fn key(&self) -> PathBuf {
-        self.dir.path().join("k1.key")
-    }
-    fn config(&self) -> PathBuf {
-        self.dir.path().join("config.yaml")
-    }
-    /// Replaces the config as editors do: write a temp file, rename it over.
-    fn write(&self, text: &str) {
-        let tmp = self.dir.path().join(".config.yaml.swp");
-        std::fs::write(&tmp, text).unwrap();
-        std::fs::rename(&tmp, self.config()).unwrap();
-    }
-}
-
-/// Starts a gate from the file in `dir`, as `queuegate run -c FILE` does.
-async fn gate_from_file(dir: &ConfigDir, reloads: Option<queuegate::ReloadRequests>) -> Gate {
-    let config = Config::load(&dir.config()).unwrap();
-    let ring = queuegate::admission::KeyRing::load(&config.keys).unwrap();
-    let options = RunOptions {
-        config_path: Some(dir.config()),
-        reloads,
-    };
-    spawn_gate_opts(config, ring, options).await
 }
 
 // ---- a strict OpenMetrics reader ----
@@ -342,7 +306,7 @@ async fn a_new_key_ring_applies_to_connections_already_open() {
     // The key `k1` is replaced by a new secret: the pass it signed no longer
     // verifies, on the connection that already used it too. Its holder is
     // a newcomer again, and the one slot is still its old session's.
-    let new_key = dir.dir.path().join("k1-new.key");
+    let new_key = dir.path().join("k1-new.key");
     std::fs::write(&new_key, queuegate::admission::keygen()).unwrap();
     dir.write(&config_text(&origin.url(), &new_key, 1));
     scrape_until(&gate, "the new key is loaded", |s| reloads(s, "ok") == 1.0).await;

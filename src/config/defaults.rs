@@ -108,3 +108,6 @@ pub const TARGET_P95: Duration = Duration::from_secs(1);
 
 /// `capacity.target.errors`: 2 %.
 pub const TARGET_ERRORS: f64 = 0.02;
+
+/// `routes[].inflight_wait`.
+pub const INFLIGHT_WAIT: Duration = Duration::from_secs(2);

@@ -438,6 +438,13 @@ pub struct Route {
     /// Fixed while the store holds the route's line. Default
     /// [`defaults::SHARDS`].
     pub shards: u32,
+    /// Most requests of the route at the origin at once, per instance
+    /// (DESIGN §9.2); `None` (the default) for no cap.
+    pub max_inflight: Option<u64>,
+    /// How long a request beyond `max_inflight` waits for a turn before it
+    /// is answered busy; zero for no wait. Default
+    /// [`defaults::INFLIGHT_WAIT`].
+    pub inflight_wait: Duration,
     pub page: PageConfig,
 }
 

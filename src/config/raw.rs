@@ -184,6 +184,8 @@ pub(crate) struct RawRoute {
     pub opens_at: Option<String>,
     pub closes_at: Option<String>,
     pub shards: Option<u32>,
+    pub max_inflight: Option<u64>,
+    pub inflight_wait: Option<DurationText>,
     pub page: Option<RawPage>,
 }
 

@@ -6,10 +6,11 @@
 //! rules of that section: `listen` (and `admin`), `limits` (and
 //! `client_ip`), `upstream`, `store`, `keys` (and `cookie`), `paths`
 //! (`reserved_prefix`, `bypass`) and `routes`, a route's parts in `matcher`,
-//! `timing`, `line` and `lanes`. Reading one field (required, a duration
+//! `timing`, `line`, `lanes` and `inflight`. Reading one field (required, a duration
 //! and its bounds) is `field`'s. The rules between sections are below.
 
 mod field;
+mod inflight;
 mod keys;
 mod lanes;
 mod limits;

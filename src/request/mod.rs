@@ -260,7 +260,7 @@ impl App {
                     })
                     .await;
                 let (outcome, resp) = self
-                    .admit_or_hold(s, index, req, conn, decision, exit, None)
+                    .admit_or_hold(s, index, req, conn, decision, exit, None, None)
                     .await;
                 (outcome, with_cookie(resp, lane_cookie))
             }

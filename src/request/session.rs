@@ -1,7 +1,10 @@
 //! A gated request's session: counted before the decision where the route
 //! counts requests (DESIGN §8.6), forwarded under its session or held back,
 //! and the session ended with the origin's answer when the route or the
-//! origin says so. What must outlive a client that goes away does
+//! origin says so. A request forwarded takes a turn at the origin first
+//! (DESIGN §9.2), before it is counted, so that a busy answer costs the
+//! session none of its requests; the turn is held to the end of the
+//! origin's answer (see [`response::holding_turn`]). What must outlive a client that goes away does
 //! ([`Detached`]), and a request dropped unanswered is counted
 //! ([`Unanswered`]).
 
@@ -16,11 +19,12 @@ use hyper::body::Incoming;
 use crate::admission::VisitorId;
 use crate::cookie::Credentials;
 use crate::gate::{Decided, Decision, Requester};
+use crate::inflight::{Turn, Turns};
 use crate::metrics::{Metrics, Outcome, RouteMetrics, SessionEnd};
 use crate::origin::OriginCommand;
 use crate::proxy::Peer;
 use crate::queue::Counted;
-use crate::response::Body;
+use crate::response::{self, Body};
 use crate::route::{RouteRt, Settings};
 use crate::waiting;
 
@@ -47,19 +51,27 @@ impl App {
         exit: bool,
     ) -> (Outcome, Response<Body>) {
         let route = &s.routes[index];
-        let counted = match creds.pass {
-            Some(pass) => match self.gate.count_request(route, &pass.id).await {
-                Counted::Exhausted => {
-                    return (Outcome::UsedUp, self.used_up(s, route, &req, who.tls));
+        let (counted, turn) = match creds.pass {
+            Some(pass) => {
+                // A pass is most likely forwarded: its turn is taken before
+                // it is counted, so that a busy answer costs it no request.
+                let Some(turn) = take_turn(route).await else {
+                    return (Outcome::Busy, response::busy());
+                };
+                match self.gate.count_request(route, &pass.id).await {
+                    Counted::Exhausted => {
+                        return (Outcome::UsedUp, self.used_up(s, route, &req, who.tls));
+                    }
+                    Counted::Last => {
+                        let session = (pass.id, Counted::Last);
+                        let resp =
+                            self.forward_session(s, index, req, conn, None, session, exit, turn);
+                        return (Outcome::Pass, resp.await);
+                    }
+                    counted => (Some((pass.id, counted)), Some(turn)),
                 }
-                Counted::Last => {
-                    let session = (pass.id, Counted::Last);
-                    let resp = self.forward_session(s, index, req, conn, None, session, exit);
-                    return (Outcome::Pass, resp.await);
-                }
-                counted => Some((pass.id, counted)),
-            },
-            None => None,
+            }
+            None => (None, None),
         };
         let decided = self
             .gate
@@ -71,7 +83,7 @@ impl App {
                 lane_cookie,
             }) => {
                 let (outcome, resp) = self
-                    .admit_or_hold(s, index, req, conn, decision, exit, counted)
+                    .admit_or_hold(s, index, req, conn, decision, exit, counted, turn)
                     .await;
                 (outcome, with_cookie(resp, lane_cookie))
             }
@@ -80,9 +92,11 @@ impl App {
     }
 
     /// Answers the gate's `decision` on a request to route `index`: an
-    /// admitted one is forwarded (under its session, counted first where
-    /// the route counts requests unless `counted` already counted it), any
-    /// other is held back.
+    /// admitted one is forwarded once it has a turn at the origin (`turn`,
+    /// if taken already; see [`take_turn`]), under its session, counted
+    /// first where the route counts requests unless `counted` already
+    /// counted it; any other is held back. An admitted request that gets no
+    /// turn is answered busy, with its new pass if it was given one.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn admit_or_hold(
         &self,
@@ -93,15 +107,27 @@ impl App {
         decision: Decision,
         exit: bool,
         counted: Option<(VisitorId, Counted)>,
+        turn: Option<Turn>,
     ) -> (Outcome, Response<Body>) {
         let route = &s.routes[index];
         let outcome = outcome_of(&decision);
-        match decision {
-            Decision::Admit {
-                set_cookie,
-                session: Some(id),
-                ..
-            } => {
+        let Decision::Admit {
+            set_cookie,
+            session,
+            ..
+        } = decision
+        else {
+            return (outcome, waiting::held_back(s, route, &req, decision));
+        };
+        let turn = match turn {
+            Some(turn) => turn,
+            None => match take_turn(route).await {
+                Some(turn) => turn,
+                None => return (Outcome::Busy, with_cookie(response::busy(), set_cookie)),
+            },
+        };
+        match session {
+            Some(id) => {
                 // Counted already if admitted on the pass counted; a session
                 // the store did not have, or a new one, is counted now.
                 let counted = match counted {
@@ -116,19 +142,19 @@ impl App {
                     return (Outcome::UsedUp, resp);
                 }
                 let session = (id, counted);
-                let resp = self.forward_session(s, index, req, conn, set_cookie, session, exit);
+                let resp =
+                    self.forward_session(s, index, req, conn, set_cookie, session, exit, turn);
                 (outcome, resp.await)
             }
-            Decision::Admit { session: None, .. } => {
+            None => {
                 // Passthrough or failing open: no session for an origin
                 // command to end.
                 let mut forwarded = self
                     .forward(req, &conn.peer, Some(HealthTap::of(route)))
                     .await;
                 self.record_lane(s, &mut forwarded, [(route, None)], conn.peer.tls);
-                (outcome, forwarded.resp)
+                (outcome, response::holding_turn(forwarded.resp, turn))
             }
-            other => (outcome, waiting::held_back(s, route, &req, other)),
         }
     }
 
@@ -157,7 +183,8 @@ impl App {
     ///
     /// The exchange with the origin and the end it may bring go on to the
     /// origin's answer even when the client goes away first: see
-    /// [`Detached`]. `conn.app` is this app.
+    /// [`Detached`]. It holds the request's `turn` at the origin until then,
+    /// and the answer's body holds it on to its end. `conn.app` is this app.
     #[allow(clippy::too_many_arguments)]
     fn forward_session<'a>(
         &'a self,
@@ -168,6 +195,7 @@ impl App {
         set_cookie: Option<http::HeaderValue>,
         session: (VisitorId, Counted),
         exit: bool,
+        turn: Turn,
     ) -> impl Future<Output = Response<Body>> + Send + 'a {
         let (id, counted) = session;
         let step = SessionStep {
@@ -176,6 +204,7 @@ impl App {
             id,
             counted,
             exit,
+            turn,
         };
         let exchange = Detached::new(step.exchange(conn.app.clone(), req, conn.peer.clone()));
         async move {
@@ -201,6 +230,8 @@ struct SessionStep {
     counted: Counted,
     /// The request is for one of the route's exit paths.
     exit: bool,
+    /// The request's turn at the origin (DESIGN §9.2).
+    turn: Turn,
 }
 
 impl SessionStep {
@@ -214,7 +245,8 @@ impl SessionStep {
         peer: Peer,
     ) -> (Forwarded, bool) {
         let route = &self.s.routes[self.index];
-        let forwarded = app.forward(req, &peer, Some(HealthTap::of(route))).await;
+        let mut forwarded = app.forward(req, &peer, Some(HealthTap::of(route))).await;
+        forwarded.resp = response::holding_turn(forwarded.resp, self.turn);
         let reason = if forwarded.command == Some(OriginCommand::EndSession) {
             Some(SessionEnd::Origin)
         } else if self.exit && forwarded.from_origin {
@@ -234,6 +266,15 @@ impl SessionStep {
         };
         (forwarded, ended)
     }
+}
+
+/// A turn at the origin for a request of `route` (DESIGN §9.2): at once if
+/// one is free, else the first within the route's `inflight_wait`, behind
+/// the requests already waiting; `None` when none came (the request is
+/// answered busy). A request that goes away while it waits gives up its
+/// place in the line.
+async fn take_turn(route: &RouteRt) -> Option<Turn> {
+    Turns::take(route.live.turns(), route.cfg.inflight_wait).await
 }
 
 /// A future that runs to its end even when dropped before. hyper drops a

@@ -1,8 +1,10 @@
 //! queuegate run in-process on real sockets (`Gate`), the test config and
-//! routes it is given, and `gated`, a gate with one route in front of an
-//! origin.
+//! routes it is given, `gated`, a gate with one route in front of an
+//! origin, and a gate run from a config file that it reloads (`ConfigDir`,
+//! `gate_from_file`).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -179,6 +181,8 @@ pub fn route(name: &str, prefix: &str, capacity: u64) -> Route {
         opens_at: None,
         closes_at: None,
         shards: 1,
+        max_inflight: None,
+        inflight_wait: Duration::from_secs(2),
         page: PageConfig::default(),
     }
 }
@@ -275,4 +279,44 @@ pub fn sample(text: &str, series: &str) -> f64 {
 /// The value of `series` on `gate`'s admin listener (see [`sample`]).
 pub async fn admin_sample(gate: &Gate, series: &str) -> f64 {
     sample(&gate.metrics().await, series)
+}
+
+/// A temp dir holding a key file and `config.yaml`.
+pub struct ConfigDir {
+    dir: tempfile::TempDir,
+}
+
+impl ConfigDir {
+    pub fn new() -> ConfigDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("k1.key"), queuegate::admission::keygen()).unwrap();
+        ConfigDir { dir }
+    }
+    /// The temp dir itself, for other files a test writes there.
+    pub fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+    pub fn key(&self) -> PathBuf {
+        self.dir.path().join("k1.key")
+    }
+    pub fn config(&self) -> PathBuf {
+        self.dir.path().join("config.yaml")
+    }
+    /// Replaces the config as editors do: write a temp file, rename it over.
+    pub fn write(&self, text: &str) {
+        let tmp = self.dir.path().join(".config.yaml.swp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.config()).unwrap();
+    }
+}
+
+/// Starts a gate from the file in `dir`, as `queuegate run -c FILE` does.
+pub async fn gate_from_file(dir: &ConfigDir, reloads: Option<queuegate::ReloadRequests>) -> Gate {
+    let config = Config::load(&dir.config()).unwrap();
+    let ring = queuegate::admission::KeyRing::load(&config.keys).unwrap();
+    let options = queuegate::RunOptions {
+        config_path: Some(dir.config()),
+        reloads,
+    };
+    spawn_gate_opts(config, ring, options).await
 }

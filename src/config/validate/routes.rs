@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use super::field::{file_path, required};
-use super::{lanes, line, matcher, timing};
+use super::{inflight, lanes, line, matcher, timing};
 use crate::config::defaults;
 use crate::config::error::FieldPath;
 use crate::config::problems::Problems;
@@ -74,6 +74,8 @@ fn route(mut raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<R
     let lanes = lanes::lanes(raw.lanes, at, problems);
     let opening = timing::opening(raw.opens_at, raw.closes_at, at, problems);
     let shards = line::shards(raw.shards, at, problems);
+    let (max_inflight, inflight_wait) =
+        inflight::inflight(raw.max_inflight, raw.inflight_wait, at, problems);
     let page = page(raw.page.unwrap_or_default(), at, problems);
     Some(Route {
         name: name?,
@@ -98,6 +100,8 @@ fn route(mut raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<R
         opens_at: opening?.0,
         closes_at: opening?.1,
         shards,
+        max_inflight,
+        inflight_wait,
         page: page?,
     })
 }
