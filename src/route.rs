@@ -1080,6 +1080,46 @@ mod tests {
         Settings::new(&config, ring, &HashMap::new(), &Metrics::new())
     }
 
+    /// Settings for one route `tickets` of `capacity` (YAML), keeping the
+    /// live numbers in `lives`.
+    fn capacity_settings(capacity: &str, lives: &HashMap<String, Arc<RouteLive>>) -> Settings {
+        let config = Config::from_yaml(&format!(
+            "listen: [{{ addr: 127.0.0.1:8080 }}]\n\
+             upstream: {{ url: http://127.0.0.1:3000 }}\n\
+             keys: [{{ id: k1, env: QUEUEGATE_KEY_K1 }}]\n\
+             routes:\n\
+             \x20 - {{ name: tickets, match: {{ path_prefix: /tickets }}, capacity: {capacity} }}\n"
+        ))
+        .expect("a valid config");
+        let ring = KeyRing::new(vec![("k1".into(), vec![7; 32])]).expect("a key ring");
+        Settings::new(&config, ring, lives, &Metrics::new())
+    }
+
+    #[test]
+    fn a_reload_keeps_an_adaptive_capacity_inside_the_new_range_and_a_number_turns_it_off() {
+        let first = capacity_settings("{ min: 10, max: 100, start: 50 }", &HashMap::new());
+        let route = &first.routes[0];
+        assert_eq!((route.capacity_now(), route.limits_now().capacity), (50, 50));
+        route.live.note_capacity(30, "p95 over");
+        assert_eq!(route.limits_now().capacity, 30);
+        assert_eq!(route.local_limits_now().capacity, 30);
+        let lives = HashMap::from([("tickets".to_owned(), route.live.clone())]);
+
+        // 30 lies inside the new range: kept.
+        let inside = capacity_settings("{ min: 20, max: 200, start: 150 }", &lives);
+        assert_eq!(inside.routes[0].capacity_now(), 30);
+        // Outside: brought to the nearest end.
+        let above = capacity_settings("{ min: 40, max: 200, start: 150 }", &lives);
+        assert_eq!(above.routes[0].capacity_now(), 40);
+        // A number: fixed again, and adapting off.
+        let fixed = capacity_settings("70", &lives);
+        assert_eq!(fixed.routes[0].capacity_now(), 70);
+        assert_eq!(fixed.routes[0].live.capacity(), 0);
+        // A range after that starts again at its start.
+        let again = capacity_settings("{ min: 20, max: 200, start: 150 }", &lives);
+        assert_eq!(again.routes[0].capacity_now(), 150);
+    }
+
     #[test]
     fn readings_in_two_places_are_disputed_and_in_two_routes_split() {
         let s = placing_settings();

@@ -73,7 +73,7 @@ fn capacity_range(
         problems.report(at.key("max"), format!("{max} is below min {min}"));
     }
     let start = range.start.unwrap_or(min);
-    if !(min..=max).contains(&start) {
+    if max >= min && !(min..=max).contains(&start) {
         problems.report(
             at.key("start"),
             format!("{start} is outside the range: must be from min {min} to max {max}"),
@@ -156,6 +156,80 @@ pub(super) fn shards(raw: Option<u32>, at: &FieldPath, problems: &mut Problems) 
 #[cfg(test)]
 mod tests {
     use super::super::tests::{message_at, parse, problem_paths};
+    use std::time::Duration;
+
+    fn with_capacity(capacity: &str, extra: &str) -> String {
+        format!(
+            "routes: [{{ name: a, match: {{ path_prefix: /a }}, capacity: {capacity}{extra} }}]\n"
+        )
+    }
+
+    #[test]
+    fn a_capacity_range_reads_with_its_defaults() {
+        let config = parse(&with_capacity("{ min: 10, max: 500 }", "")).unwrap();
+        let route = &config.routes[0];
+        assert_eq!(route.capacity, 10, "start defaults to min");
+        let adapt = route.adapt.as_ref().unwrap();
+        assert_eq!((adapt.min, adapt.max), (10, 500));
+        assert_eq!(adapt.target_p95, Duration::from_secs(1));
+        assert_eq!(adapt.target_errors, 0.02);
+        assert_eq!(adapt.every, Duration::from_secs(5));
+        let range = "{ min: 50, max: 5000, start: 500, target: { p95: 800ms, errors: 0.5% } }";
+        let config = parse(&with_capacity(range, ", adapt_every: 2s")).unwrap();
+        let route = &config.routes[0];
+        let adapt = route.adapt.as_ref().unwrap();
+        assert_eq!(route.capacity, 500);
+        assert_eq!(adapt.target_p95, Duration::from_millis(800));
+        assert!((adapt.target_errors - 0.005).abs() < 1e-12);
+        assert_eq!(adapt.every, Duration::from_secs(2));
+        let fixed = parse(&with_capacity("7", "")).unwrap();
+        assert_eq!(
+            (fixed.routes[0].capacity, fixed.routes[0].adapt.is_none()),
+            (7, true)
+        );
+    }
+
+    #[test]
+    fn a_capacity_range_is_checked_field_by_field() {
+        let paths = |capacity: &str, extra: &str| problem_paths(&with_capacity(capacity, extra));
+        assert_eq!(paths("{ max: 5 }", ""), ["routes[0].capacity.min"]);
+        assert_eq!(paths("{ min: 0, max: 5 }", ""), ["routes[0].capacity.min"]);
+        assert_eq!(paths("{ min: 6, max: 5 }", ""), ["routes[0].capacity.max"]);
+        assert_eq!(
+            paths("{ min: 1, max: 5, start: 9 }", ""),
+            ["routes[0].capacity.start"]
+        );
+        assert_eq!(
+            paths("{ min: 1, max: 5, target: { p95: 0s, errors: 0% } }", ""),
+            [
+                "routes[0].capacity.target.p95",
+                "routes[0].capacity.target.errors"
+            ]
+        );
+        assert_eq!(
+            paths("{ min: 1, max: 5, target: { errors: 2 } }", ""),
+            ["routes[0].capacity.target.errors"]
+        );
+        assert_eq!(
+            paths("{ min: 1, max: 5, target: { p95: fast } }", ""),
+            ["routes[0].capacity.target.p95"]
+        );
+        assert_eq!(
+            paths("{ min: 1, most: 5 }", ""),
+            ["routes[0].capacity.most", "routes[0].capacity.max"]
+        );
+        assert_eq!(
+            paths("{ min: 1, max: 5 }", ", adapt_every: 500ms"),
+            ["routes[0].adapt_every"]
+        );
+        assert_eq!(paths("5", ", adapt_every: 5s"), ["routes[0].adapt_every"]);
+        assert_eq!(paths("lots", ""), ["routes[0].capacity"]);
+        let message = message_at(
+            &with_capacity("{ min: 1, max: 5, start: 9 }", ""),
+            "routes[0].capacity.start",
+        );
+        assert!(message.contains("from min 1 to max 5"), "{message}");
+    }
 
     #[test]
     fn shards_default_to_one_and_are_checked() {
