@@ -28,30 +28,18 @@ fn shop(range: &str) -> String {
     )
 }
 
-/// The binary on the memory store in front of `origin`, with `rest`.
-async fn single(origin: &str, rest: &str) -> (Process, tempfile::NamedTempFile) {
-    let config = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(
-        config.path(),
-        format!(
-            "listen: [{{ addr: \"127.0.0.1:0\" }}]\n\
-             admin: {{ addr: \"127.0.0.1:0\" }}\n\
-             upstream: {{ url: \"{origin}\" }}\n\
-             keys: [{{ id: k1, env: QG_ADAPT_KEY }}]\n\
-             {rest}"
-        ),
-    )
-    .unwrap();
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_queuegate"));
-    cmd.args(["run", "-c"])
-        .arg(config.path())
-        .env(
-            "QG_ADAPT_KEY",
-            "YWRhcHRpdmUgY2FwYWNpdHkgdGVzdCBrZXkgb2YgMzIgYnl0ZXM",
-        )
-        .env("QUEUEGATE_LOG", "warn,queuegate=info")
-        .stdout(std::process::Stdio::null());
-    (Process::start(cmd, true).await, config)
+/// A crowd of `visitors` at `at`, each making `requests` while admitted,
+/// `think` apart, all arriving within `ramp`.
+fn plan(at: &Process, visitors: usize, requests: usize, think: u64, ramp: u64) -> CrowdPlan {
+    CrowdPlan {
+        gate: format!("http://{}", at.addr),
+        route: "shop".into(),
+        prefix: "/shop".into(),
+        visitors,
+        requests,
+        think: Duration::from_millis(think),
+        ramp: Duration::from_millis(ramp),
+    }
 }
 
 /// The route `shop` as `/routes` shows it at `at`.
@@ -97,17 +85,10 @@ async fn an_overrun_origin_brings_capacity_down_to_its_target_and_a_recovered_on
     // once. Capacity starts at 40, twice that.
     let origin = ModelOrigin::start(4, Duration::from_millis(20)).await;
     let range = "{ min: 2, max: 40, start: 40, target: { p95: 100ms, errors: 5% } }";
-    let (gate, _config) = single(&origin.url(), &shop(range)).await;
+    let instance = Instance::start_memory(&origin.url(), &shop(range)).await;
+    let gate = &instance.process;
     assert_eq!(capacity(&gate).await, 40);
-    let plan = CrowdPlan {
-        gate: format!("http://{}", gate.addr),
-        route: "shop".into(),
-        prefix: "/shop".into(),
-        visitors: 60,
-        requests: 10,
-        think: Duration::ZERO,
-        ramp: Duration::from_millis(500),
-    };
+    let plan = plan(&gate, 60, 10, 0, 500);
     let (_log, tasks) = crowd(plan, Instant::now() + Duration::from_secs(40));
 
     // Overrun: at 40 in flight the origin answers in 200 ms.
@@ -170,16 +151,9 @@ async fn failing_answers_alone_bring_capacity_down_to_min_and_no_further() {
     let origin = ModelOrigin::start(100, Duration::from_millis(2)).await;
     origin.model.set_failing(true);
     let range = "{ min: 5, max: 50, start: 30, target: { p95: 1s, errors: 10% } }";
-    let (gate, _config) = single(&origin.url(), &shop(range)).await;
-    let plan = CrowdPlan {
-        gate: format!("http://{}", gate.addr),
-        route: "shop".into(),
-        prefix: "/shop".into(),
-        visitors: 20,
-        requests: 1000,
-        think: Duration::from_millis(20),
-        ramp: Duration::ZERO,
-    };
+    let instance = Instance::start_memory(&origin.url(), &shop(range)).await;
+    let gate = &instance.process;
+    let plan = plan(&gate, 20, 1000, 20, 0);
     let (_log, tasks) = crowd(plan, Instant::now() + Duration::from_secs(20));
     let seen = watch(&gate, Duration::from_secs(10), 5, 50).await;
     assert_eq!(*seen.last().unwrap(), 5, "{seen:?}");
@@ -200,17 +174,10 @@ async fn failing_answers_alone_bring_capacity_down_to_min_and_no_further() {
 async fn a_healthy_origin_with_room_unused_keeps_the_capacity() {
     let origin = ModelOrigin::start(100, Duration::from_millis(2)).await;
     let range = "{ min: 1, max: 100, start: 20, target: { p95: 1s, errors: 5% } }";
-    let (gate, _config) = single(&origin.url(), &shop(range)).await;
+    let instance = Instance::start_memory(&origin.url(), &shop(range)).await;
+    let gate = &instance.process;
     // Two visitors browsing: healthy, but the room is not in use.
-    let plan = CrowdPlan {
-        gate: format!("http://{}", gate.addr),
-        route: "shop".into(),
-        prefix: "/shop".into(),
-        visitors: 2,
-        requests: 1000,
-        think: Duration::from_millis(10),
-        ramp: Duration::ZERO,
-    };
+    let plan = plan(&gate, 2, 1000, 10, 0);
     let (log, tasks) = crowd(plan, Instant::now() + Duration::from_secs(8));
     let seen = watch(&gate, Duration::from_secs(5), 20, 20).await;
     assert!(seen.iter().all(|&c| c == 20), "{seen:?}");
@@ -236,15 +203,7 @@ async fn instances_on_one_redis_admit_by_one_capacity_and_keep_it_through_an_out
             .push(Instance::start(&redis.url(), &format!("http://{}", origin.addr), &rest).await);
     }
     // The crowd comes through the first instance; every instance reports.
-    let plan = CrowdPlan {
-        gate: format!("http://{}", instances[0].process.addr),
-        route: "shop".into(),
-        prefix: "/shop".into(),
-        visitors: 20,
-        requests: 100_000,
-        think: Duration::from_millis(20),
-        ramp: Duration::ZERO,
-    };
+    let plan = plan(&instances[0].process, 20, 100_000, 20, 0);
     let (_log, tasks) = crowd(plan, Instant::now() + Duration::from_secs(40));
 
     // The capacity comes down, and every instance admits by the same number.

@@ -128,6 +128,18 @@ impl Instance {
     /// As `start`, on the Redis `store.redis` describes (YAML flow, e.g.
     /// `{ cluster: [...], timeout: 2s }`).
     pub async fn start_on(redis: &str, origin: &str, rest: &str) -> Instance {
+        let store = format!("store: {{ backend: redis, redis: {redis} }}\n");
+        Instance::start_with(&store, origin, rest).await
+    }
+
+    /// One instance alone, on the memory store.
+    pub async fn start_memory(origin: &str, rest: &str) -> Instance {
+        Instance::start_with("", origin, rest).await
+    }
+
+    /// `store` (a `store:` line, or nothing for the memory store), then
+    /// `rest`.
+    async fn start_with(store: &str, origin: &str, rest: &str) -> Instance {
         let config = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(
             config.path(),
@@ -135,7 +147,7 @@ impl Instance {
                 "listen: [{{ addr: \"127.0.0.1:0\" }}]\n\
                  admin: {{ addr: \"127.0.0.1:0\" }}\n\
                  upstream: {{ url: \"{origin}\" }}\n\
-                 store: {{ backend: redis, redis: {redis} }}\n\
+                 {store}\
                  keys: [{{ id: k1, env: QG_SHARED_KEY }}]\n\
                  {rest}"
             ),
