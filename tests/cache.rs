@@ -46,7 +46,7 @@ impl Asked {
 /// body came from one fetch. The query picks the answer's headers:
 /// `cc=VALUE` a `Cache-Control`, `cookie=1` a `Set-Cookie`, `vary=1` a
 /// `Vary: Accept-Language` (and the language in the body), `size=N` an
-/// `N`-byte body.
+/// `N`-byte body. A request with `If-None-Match` is answered `304`.
 async fn seat_origin() -> (Origin, Asked) {
     let asked = Asked::default();
     let log = asked.clone();
@@ -80,6 +80,10 @@ async fn seat_origin() -> (Origin, Asked) {
                 None => format!("seats {target} #{n}").into(),
             };
             let mut resp = Response::new(full(body));
+            if req.headers().contains_key("if-none-match") {
+                *resp.status_mut() = StatusCode::NOT_MODIFIED;
+                *resp.body_mut() = full("");
+            }
             let h = resp.headers_mut();
             if let Some(cc) = query.get("cc") {
                 h.insert("cache-control", cc.parse().unwrap());

@@ -167,8 +167,10 @@ impl App {
     /// flight's followers are released at once, before it is streamed; an
     /// answer the origin gave (not a failure, not a `5xx`) that could not be
     /// kept sends the page's next requests straight to the origin for a
-    /// `ttl` (see [`Scope::unkept`]). A `HEAD` never fills an entry; an
-    /// authorized request's answer fills one only when it says `public`.
+    /// `ttl` (see [`Scope::unkept`]). A flight's fetch drops the request's
+    /// `If-None-Match` and `If-Modified-Since`. A `HEAD` never fills an
+    /// entry; an authorized request's answer fills one only when it says
+    /// `public`.
     async fn lead(
         &self,
         req: Request<Incoming>,
@@ -185,6 +187,14 @@ impl App {
         scope.count(result);
         if !ask.may_fill() {
             return self.forward(req, peer, tap).await;
+        }
+        let mut req = req;
+        if flight.is_some() {
+            // The fetch is for everyone: the whole page, not a `304` only
+            // this client could use (as nginx fills its cache).
+            let asked = req.headers_mut();
+            asked.remove(http::header::IF_NONE_MATCH);
+            asked.remove(http::header::IF_MODIFIED_SINCE);
         }
         let headers = req.headers().clone();
         let mut forwarded = self.forward(req, peer, tap).await;
