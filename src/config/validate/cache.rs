@@ -16,7 +16,8 @@ use crate::config::{Bypass, CacheConfig, Route};
 /// real cache).
 const MAX_TTL: Duration = Duration::from_secs(3600);
 const MIN_TTL: Duration = Duration::from_millis(1);
-const MAX_ENTRIES: u64 = 10_000_000;
+/// More entries than memory could hold at any useful `limits.cache_bytes`.
+const MAX_ENTRIES: u64 = 1_000_000;
 /// `limits.cache_bytes` below this is a typo, not a budget.
 const MIN_CACHE_BYTES: u64 = 64 << 10;
 
