@@ -30,6 +30,10 @@
 //! - `route`: routes ready for requests (`Settings`, `RouteRt`, `RouteLive`):
 //!   matching, live numbers, the ETA, and what an instance remembers of
 //!   places that ended and invites used up (`remembered`).
+//! - `cache`: the micro-cache of a route or a bypass rule (`Caches`,
+//!   `Scope`): what an answer is kept under (`key`), what may be kept and
+//!   for how long (`rules`), kept answers and the process's byte budget
+//!   (`stored`), one origin fetch for many requests (`flight`).
 //! - `cookie`: cookie names, every `Set-Cookie` value (built by `jar`),
 //!   reading credentials, the per-connection memo, stripping our cookies
 //!   before the origin.
@@ -76,6 +80,7 @@
 pub mod admin;
 pub mod admission;
 pub mod admitter;
+pub mod cache;
 pub mod cli;
 pub mod client_ip;
 pub mod clock;
@@ -194,6 +199,10 @@ pub async fn run_with_options(
     admitters.start_missing();
 
     let mut background = tokio::task::JoinSet::new();
+    background.spawn(cache::sweep_every_second(
+        app.caches.clone(),
+        stop_rx.clone(),
+    ));
     if let Some((memory, path)) = &snapshot {
         background.spawn(queue::memory::snapshot::keep(
             memory.clone(),

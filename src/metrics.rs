@@ -111,6 +111,67 @@ struct EndedLabels {
     reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheLabels {
+    route: String,
+    result: &'static str,
+}
+
+/// What a micro-cache did for a request (DESIGN §9.3), as labelled in
+/// `queuegate_cache_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheResult {
+    /// Answered from a kept answer.
+    Hit,
+    /// Sent to the origin (first of its key, a refresh, released by the
+    /// flight it waited for, or a `HEAD` found nothing).
+    Miss,
+    /// Answered with the answer another request fetched meanwhile.
+    Coalesced,
+    /// Not for the cache: not a plain `GET` or `HEAD`, a `Range`, an
+    /// `Authorization`.
+    Bypass,
+}
+
+impl CacheResult {
+    /// Every result, in label order.
+    pub const ALL: [CacheResult; 4] = [
+        CacheResult::Hit,
+        CacheResult::Miss,
+        CacheResult::Coalesced,
+        CacheResult::Bypass,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheResult::Hit => "hit",
+            CacheResult::Miss => "miss",
+            CacheResult::Coalesced => "coalesced",
+            CacheResult::Bypass => "bypass",
+        }
+    }
+}
+
+/// One cache's handles: its counters, by [`CacheResult`] in the order of
+/// [`CacheResult::ALL`], and the requests waiting for another's fetch.
+#[derive(Clone, Debug)]
+pub struct CacheCounts {
+    results: [Counter; 4],
+    waiting: Gauge,
+}
+
+impl CacheCounts {
+    pub fn count(&self, result: CacheResult) {
+        self.results[result as usize].inc();
+    }
+
+    /// Counts a request waiting for another's fetch until the guard is
+    /// dropped.
+    pub fn waiting(&self) -> Counted {
+        Counted::new(&self.waiting)
+    }
+}
+
 /// Why a session was ended before it expired (DESIGN §8.6), as labelled in
 /// `queuegate_sessions_ended_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -354,6 +415,9 @@ pub struct Metrics {
     requests: Vec<Counter>,
     connections: ConnectionMetrics,
     inflight: InflightMetrics,
+    cache: Family<CacheLabels, Counter>,
+    cache_waiting: Family<RouteLabel, Gauge>,
+    cache_bytes: Gauge<i64, std::sync::atomic::AtomicI64>,
 }
 
 impl Default for Metrics {
@@ -401,6 +465,7 @@ impl Metrics {
         } = BackendMetrics::register(&mut registry);
         let (requests, connections) = register_traffic(&mut registry);
         let inflight = InflightMetrics::register(&mut registry);
+        let (cache, cache_waiting, cache_bytes) = register_cache(&mut registry);
         Metrics {
             registry,
             waiting,
@@ -433,7 +498,44 @@ impl Metrics {
             requests,
             connections,
             inflight,
+            cache,
+            cache_waiting,
+            cache_bytes,
         }
+    }
+
+    /// The counters of the micro-cache named `name` (a route's, or a
+    /// bypass rule's), created at zero when missing.
+    pub fn cache(&self, name: &str) -> CacheCounts {
+        CacheCounts {
+            results: CacheResult::ALL.map(|result| {
+                self.cache.get_or_create_owned(&CacheLabels {
+                    route: name.to_owned(),
+                    result: result.as_str(),
+                })
+            }),
+            waiting: self.cache_waiting.get_or_create_owned(&RouteLabel {
+                route: name.to_owned(),
+            }),
+        }
+    }
+
+    /// Drops the series of a cache taken out of the config.
+    pub fn forget_cache(&self, name: &str) {
+        self.cache_waiting.remove(&RouteLabel {
+            route: name.to_owned(),
+        });
+        for result in CacheResult::ALL {
+            self.cache.remove(&CacheLabels {
+                route: name.to_owned(),
+                result: result.as_str(),
+            });
+        }
+    }
+
+    /// The gauge of the bytes every micro-cache holds together.
+    pub fn cache_bytes(&self) -> Gauge<i64, std::sync::atomic::AtomicI64> {
+        self.cache_bytes.clone()
     }
 
     /// The client connections' handles, for the server.
@@ -1036,6 +1138,35 @@ fn register_traffic(r: &mut Registry) -> (Vec<Counter>, ConnectionMetrics) {
         resumes,
     };
     (requests, connections)
+}
+
+/// The micro-caches: what each did per request, and the bytes they hold.
+fn register_cache(
+    r: &mut Registry,
+) -> (
+    Family<CacheLabels, Counter>,
+    Family<RouteLabel, Gauge>,
+    Gauge<i64, std::sync::atomic::AtomicI64>,
+) {
+    let counts = register(
+        r,
+        "queuegate_cache",
+        "Requests to a route's (or bypass rule's) micro-cache: hit, miss (to the origin), coalesced (given another request's fetch), bypass (not for the cache)",
+        Family::default(),
+    );
+    let waiting = register(
+        r,
+        "queuegate_cache_waiting",
+        "Requests waiting for another request's fetch of the same page from the origin",
+        Family::default(),
+    );
+    let bytes = register(
+        r,
+        "queuegate_cache_bytes",
+        "Bytes the micro-caches hold, bodies, heads and keys (at most limits.cache_bytes)",
+        Gauge::default(),
+    );
+    (counts, waiting, bytes)
 }
 
 fn wait_histogram() -> Histogram {

@@ -258,6 +258,11 @@ impl Upstream {
         })
     }
 
+    /// How long the origin has for a response head (`upstream.timeout`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Forwards `req` from `peer` to the origin and streams the answer
     /// back, without the fields `withheld` in its headers or its trailers.
     ///

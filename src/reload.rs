@@ -162,7 +162,7 @@ impl Reloader {
             .iter()
             .map(|r| (r.name().to_owned(), r.live.clone()))
             .collect();
-        let settings = Settings::new(&config, ring, &lives, &self.app.metrics);
+        let settings = Settings::new(&config, ring, &lives, &self.app.metrics, &self.app.caches);
         for field in needs_restart(&running, &config) {
             tracing::warn!(
                 field,

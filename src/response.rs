@@ -3,13 +3,14 @@
 //! Responses made here carry an `x-queuegate` header naming why queuegate
 //! answered, so operators can tell the gate's answers from the app's.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use futures_util::Stream;
-use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{HeaderMap, HeaderValue, AGE, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 use http_body::{Frame, SizeHint};
 
@@ -33,6 +34,44 @@ pub enum Body {
     Turned(UpstreamBody, Option<Turn>),
     /// A body made here piece by piece as things happen (an event stream).
     Pieces(Pieces),
+    /// The origin's body, part of it read already (see [`Resumed`]).
+    Resumed(Box<Resumed>),
+}
+
+/// An origin's body of which the frames `read` were read before it was
+/// streamed (the micro-cache reads a body up to its `max_body` before it
+/// knows whether it keeps it): those frames first, then the failure met
+/// while reading, if any, else the rest of `body`.
+#[derive(Debug)]
+pub struct Resumed {
+    read: VecDeque<Frame<Bytes>>,
+    failed: Option<hyper::Error>,
+    /// The failure is given after one pending poll (see `poll_frame`).
+    flushed: bool,
+    rest: Body,
+}
+
+impl Resumed {
+    fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        if let Some(frame) = self.read.pop_front() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        if self.failed.is_some() {
+            // As the origin's own body does: one pending poll lets what
+            // came before be flushed, so the client sees the answer cut
+            // short rather than none.
+            if !self.flushed {
+                self.flushed = true;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            return Poll::Ready(self.failed.take().map(Err));
+        }
+        http_body::Body::poll_frame(Pin::new(&mut self.rest), cx)
+    }
 }
 
 /// The pieces of a body made here over time; the body ends with them.
@@ -53,6 +92,17 @@ impl fmt::Debug for Pieces {
 impl Body {
     pub fn full(bytes: impl Into<Bytes>) -> Body {
         Body::Full(Some(bytes.into()))
+    }
+
+    /// The frames `read` of an origin's body, then `failed` if reading it
+    /// failed, else the rest of it, `rest` (see [`Resumed`]).
+    pub fn resumed(read: VecDeque<Frame<Bytes>>, failed: Option<hyper::Error>, rest: Body) -> Body {
+        Body::Resumed(Box::new(Resumed {
+            read,
+            failed,
+            flushed: false,
+            rest,
+        }))
     }
 }
 
@@ -80,6 +130,7 @@ impl http_body::Body for Body {
                 .as_mut()
                 .poll_next(cx)
                 .map(|piece| piece.map(|b| Ok(Frame::data(b)))),
+            Body::Resumed(resumed) => resumed.poll_frame(cx),
         }
     }
 
@@ -89,6 +140,9 @@ impl http_body::Body for Body {
             Body::Full(bytes) => bytes.is_none(),
             Body::Upstream(incoming) | Body::Turned(incoming, _) => incoming.is_end_stream(),
             Body::Pieces(_) => false,
+            Body::Resumed(resumed) => {
+                resumed.read.is_empty() && resumed.failed.is_none() && resumed.rest.is_end_stream()
+            }
         }
     }
 
@@ -98,6 +152,20 @@ impl http_body::Body for Body {
             Body::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
             Body::Upstream(incoming) | Body::Turned(incoming, _) => incoming.size_hint(),
             Body::Pieces(_) => SizeHint::default(),
+            Body::Resumed(resumed) => {
+                let read: u64 = resumed
+                    .read
+                    .iter()
+                    .filter_map(|f| f.data_ref().map(|d| d.len() as u64))
+                    .sum();
+                let rest = resumed.rest.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(rest.lower().saturating_add(read));
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(upper.saturating_add(read));
+                }
+                hint
+            }
         }
     }
 }
@@ -327,6 +395,29 @@ pub fn busy() -> Response<Body> {
         ),
         1,
     )
+}
+
+/// An origin's answer served again from the micro-cache (DESIGN §9.3):
+/// its status and headers as the origin sent them, `age` seconds old (the
+/// `Age` header, when given), its body from memory, or none for a `HEAD`.
+/// Not tagged `x-queuegate`: it is the origin's answer, as every admitted
+/// request's is.
+pub fn from_cache(
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Option<Bytes>,
+    age: Option<u64>,
+) -> Response<Body> {
+    let mut resp = Response::new(match body {
+        Some(body) if !body.is_empty() => Body::full(body),
+        _ => Body::Empty,
+    });
+    *resp.status_mut() = status;
+    *resp.headers_mut() = headers;
+    if let Some(age) = age {
+        resp.headers_mut().insert(AGE, HeaderValue::from(age));
+    }
+    resp
 }
 
 /// Adds `Retry-After: secs`.

@@ -17,6 +17,7 @@ use http::header::{HeaderMap, HeaderValue};
 use http::Method;
 
 use crate::admission::{KeyRing, LaneTag, VisitorId};
+use crate::cache::{Caches, Scope};
 use crate::config::{self, BypassRule, Config};
 use crate::cookie::{self, CookieMemo, Credentials};
 use crate::health::{Recorder, WindowCounts};
@@ -647,6 +648,8 @@ pub struct RouteRt {
     pub template: Option<Arc<Template>>,
     /// The route's metric handles.
     pub metrics: RouteMetrics,
+    /// The route's micro-cache, if it has one (DESIGN §9.3).
+    pub cache: Option<Arc<Scope>>,
 }
 
 impl RouteRt {
@@ -716,6 +719,7 @@ impl RouteRt {
             expected_instances,
             template,
             metrics,
+            cache: None,
         }
     }
 
@@ -909,6 +913,9 @@ enum Place {
 pub struct Settings {
     pub routes: Vec<RouteRt>,
     pub bypass: Vec<BypassRule>,
+    /// The micro-cache of each bypass rule (DESIGN §9.3), by the rule's
+    /// index; empty when no rule has one.
+    bypass_caches: Vec<Option<Arc<Scope>>>,
     pub ring: KeyRing,
     pub reserved_prefix: String,
     pub cookie_domain: Option<String>,
@@ -920,20 +927,24 @@ pub struct Settings {
 
 impl Settings {
     /// Compiles the config into request-time settings, keeping each
-    /// surviving route's live numbers from `lives`.
+    /// surviving route's live numbers from `lives`, and each surviving
+    /// micro-cache from `caches` (which drops the caches the config no
+    /// longer has).
     pub fn new(
         config: &Config,
         ring: KeyRing,
         lives: &HashMap<String, Arc<RouteLive>>,
         metrics: &Metrics,
+        caches: &Caches,
     ) -> Settings {
         let mut routes = Vec::with_capacity(config.routes.len());
+        let mut cached: Vec<String> = Vec::new();
         for r in &config.routes {
             let live: Arc<RouteLive> = lives.get(&r.name).cloned().unwrap_or_default();
             live.turns().resize(r.max_inflight);
             let template = r.page.template.as_ref().map(|t| t.template.clone());
             let route_metrics = metrics.route(&r.name);
-            let route = RouteRt::new(
+            let mut route = RouteRt::new(
                 r.clone(),
                 &config.cookie,
                 config.store.expected_instances,
@@ -942,12 +953,32 @@ impl Settings {
                 route_metrics,
             );
             route.metrics.capacity(r.capacity, route.limits.capacity);
+            route.cache = r.cache.map(|cfg| caches.scope(&r.name, &cfg, metrics));
+            cached.extend(r.cache.map(|_| r.name.clone()));
             routes.push(route);
         }
+        let mut bypass_caches: Vec<Option<Arc<Scope>>> = config
+            .bypass
+            .iter()
+            .map(|b| {
+                let name = format!("bypass:{}", b.rule.describe());
+                let scope = b.cache.map(|cfg| caches.scope(&name, &cfg, metrics));
+                cached.extend(scope.is_some().then_some(name));
+                scope
+            })
+            .collect();
+        if bypass_caches.iter().all(Option::is_none) {
+            bypass_caches.clear();
+        }
+        caches.retain(
+            &cached.iter().map(String::as_str).collect::<Vec<_>>(),
+            metrics,
+        );
         Settings {
             generation: Settings::next_generation(),
             routes,
-            bypass: config.bypass.clone(),
+            bypass: config.bypass.iter().map(|b| b.rule.clone()).collect(),
+            bypass_caches,
             ring,
             reserved_prefix: config.reserved_prefix.clone(),
             cookie_domain: config.cookie.domain.clone(),
@@ -962,11 +993,26 @@ impl Settings {
 
     /// Whether a bypass rule lets the request through at once.
     pub fn bypassed(&self, method: &Method, path: &str) -> bool {
-        self.bypass.iter().any(|rule| match rule {
+        self.bypass_rule(method, path).is_some()
+    }
+
+    /// The first bypass rule that lets the request through, by index.
+    fn bypass_rule(&self, method: &Method, path: &str) -> Option<usize> {
+        self.bypass.iter().position(|rule| match rule {
             BypassRule::Method(m) => m == method,
             BypassRule::Path(p) => p == path,
             BypassRule::PathPrefix(p) => path::prefix_matches(path, p),
         })
+    }
+
+    /// The micro-cache of the bypass rule that lets a request for `path`
+    /// through (the first that does), if it has one.
+    pub fn bypass_cache(&self, method: &Method, path: &str) -> Option<&Arc<Scope>> {
+        if self.bypass_caches.is_empty() {
+            return None;
+        }
+        let rule = self.bypass_rule(method, path)?;
+        self.bypass_caches.get(rule)?.as_ref()
     }
 
     /// The first route whose match fits, by index.
@@ -1077,7 +1123,9 @@ mod tests {
         )
         .expect("a valid config");
         let ring = KeyRing::new(vec![("k1".into(), vec![7; 32])]).expect("a key ring");
-        Settings::new(&config, ring, &HashMap::new(), &Metrics::new())
+        let metrics = Metrics::new();
+        let caches = Caches::new(config.limits.cache_bytes, &metrics);
+        Settings::new(&config, ring, &HashMap::new(), &metrics, &caches)
     }
 
     /// Settings for one route `tickets` of `capacity` (YAML), keeping the
@@ -1092,7 +1140,9 @@ mod tests {
         ))
         .expect("a valid config");
         let ring = KeyRing::new(vec![("k1".into(), vec![7; 32])]).expect("a key ring");
-        Settings::new(&config, ring, lives, &Metrics::new())
+        let metrics = Metrics::new();
+        let caches = Caches::new(config.limits.cache_bytes, &metrics);
+        Settings::new(&config, ring, lives, &metrics, &caches)
     }
 
     #[test]

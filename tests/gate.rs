@@ -620,7 +620,7 @@ async fn bypass_rules_cannot_be_used_to_skip_the_line() {
     config.routes.push(route("tickets", "/tickets", 1));
     config
         .bypass
-        .push(queuegate::config::BypassRule::PathPrefix("/static/".into()));
+        .push(queuegate::config::BypassRule::PathPrefix("/static/".into()).into());
     let gate = spawn_gate_with(config, ring("k1")).await;
     let mut holder = Visitor::new();
     assert!(holder

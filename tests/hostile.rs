@@ -145,7 +145,7 @@ fn corpus_config(origin: &str, store: &StoreConfig) -> Config {
     config.routes.push(shop);
     config
         .bypass
-        .push(BypassRule::PathPrefix("/static/".into()));
+        .push(BypassRule::PathPrefix("/static/".into()).into());
     config
 }
 

@@ -223,7 +223,9 @@ async fn lane_origin() -> Origin {
 async fn lane_gate() -> (Gate, Origin) {
     let origin = lane_origin().await;
     let mut config = proxy_config(&origin.url());
-    config.bypass.push(BypassRule::PathPrefix("/static".into()));
+    config
+        .bypass
+        .push(BypassRule::PathPrefix("/static".into()).into());
     config.routes.push(route("tickets", "/tickets", 100));
     let mut shop = route("shop", "/shop", 100);
     shop.matcher.host = Some("shop.example".into());

@@ -755,7 +755,7 @@ fn gated_config(origin: &Origin) -> queuegate::config::Config {
     config.routes.push(route("tickets", "/tickets", 1));
     config
         .bypass
-        .push(queuegate::config::BypassRule::PathPrefix("/static/".into()));
+        .push(queuegate::config::BypassRule::PathPrefix("/static/".into()).into());
     config
 }
 

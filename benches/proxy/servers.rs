@@ -138,6 +138,62 @@ http {{
     Ok(server)
 }
 
+/// nginx as a keep-alive reverse proxy to the origin with a micro-cache:
+/// `proxy_cache_valid 1s` for every status it caches, `proxy_cache_lock on`
+/// (one request fills an entry while the others wait for it), its files in
+/// `cache_dir` (put it on a tmpfs, such as /dev/shm), one worker per CPU.
+#[allow(dead_code)] // for the micro-cache bench
+pub fn start_nginx_cache(
+    nginx: &Path,
+    root: &Path,
+    origin: SocketAddr,
+    cache_dir: &Path,
+) -> Result<Server> {
+    let prefix = nginx_prefix(root, "nginx-cache")?;
+    // nginx's unprivileged workers write the cache files.
+    fs::set_permissions(cache_dir, fs::Permissions::from_mode(0o777))?;
+    let port = free_port()?;
+    let config = format!(
+        r#"daemon off;
+master_process on;
+worker_processes auto;
+pid {prefix}/nginx.pid;
+error_log {prefix}/logs/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    keepalive_requests 100000;
+    keepalive_timeout 75s;
+    proxy_cache_path {cache} levels=1:2 keys_zone=micro:10m max_size=64m inactive=10s use_temp_path=off;
+    upstream origin {{
+        server {origin};
+        keepalive 64;
+    }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location / {{
+            proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $host;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_cache micro;
+            proxy_cache_valid 200 301 404 1s;
+            proxy_cache_lock on;
+            proxy_cache_lock_timeout 5s;
+        }}
+    }}
+}}
+"#,
+        prefix = prefix.display(),
+        cache = cache_dir.display(),
+    );
+    let process = spawn_nginx(nginx, &prefix, "nginx-cache", &config)?;
+    let server = ready(process, port)?;
+    check_bodies(&server, &[])?;
+    Ok(server)
+}
+
 /// queuegate in front of the origin. `gated`: one gated route over
 /// everything, and the admission cookie (`qg_bench=…`) that lets a client
 /// through without a store call is returned with it. Not gated: no route, the
@@ -148,6 +204,20 @@ pub fn start_queuegate(
     origin: SocketAddr,
     gated: bool,
 ) -> Result<(Server, Option<String>)> {
+    start_queuegate_with(binary, root, origin, gated.then_some(""))
+}
+
+/// [`start_queuegate`], the gated route (when `route` is given) with the
+/// YAML lines `route` adds to it (each indented by four spaces), such as
+/// its `cache`.
+pub fn start_queuegate_with(
+    binary: &Path,
+    root: &Path,
+    origin: SocketAddr,
+    route: Option<&str>,
+) -> Result<(Server, Option<String>)> {
+    let gated = route.is_some();
+    let extra = route.unwrap_or_default();
     ensure!(
         binary.is_file(),
         "queuegate binary not found at {}; build it with `cargo build --release`",
@@ -182,7 +252,7 @@ pub fn start_queuegate(
     capacity: 100000
     pass_ttl: 1h
     session_ttl: 2h
-"#
+{extra}"#
         )
     } else {
         String::new()

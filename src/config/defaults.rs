@@ -35,6 +35,8 @@ pub const MAX_EVENT_STREAMS: u64 = 100_000;
 /// (`client_limits.places`), so a household or an office can follow each
 /// of its places.
 pub const MAX_EVENT_STREAMS_PER_CLIENT: u64 = 20;
+/// `limits.cache_bytes`: every micro-cache of the process together.
+pub const CACHE_BYTES: u64 = 64 << 20;
 
 /// `upstream.connect_timeout`.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -111,3 +113,9 @@ pub const TARGET_ERRORS: f64 = 0.02;
 
 /// `routes[].inflight_wait`.
 pub const INFLIGHT_WAIT: Duration = Duration::from_secs(2);
+/// `routes[].cache.ttl` (and a bypass rule's): the seat map's second.
+pub const CACHE_TTL: Duration = Duration::from_secs(1);
+/// `routes[].cache.max_entries`.
+pub const CACHE_MAX_ENTRIES: u64 = 200;
+/// `routes[].cache.max_body`: larger answers are streamed through.
+pub const CACHE_MAX_BODY: u64 = 1 << 20;

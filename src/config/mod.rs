@@ -160,7 +160,7 @@ pub struct Config {
     /// Prefix of queuegate's own paths, default
     /// [`RESERVED_PREFIX`](defaults::RESERVED_PREFIX).
     pub reserved_prefix: String,
-    pub bypass: Vec<BypassRule>,
+    pub bypass: Vec<Bypass>,
     pub routes: Vec<Route>,
 }
 
@@ -224,6 +224,10 @@ pub struct ServerLimits {
     /// its page is told to poll, so that a few addresses cannot take the
     /// instance's streams and connections.
     pub max_event_streams_per_client: usize,
+    /// Bytes every micro-cache of the process may hold together, bodies,
+    /// heads and keys (DESIGN §9.3; default [`defaults::CACHE_BYTES`]).
+    /// An answer that would go over it is served and not kept.
+    pub cache_bytes: u64,
 }
 
 /// What a request whose path an origin could read as another route gets
@@ -371,6 +375,66 @@ pub struct CookieConfig {
     pub domain: Option<String>,
 }
 
+/// A bypass rule: what it lets through, and its micro-cache if it has one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bypass {
+    pub rule: BypassRule,
+    /// Answers to the requests it lets through kept this way (DESIGN §9.3).
+    pub cache: Option<CacheConfig>,
+}
+
+impl From<BypassRule> for Bypass {
+    /// The rule, without a cache.
+    fn from(rule: BypassRule) -> Bypass {
+        Bypass { rule, cache: None }
+    }
+}
+
+impl PartialEq<BypassRule> for Bypass {
+    fn eq(&self, rule: &BypassRule) -> bool {
+        self.cache.is_none() && self.rule == *rule
+    }
+}
+
+impl BypassRule {
+    /// The rule as written in the file, `path_prefix=/static/`: how its
+    /// cache is named (in metrics and logs).
+    pub fn describe(&self) -> String {
+        match self {
+            BypassRule::PathPrefix(p) => format!("path_prefix={p}"),
+            BypassRule::Path(p) => format!("path={p}"),
+            BypassRule::Method(m) => format!("method={m}"),
+        }
+    }
+}
+
+/// The micro-cache of a route or a bypass rule (`cache`, DESIGN §9.3): the
+/// origin's cacheable answers kept in memory for a short time and served to
+/// the admitted requests that ask for them again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// How long an answer is served after it was received, at most; a
+    /// shorter `s-maxage` or `max-age` in the answer wins (default
+    /// [`defaults::CACHE_TTL`]).
+    pub ttl: Duration,
+    /// Answers kept at once, at most (default [`defaults::CACHE_MAX_ENTRIES`]).
+    pub max_entries: u64,
+    /// Larger bodies are streamed through and not kept (default
+    /// [`defaults::CACHE_MAX_BODY`]); at most `limits.cache_bytes`.
+    pub max_body: u64,
+}
+
+impl Default for CacheConfig {
+    /// Every field's default.
+    fn default() -> CacheConfig {
+        CacheConfig {
+            ttl: defaults::CACHE_TTL,
+            max_entries: defaults::CACHE_MAX_ENTRIES,
+            max_body: defaults::CACHE_MAX_BODY,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum BypassRule {
     /// Kept as written (it starts with `/`): `/static/` and `/static` differ.
@@ -446,6 +510,8 @@ pub struct Route {
     /// [`defaults::INFLIGHT_WAIT`].
     pub inflight_wait: Duration,
     pub page: PageConfig,
+    /// The route's micro-cache (DESIGN §9.3); default none.
+    pub cache: Option<CacheConfig>,
 }
 
 /// An adaptive capacity's range and targets (DESIGN §9.1): `capacity:

@@ -67,6 +67,7 @@ pub(crate) struct RawLimits {
     pub allowed_hosts: Option<Vec<String>>,
     pub max_event_streams: Option<u64>,
     pub max_event_streams_per_client: Option<u64>,
+    pub cache_bytes: Option<ByteSize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -156,6 +157,16 @@ pub(crate) struct RawBypass {
     pub path_prefix: Option<String>,
     pub path: Option<String>,
     pub method: Option<String>,
+    pub cache: Option<RawCache>,
+}
+
+/// `cache` of a route or a bypass rule (DESIGN §9.3).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCache {
+    pub ttl: Option<DurationText>,
+    pub max_entries: Option<u64>,
+    pub max_body: Option<ByteSize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -187,6 +198,7 @@ pub(crate) struct RawRoute {
     pub max_inflight: Option<u64>,
     pub inflight_wait: Option<DurationText>,
     pub page: Option<RawPage>,
+    pub cache: Option<RawCache>,
 }
 
 /// A route's `capacity`: a number (fixed) or a range it adapts within
@@ -402,6 +414,81 @@ impl<'de> Deserialize<'de> for DurationText {
     }
 }
 
+/// A size in bytes: a whole number, alone (bytes) or with a unit: `B`,
+/// `KiB`, `MiB`, `GiB` (powers of 1024), as `1MiB` or `64MiB`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ByteSize(pub u64);
+
+impl ByteSize {
+    pub(crate) fn parse(text: &str) -> Result<u64, String> {
+        let trimmed = text.trim();
+        let split = trimmed
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(trimmed.len());
+        let (number, unit) = trimmed.split_at(split);
+        let invalid = |why: &str| format!("invalid size {text:?}: {why}");
+        const HINT: &str =
+            "expected a whole number of bytes, or one with a unit (B, KiB, MiB, GiB), e.g. 1MiB";
+        if number.is_empty() {
+            return Err(invalid(HINT));
+        }
+        let value: u64 = number
+            .parse()
+            .map_err(|_| invalid("the number is too large"))?;
+        let scale: u64 = match unit.trim_start() {
+            "" | "B" => 1,
+            "KiB" => 1 << 10,
+            "MiB" => 1 << 20,
+            "GiB" => 1 << 30,
+            "KB" | "kB" | "MB" | "GB" | "K" | "M" | "G" => {
+                return Err(invalid(
+                    "write binary units, KiB, MiB or GiB (1MiB is 1048576 bytes)",
+                ))
+            }
+            _ => return Err(invalid(HINT)),
+        };
+        value
+            .checked_mul(scale)
+            .ok_or_else(|| invalid("the number is too large"))
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SizeVisitor;
+
+        impl Visitor<'_> for SizeVisitor {
+            type Value = ByteSize;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a size such as 1MiB, 512KiB or 65536")
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<ByteSize, E> {
+                ByteSize::parse(text).map(ByteSize).map_err(E::custom)
+            }
+
+            fn visit_u64<E: de::Error>(self, bytes: u64) -> Result<ByteSize, E> {
+                Ok(ByteSize(bytes))
+            }
+
+            fn visit_i64<E: de::Error>(self, bytes: i64) -> Result<ByteSize, E> {
+                u64::try_from(bytes)
+                    .map(ByteSize)
+                    .map_err(|_| E::custom(format!("invalid size {bytes}: must not be negative")))
+            }
+
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<ByteSize, E> {
+                Err(E::custom(
+                    "sizes are whole numbers, e.g. 1536KiB rather than 1.5MiB",
+                ))
+            }
+        }
+
+        deserializer.deserialize_any(SizeVisitor)
+    }
+}
+
 /// A socket address written `ip:port` (`[v6]:port` for IPv6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Addr(pub SocketAddr);
@@ -493,6 +580,26 @@ mod tests {
         }
         let err = DurationText::parse("18446744073709551615h").unwrap_err();
         assert!(err.contains("too large"), "{err}");
+    }
+
+    #[test]
+    fn sizes_take_binary_units() {
+        assert_eq!(ByteSize::parse("65536"), Ok(65536));
+        assert_eq!(ByteSize::parse("100B"), Ok(100));
+        assert_eq!(ByteSize::parse("512KiB"), Ok(512 * 1024));
+        assert_eq!(ByteSize::parse("1MiB"), Ok(1 << 20));
+        assert_eq!(ByteSize::parse("64 MiB"), Ok(64 << 20));
+        assert_eq!(ByteSize::parse("2GiB"), Ok(2 << 30));
+        assert!(ByteSize::parse("1MB").unwrap_err().contains("binary units"));
+        for text in ["MiB", "1.5MiB", "-1", "1TiB", "99999999999999999999"] {
+            let err = ByteSize::parse(text).unwrap_err();
+            assert!(err.starts_with(&format!("invalid size {text:?}")), "{err}");
+        }
+        assert!(ByteSize::parse("18446744073709551615GiB")
+            .unwrap_err()
+            .contains("too large"));
+        let err = serde_saphyr::from_str::<ByteSize>("1.5").unwrap_err();
+        assert!(err.to_string().contains("whole numbers"), "{err}");
     }
 
     #[test]

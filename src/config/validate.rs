@@ -6,9 +6,11 @@
 //! rules of that section: `listen` (and `admin`), `limits` (and
 //! `client_ip`), `upstream`, `store`, `keys` (and `cookie`), `paths`
 //! (`reserved_prefix`, `bypass`) and `routes`, a route's parts in `matcher`,
-//! `timing`, `line`, `lanes` and `inflight`. Reading one field (required, a duration
+//! `timing`, `line`, `lanes` and `inflight`; the micro-cache of a route or a bypass
+//! rule, and the process's budget for them, in `cache`. Reading one field (required, a duration
 //! and its bounds) is `field`'s. The rules between sections are below.
 
+mod cache;
 mod field;
 mod inflight;
 mod keys;
@@ -84,6 +86,10 @@ pub(crate) fn validate(raw: RawConfig, problems: &mut Problems) -> Option<Config
 
     if let Some(routes) = &routes {
         host_routes_need_allowed_hosts(&limits, routes, &root, problems);
+    }
+
+    if let (Some(bypass), Some(routes)) = (&bypass, &routes) {
+        cache::bodies_fit_the_budget(limits.cache_bytes, bypass, routes, &root, problems);
     }
 
     if !problems.is_empty() {

@@ -1,43 +1,48 @@
 //! Forwarding to the origin: an admitted or ungated request handed to the
-//! upstream, the origin's answer read for a command and a lane, and the lane
-//! it names recorded in lane cookies (DESIGN §8.5).
+//! upstream, or to the micro-cache in its stead where the route (or bypass
+//! rule) has one (DESIGN §9.3), the origin's answer read for a command and
+//! a lane, and the lane it names recorded in lane cookies (DESIGN §8.5).
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::future::Either;
 use futures_util::FutureExt;
 use http::header::SET_COOKIE;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::admission::VisitorId;
+use crate::cache::{self, Ask, Base, Found, Landing, Lead, Read, Scope, Stored};
 use crate::cookie::{self, KeptCookies};
 use crate::lane_grant::{Holder, Lane, LANE_COOKIE_TTL};
-use crate::metrics::{RouteOrigin, UpstreamFailure};
+use crate::metrics::{CacheResult, RouteOrigin, UpstreamFailure};
 use crate::origin::{self, OriginCommand, Said};
-use crate::proxy::Peer;
+use crate::proxy::{self, Peer};
 use crate::response::{self, Body, RequestError};
 use crate::route::{RouteLive, RouteRt, Settings};
 
 use super::App;
 
 impl App {
-    /// Forwards a request no route gates, for `host` (see [`lane_host`]).
-    /// An origin command in the answer does nothing, as there is no session
-    /// to act on; it is removed all the same. A lane the origin names is
-    /// recorded for every route the host fits (DESIGN §8.5), bound to the
-    /// visitor's ticket or pass for the route: the request's own cookies
-    /// are kept past forwarding for that.
+    /// Forwards a request no route gates, for `host` (see [`lane_host`]),
+    /// through `cache` when its bypass rule has one. An origin command in
+    /// the answer does nothing, as there is no session to act on; it is
+    /// removed all the same. A lane the origin names is recorded for every
+    /// route the host fits (DESIGN §8.5), bound to the visitor's ticket or
+    /// pass for the route: the request's own cookies are kept past
+    /// forwarding for that.
     pub(super) async fn forward_ungated(
         &self,
         s: &Settings,
         req: Request<Incoming>,
         peer: &Peer,
         host: Option<&str>,
+        cache: Option<Arc<Scope>>,
     ) -> Response<Body> {
         let kept = KeptCookies::of(req.headers());
-        let mut forwarded = self.forward(req, peer, None).await;
+        let mut forwarded = self.fetch(req, peer, cache.as_ref(), None).await;
         if forwarded.command.is_some() {
             tracing::debug!("origin command on an ungated path ignored: no session");
         }
@@ -79,6 +84,156 @@ impl App {
             let set = jar.lane(route.name(), &lane, &holder, now, until, tls);
             forwarded.resp.headers_mut().append(SET_COOKIE, set);
         }
+    }
+
+    /// Forwards an admitted or bypassed request through `cache` when there
+    /// is one (DESIGN §9.3): answered from it, given the answer another
+    /// request is fetching, or sent to the origin and its answer kept;
+    /// straight to the origin otherwise (see [`App::forward`]).
+    pub(super) fn fetch<'a>(
+        &'a self,
+        req: Request<Incoming>,
+        peer: &Peer,
+        cache: Option<&Arc<Scope>>,
+        tap: Option<HealthTap>,
+    ) -> impl Future<Output = Forwarded> + Send + 'a {
+        match cache {
+            None => Either::Left(self.forward(req, peer, tap)),
+            // Boxed: only cached routes carry the cache's larger future.
+            Some(scope) => Either::Right(Box::pin(self.through_cache(
+                req,
+                peer.clone(),
+                scope.clone(),
+                tap,
+            ))),
+        }
+    }
+
+    /// A request to a route (or bypass rule) with a cache, `scope`. The
+    /// cache is looked up under the request as the origin would get it:
+    /// without queuegate's cookies, and without hop-by-hop headers (a
+    /// header named in `Connection` never reaches the origin, so a `Vary`
+    /// on it must not tell two requests apart). A request that followed
+    /// another's fetch whose answer was kept under a `Vary` it differs in
+    /// looks again, once, under the names now known. Only a request that
+    /// goes to the origin is counted in `tap`.
+    async fn through_cache(
+        &self,
+        mut req: Request<Incoming>,
+        peer: Peer,
+        scope: Arc<Scope>,
+        tap: Option<HealthTap>,
+    ) -> Forwarded {
+        let Some(ask) = Ask::of(&req) else {
+            scope.count(CacheResult::Bypass);
+            return self.forward(req, &peer, tap).await;
+        };
+        cookie::strip_own_cookies(req.headers_mut());
+        proxy::strip_hop_by_hop(req.headers_mut());
+        let trusted =
+            !self.client_ip.trusted_proxies.is_empty() && self.client_ip.trusts(peer.addr.ip());
+        let base = Base::of(req.uri(), req.headers(), peer.tls, trusted);
+        for again in [false, true] {
+            let found = scope.lookup(&ask, &base, req.headers(), Instant::now());
+            let landing = match found {
+                Found::Hit(stored) => return served(&scope, CacheResult::Hit, &stored, ask.head),
+                Found::Lead(lead) => {
+                    let lead = (Some(lead), tap);
+                    return self.lead(req, &peer, &scope, &base, ask, lead).await;
+                }
+                Found::Pass => return self.lead(req, &peer, &scope, &base, ask, (None, tap)).await,
+                Found::Follow(follow) => {
+                    let _waiting = scope.waiting();
+                    follow.landing(self.upstream.timeout()).await
+                }
+            };
+            match landing {
+                Landing::Stored(stored) if stored.key == base.key(&stored.vary, req.headers()) => {
+                    return served(&scope, CacheResult::Coalesced, &stored, ask.head);
+                }
+                Landing::Stored(_) if !again => {}
+                _ => break,
+            }
+        }
+        // Released by the flight it waited for: to the origin at once.
+        scope.count(CacheResult::Miss);
+        self.forward(req, &peer, tap).await
+    }
+
+    /// Sends `req` to the origin for cache `scope` and keeps the answer if
+    /// it may: then the answer is served from the kept bytes, and `flight`,
+    /// if this request leads one, lands with them. Otherwise the answer goes
+    /// on as it came (its body streamed, what was read of it first) and the
+    /// flight's followers are released at once, before it is streamed; an
+    /// answer the origin gave (not a failure, not a `5xx`) that could not be
+    /// kept sends the page's next requests straight to the origin for a
+    /// `ttl` (see [`Scope::unkept`]). A flight's fetch drops the request's
+    /// `If-None-Match` and `If-Modified-Since`. A `HEAD` never fills an
+    /// entry; an authorized request's answer fills one only when it says
+    /// `public`.
+    async fn lead(
+        &self,
+        req: Request<Incoming>,
+        peer: &Peer,
+        scope: &Scope,
+        base: &Base,
+        ask: Ask,
+        (flight, tap): (Option<Lead>, Option<HealthTap>),
+    ) -> Forwarded {
+        let result = match ask.authorized {
+            true => CacheResult::Bypass,
+            false => CacheResult::Miss,
+        };
+        scope.count(result);
+        if !ask.may_fill() {
+            return self.forward(req, peer, tap).await;
+        }
+        let mut req = req;
+        if flight.is_some() {
+            // The fetch is for everyone: the whole page, not a `304` only
+            // this client could use (as nginx fills its cache).
+            let asked = req.headers_mut();
+            asked.remove(http::header::IF_NONE_MATCH);
+            asked.remove(http::header::IF_MODIFIED_SINCE);
+        }
+        let headers = req.headers().clone();
+        let mut forwarded = self.forward(req, peer, tap).await;
+        let received = Instant::now();
+        // An origin's order to queuegate is for one visitor's session.
+        let ordered = forwarded.command.is_some() || forwarded.lane.is_some();
+        let resp = &forwarded.resp;
+        let keep = (forwarded.from_origin && !ordered)
+            .then(|| cache::keep(resp.status(), resp.headers(), &ask, scope.ttl()))
+            .flatten();
+        // What the origin will answer again, not a passing failure.
+        let unkept = |flight: Option<Lead>| {
+            if let Some(flight) = flight.filter(|_| forwarded.from_origin) {
+                scope.unkept(flight.key());
+            }
+        };
+        let Some(keep) = keep else {
+            if !resp.status().is_server_error() {
+                unkept(flight);
+            }
+            return forwarded;
+        };
+        let resp = std::mem::replace(&mut forwarded.resp, Response::new(Body::Empty));
+        forwarded.resp = match cache::read_body(resp, scope.max_body()).await {
+            Read::Whole(parts, body) => {
+                let stored = scope.keep(base, &headers, (parts, body), keep, received);
+                let resp = stored.answer(false, Instant::now(), false);
+                if let Some(flight) = flight {
+                    flight.land(stored);
+                }
+                resp
+            }
+            Read::Unkept(resp) => {
+                unkept(flight);
+                resp
+            }
+            Read::Failed(resp) => resp,
+        };
+        forwarded
     }
 
     /// Forwards an admitted or ungated request, taking any origin command
@@ -176,6 +331,19 @@ pub(super) struct Forwarded {
     pub(super) command: Option<OriginCommand>,
     /// The lane the origin's `Queuegate-Lane` named, if a valid one.
     pub(super) lane: Option<Lane>,
+}
+
+/// A kept answer served for cache `scope`, counted as `result`.
+fn served(scope: &Scope, result: CacheResult, stored: &Stored, head: bool) -> Forwarded {
+    scope.count(result);
+    Forwarded {
+        resp: stored.answer(head, Instant::now(), true),
+        // The origin's answer, kept: as if it had answered (an exit path
+        // served from the cache ends the session all the same).
+        from_origin: true,
+        command: None,
+        lane: None,
+    }
 }
 
 /// `resp` with `set_cookie` added when there is one.

@@ -23,6 +23,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::admission::KeyRing;
+use crate::cache::Caches;
 use crate::client_ip::{self, LimitKey};
 use crate::clock::Clock;
 use crate::config::{AmbiguousPaths, ClientIp, Config, HostPattern};
@@ -47,6 +48,8 @@ pub struct App {
     /// Replaced whole on a config reload.
     pub settings: Arc<ArcSwap<Settings>>,
     pub metrics: Arc<Metrics>,
+    /// Every micro-cache (DESIGN §9.3), kept across reloads.
+    pub caches: Arc<Caches>,
     /// `limits.ambiguous_paths` (fixed until a restart, like all limits).
     ambiguous_paths: AmbiguousPaths,
     /// `limits.allowed_hosts`; empty for any host.
@@ -74,11 +77,13 @@ impl App {
             config.limits.worker_count(),
             metrics.connections().clone(),
         )?;
+        let caches = Arc::new(Caches::new(config.limits.cache_bytes, &metrics));
         let settings = Arc::new(ArcSwap::from_pointee(Settings::new(
             config,
             ring,
             &HashMap::new(),
             &metrics,
+            &caches,
         )));
         Ok(App {
             upstream,
@@ -93,6 +98,7 @@ impl App {
             ),
             settings,
             metrics,
+            caches,
             ambiguous_paths: config.limits.ambiguous_paths,
             allowed_hosts: config.limits.allowed_hosts.clone(),
             client_ip: config.client_ip.clone(),
@@ -150,11 +156,12 @@ impl App {
                 (Outcome::Reserved, resp)
             }
             Target::Bypass { host } => {
-                let resp = self.forward_ungated(&s, req, &conn.peer, host.as_deref());
+                let cache = s.bypass_cache(req.method(), req.uri().path()).cloned();
+                let resp = self.forward_ungated(&s, req, &conn.peer, host.as_deref(), cache);
                 (Outcome::Bypass, resp.await)
             }
             Target::Ungated { host } => {
-                let resp = self.forward_ungated(&s, req, &conn.peer, host.as_deref());
+                let resp = self.forward_ungated(&s, req, &conn.peer, host.as_deref(), None);
                 (Outcome::Forwarded, resp.await)
             }
             Target::Gated {

@@ -149,9 +149,9 @@ impl App {
             None => {
                 // Passthrough or failing open: no session for an origin
                 // command to end.
-                let mut forwarded = self
-                    .forward(req, &conn.peer, Some(HealthTap::of(route)))
-                    .await;
+                let cache = route.cache.as_ref();
+                let tap = Some(HealthTap::of(route));
+                let mut forwarded = self.fetch(req, &conn.peer, cache, tap).await;
                 self.record_lane(s, &mut forwarded, [(route, None)], conn.peer.tls);
                 (outcome, response::holding_turn(forwarded.resp, turn))
             }
@@ -245,7 +245,8 @@ impl SessionStep {
         peer: Peer,
     ) -> (Forwarded, bool) {
         let route = &self.s.routes[self.index];
-        let mut forwarded = app.forward(req, &peer, Some(HealthTap::of(route))).await;
+        let tap = Some(HealthTap::of(route));
+        let mut forwarded = app.fetch(req, &peer, route.cache.as_ref(), tap).await;
         forwarded.resp = response::holding_turn(forwarded.resp, self.turn);
         let reason = if forwarded.command == Some(OriginCommand::EndSession) {
             Some(SessionEnd::Origin)

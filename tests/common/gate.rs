@@ -41,6 +41,7 @@ pub fn proxy_config(upstream: &str) -> Config {
             // Every test visitor comes from 127.0.0.1, as for per-client
             // limits: tests that check this cap set it.
             max_event_streams_per_client: 100_000,
+            cache_bytes: 64 << 20,
         },
         client_ip: ClientIp::default(),
         upstream: Upstream {
@@ -184,6 +185,7 @@ pub fn route(name: &str, prefix: &str, capacity: u64) -> Route {
         max_inflight: None,
         inflight_wait: Duration::from_secs(2),
         page: PageConfig::default(),
+        cache: None,
     }
 }
 

@@ -1,6 +1,7 @@
 //! `limits` and `client_ip`: what one connection and one request may take,
 //! which hosts are served, who the client is behind proxies.
 
+use super::cache::cache_bytes;
 use super::field::{at_least_one, duration, positive, to_usize};
 use crate::config::defaults;
 use crate::config::error::FieldPath;
@@ -37,6 +38,7 @@ pub(super) fn limits(raw: RawLimits, at: &FieldPath, problems: &mut Problems) ->
     );
     let allowed_hosts = allowed_hosts(raw.allowed_hosts, &at.key("allowed_hosts"), problems);
     let workers = workers(raw.workers, &at.key("workers"), problems);
+    let cache_bytes = cache_bytes(raw.cache_bytes, &at.key("cache_bytes"), problems);
     ServerLimits {
         header_timeout,
         max_header_bytes: to_usize(max_header_bytes),
@@ -68,6 +70,7 @@ pub(super) fn limits(raw: RawLimits, at: &FieldPath, problems: &mut Problems) ->
             raw.max_event_streams_per_client
                 .unwrap_or(defaults::MAX_EVENT_STREAMS_PER_CLIENT),
         ),
+        cache_bytes,
     }
 }
 

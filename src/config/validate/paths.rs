@@ -5,7 +5,9 @@ use crate::config::defaults;
 use crate::config::error::FieldPath;
 use crate::config::problems::Problems;
 use crate::config::raw::RawBypass;
-use crate::config::BypassRule;
+use crate::config::{Bypass, BypassRule};
+
+use super::cache::cache;
 
 pub(super) fn reserved_prefix(
     raw: Option<String>,
@@ -43,11 +45,11 @@ pub(super) fn bypass(
     raw: Vec<RawBypass>,
     at: &FieldPath,
     problems: &mut Problems,
-) -> Option<Vec<BypassRule>> {
+) -> Option<Vec<Bypass>> {
     let mut rules = Vec::new();
-    for (i, rule) in raw.into_iter().enumerate() {
+    for (i, raw) in raw.into_iter().enumerate() {
         let at = at.index(i);
-        let rule = match (rule.path_prefix, rule.path, rule.method) {
+        let rule = match (raw.path_prefix, raw.path, raw.method) {
             (Some(prefix), None, None) => {
                 request_path(&prefix, &at.key("path_prefix"), problems).map(BypassRule::PathPrefix)
             }
@@ -60,7 +62,8 @@ pub(super) fn bypass(
                 None
             }
         };
-        rules.push(rule);
+        let cache = cache(raw.cache, &at.key("cache"), problems);
+        rules.push(rule.zip(cache).map(|(rule, cache)| Bypass { rule, cache }));
     }
     rules.into_iter().collect()
 }

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use super::cache::cache;
 use super::field::{file_path, required};
 use super::{inflight, lanes, line, matcher, timing};
 use crate::config::defaults;
@@ -77,6 +78,7 @@ fn route(mut raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<R
     let (max_inflight, inflight_wait) =
         inflight::inflight(raw.max_inflight, raw.inflight_wait, at, problems);
     let page = page(raw.page.unwrap_or_default(), at, problems);
+    let cache = cache(raw.cache, &at.key("cache"), problems);
     Some(Route {
         name: name?,
         matcher: matcher?,
@@ -103,6 +105,7 @@ fn route(mut raw: RawRoute, at: &FieldPath, problems: &mut Problems) -> Option<R
         max_inflight,
         inflight_wait,
         page: page?,
+        cache: cache?,
     })
 }
 
