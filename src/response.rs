@@ -374,12 +374,23 @@ pub fn redirect(reason: &'static str, location: &str) -> Response<Body> {
 /// answer with nothing more to come from the origin (no body, or one made
 /// here: a 502 or 504, a `101`'s tunnel) gives the turn back at once.
 pub fn holding_turn(resp: Response<Body>, turn: Turn) -> Response<Body> {
-    resp.map(|body| match body {
+    resp.map(|body| turned(body, turn))
+}
+
+/// `body` holding `turn` while the origin's part of it lasts: the rest of
+/// a body the micro-cache read part of is still the origin's.
+fn turned(body: Body, turn: Turn) -> Body {
+    match body {
         Body::Upstream(incoming) if !http_body::Body::is_end_stream(&incoming) => {
             Body::Turned(incoming, Some(turn))
         }
+        Body::Resumed(mut resumed) => {
+            let rest = std::mem::replace(&mut resumed.rest, Body::Empty);
+            resumed.rest = turned(rest, turn);
+            Body::Resumed(resumed)
+        }
         other => other,
-    })
+    }
 }
 
 /// The answer to an admitted request that found its route's requests at
