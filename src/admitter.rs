@@ -104,7 +104,7 @@ async fn admit(gate: &Gate, route: &RouteRt, name: &str, mut ended_read_ms: u64)
                 tracing::warn!(route = %name, "store lost its state: holding admissions for one pass_ttl");
             }
             live.note_store_ticked(t.epoch_us);
-            route.metrics.tick(&t);
+            route.metrics.tick(&route.limits.lanes, &t);
             if t.ran {
                 route.metrics.lanes(&route.limits.lanes, &t);
                 live.set_lane_waiting(&t.lane_waiting);
@@ -130,7 +130,7 @@ async fn admit(gate: &Gate, route: &RouteRt, name: &str, mut ended_read_ms: u64)
         }
     }
     if let Some(t) = gate.lines().tick_local(route).await {
-        route.metrics.tick(&t);
+        route.metrics.tick(&route.limits.lanes, &t);
     }
     ended_read_ms
 }

@@ -933,6 +933,7 @@ impl Settings {
             live.turns().resize(r.max_inflight);
             let template = r.page.template.as_ref().map(|t| t.template.clone());
             let route_metrics = metrics.route(&r.name);
+            route_metrics.lanes_at_zero(&r.lanes);
             let route = RouteRt::new(
                 r.clone(),
                 &config.cookie,

@@ -251,6 +251,13 @@ async fn stats<H: Harness>(h: &H, route: &str, limits: &Limits) -> RouteStats {
     h.store().stats(route, limits).await.expect("stats")
 }
 
+/// A tick's answer, checked for fairness (DESIGN §9.4): nobody admitted
+/// while someone in the same lane who joined earlier still waits.
+fn fair(tick: Tick) -> Tick {
+    assert_eq!(tick.inversions(), 0, "an admission inversion: {tick:?}");
+    tick
+}
+
 async fn tick<H: Harness>(h: &H, route: &str, limits: &Limits) -> Vec<u64> {
     full_tick(h, route, limits).await.admitted_scores
 }
@@ -260,6 +267,7 @@ async fn full_tick<H: Harness>(h: &H, route: &str, limits: &Limits) -> Tick {
         .store()
         .admit_tick(route, limits, None)
         .await
+        .map(fair)
         .expect("tick");
     assert!(tick.ran, "a tick in a new window runs");
     tick
@@ -426,6 +434,7 @@ async fn admit_never_exceeds_capacity<H: Harness>(h: &mut H) {
                     .store()
                     .admit_tick(&route, &limits, None)
                     .await
+                    .map(fair)
                     .expect("tick");
                 assert!(tick.admitted_scores.len() as u64 <= limits.max_admit_per_tick);
             }
@@ -470,6 +479,7 @@ async fn per_tick_budget_shared_by_admit_now_and_tick<H: Harness>(h: &mut H) {
             .store()
             .admit_tick(&route, &limits, None)
             .await
+            .map(fair)
             .expect("tick");
         let end = stats(h, &route, &limits).await.now_us;
         if tick_window(start, &limits) != tick_window(end, &limits) {
@@ -532,6 +542,7 @@ async fn ghosts_dropped_not_admitted<H: Harness>(h: &mut H) {
         .store()
         .admit_tick(&route, &limits, None)
         .await
+        .map(fair)
         .expect("tick");
     assert_eq!(tick.abandoned, 2);
     assert_eq!(tick.admitted_scores, vec![c.score_us]);
@@ -563,6 +574,7 @@ async fn no_show_frees_slot_after_arrival_grace<H: Harness>(h: &mut H) {
         .store()
         .admit_tick(&route, &limits, None)
         .await
+        .map(fair)
         .expect("tick");
     assert_eq!(tick.no_shows, 1);
     assert_eq!(tick.admitted_scores, vec![c.score_us]);
@@ -595,6 +607,7 @@ async fn purged_no_show_rejoins_at_the_back<H: Harness>(h: &mut H) {
         .store()
         .admit_tick(&route, &limits, None)
         .await
+        .map(fair)
         .expect("tick");
     assert_eq!((purge.no_shows, purge.abandoned), (1, 0));
     assert_eq!(stats(h, &route, &limits).await.active, 0);
@@ -642,6 +655,7 @@ async fn poll_after_admission_extends_session<H: Harness>(h: &mut H) {
         .store()
         .admit_tick(&route, &limits, None)
         .await
+        .map(fair)
         .expect("tick");
     assert_eq!(tick.no_shows, 0);
     assert_eq!(stats(h, &route, &limits).await.active, 1);
@@ -656,6 +670,7 @@ async fn poll_after_admission_extends_session<H: Harness>(h: &mut H) {
         .store()
         .admit_tick(&route, &limits, None)
         .await
+        .map(fair)
         .expect("tick");
     assert_eq!(tick.no_shows, 0);
 }
@@ -938,6 +953,7 @@ async fn epoch_change_seen_by_admitter_starts_hold<H: Harness>(h: &mut H) {
         .store()
         .admit_tick(&route, &limits, None)
         .await
+        .map(fair)
         .expect("tick");
     let epoch = first.epoch_us;
     let b = join(h, &route, 2, &limits).await;
@@ -2397,7 +2413,7 @@ async fn the_opening_shuffles_once_when_two_ticks_race<H: Harness>(h: &mut H) {
         h.store().admit_tick(&route, &limits, None),
         other.admit_tick(&route, &limits, None)
     );
-    let (a, b) = (a.expect("tick"), b.expect("tick"));
+    let (a, b) = (a.map(fair).expect("tick"), b.map(fair).expect("tick"));
     let openings: Vec<u64> = [a.opened, b.opened].into_iter().flatten().collect();
     assert_eq!(openings, [u64::from(N)], "one of the two ran the opening");
     let order = |scores: &HashMap<u32, u64>| {
@@ -2419,7 +2435,11 @@ async fn the_opening_shuffles_once_when_two_ticks_race<H: Harness>(h: &mut H) {
     // Later ticks, on either client, leave the order alone.
     for store in [h.store(), &other] {
         h.advance(limits.tick * 2).await;
-        let later = store.admit_tick(&route, &limits, None).await.expect("tick");
+        let later = store
+            .admit_tick(&route, &limits, None)
+            .await
+            .map(fair)
+            .expect("tick");
         assert_eq!(later.opened, None);
     }
     assert_eq!(scores_in_line(h, &route, N, &limits).await, shuffled);
@@ -2554,8 +2574,8 @@ async fn split_shares_never_exceed_capacity<H: Harness>(h: &mut H) {
             h.store().admit_tick(&route, &limits, None),
             other.admit_tick(&route, &limits, None)
         );
-        a.expect("tick");
-        b.expect("tick");
+        a.map(fair).expect("tick");
+        b.map(fair).expect("tick");
         for _ in 0..6 {
             next += 1;
             arrive(h, &route, next, &limits, true).await;

@@ -674,15 +674,19 @@ impl Route {
                     break;
                 };
                 self.line.lanes[slot].admitted += 1;
-                if let Some(i) = slots.iter().position(|&s| s == slot) {
-                    tick.lane_admitted[i] += 1;
-                }
+                let lane = slots.iter().position(|&s| s == slot).unwrap_or(0);
+                tick.lane_admitted[lane] += 1;
                 self.sessions.start(id, arrival_end, SessionKind::Arriving);
                 tick.admitted_scores.push(score_us);
+                tick.admitted_lanes.push(lane);
             }
             self.count_admitted(now, tick.admitted_scores.len() as u64);
         }
         tick.lane_waiting = self.line.lane_lens(limits);
+        tick.lane_heads = slots
+            .iter()
+            .map(|&slot| self.line.lanes[slot].order.first().map(|&(score, _)| score))
+            .collect();
         tick
     }
 

@@ -426,6 +426,12 @@ pub struct Tick {
     /// Per lane, in order: waiters left in it after the tick (empty when
     /// the tick did not run).
     pub lane_waiting: Vec<u64>,
+    /// The lane (index into the tick's `Limits`) each admitted waiter came
+    /// from, in the order of `admitted_scores`.
+    pub admitted_lanes: Vec<usize>,
+    /// Per lane, in order: the lowest join score left in it after the tick
+    /// (`None`: the lane is empty; empty when the tick did not run).
+    pub lane_heads: Vec<Option<u64>>,
 }
 
 impl Tick {
@@ -444,7 +450,34 @@ impl Tick {
             epoch_us,
             lane_admitted: Vec::new(),
             lane_waiting: Vec::new(),
+            admitted_lanes: Vec::new(),
+            lane_heads: Vec::new(),
         }
+    }
+
+    /// Admission inversions of this tick (DESIGN §9.4): waiters it admitted
+    /// while someone in the same lane who joined earlier still waits, as the
+    /// tick left the line. The one count every store's tick is judged by.
+    pub fn inversions(&self) -> u64 {
+        self.admitted_scores
+            .iter()
+            .zip(&self.admitted_lanes)
+            .filter(|&(&score, &lane)| {
+                self.lane_heads
+                    .get(lane)
+                    .copied()
+                    .flatten()
+                    .is_some_and(|head| head < score)
+            })
+            .count() as u64
+    }
+
+    /// Each admission's wait (join to this tick, seconds) with its lane.
+    pub fn waits(&self) -> impl Iterator<Item = (usize, f64)> + '_ {
+        self.admitted_scores
+            .iter()
+            .zip(&self.admitted_lanes)
+            .map(|(&score, &lane)| (lane, self.now_us.saturating_sub(score) as f64 / 1e6))
     }
 }
 

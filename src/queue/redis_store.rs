@@ -855,9 +855,9 @@ impl RedisStore {
         let opening = field(&reply, 8, "admit_tick")?;
         let lanes = usize::try_from(field(&reply, 9, "admit_tick")?).unwrap_or(usize::MAX);
         let scores_at = lanes
-            .checked_mul(2)
+            .checked_mul(3)
             .and_then(|n| n.checked_add(10))
-            .filter(|&at| at <= reply.len())
+            .filter(|&at| at <= reply.len() && (reply.len() - at).is_multiple_of(2))
             .ok_or_else(|| unexpected_reply("admit_tick: short reply".into()))?;
         if ran {
             // What the store lists now: the configured lanes, and any
@@ -885,8 +885,18 @@ impl RedisStore {
             unconfirmed_tickets: field(&reply, 6, "admit_tick")?,
             opened: opening.checked_sub(1),
             lane_admitted: reply[10..10 + lanes].to_vec(),
-            lane_waiting: reply[10 + lanes..scores_at].to_vec(),
-            admitted_scores: reply[scores_at..].to_vec(),
+            lane_waiting: reply[10 + lanes..10 + 2 * lanes].to_vec(),
+            lane_heads: reply[10 + 2 * lanes..scores_at]
+                .iter()
+                .map(|&score| (score != 0).then_some(score))
+                .collect(),
+            admitted_scores: reply[scores_at..].iter().step_by(2).copied().collect(),
+            admitted_lanes: reply[scores_at..]
+                .iter()
+                .skip(1)
+                .step_by(2)
+                .map(|&lane| usize::try_from(lane.saturating_sub(1)).unwrap_or(0))
+                .collect(),
         })
     }
 
