@@ -15,10 +15,11 @@ use std::time::Duration;
 use common::store::polled_ticket;
 use common::{RedisCluster, RedisServer};
 use queuegate::clock::Clock;
+use queuegate::config::Mode;
 use queuegate::queue::{
-    store_id, Arrival, Arriving, Counted, Ended, Heartbeat, InviteUse, Lane, Lanes, Limits,
-    LineRecord, MemoryStore, PassTimes, Place, Poll, QueueStore, RedisStore, RouteStats, Tick,
-    TicketTimes, VisitorId,
+    store_id, Arrival, Arriving, Counted, Ended, Heartbeat, Held, InviteUse, Lane, Lanes, Limits,
+    LineRecord, MemoryStore, Override, PassTimes, Place, Poll, QueueStore, RedisStore, RouteStats,
+    Tick, TicketTimes, VisitorId,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -2102,6 +2103,58 @@ async fn move_lane_keeps_the_score<H: Harness>(h: &mut H) {
         .expect("move_lane"));
 }
 
+/// An override is one value per route, seen by every client of the store,
+/// replaced whole and cleared; other routes and the line are untouched.
+async fn an_override_is_shared_replaced_and_cleared<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let other_route = h.fresh_route();
+    let limits = limits();
+    let other = h.second_client();
+    assert_eq!(h.store().override_of(&route).await.expect("read"), None);
+    let a = join(h, &route, 1, &limits).await;
+    let closed = Override {
+        mode: Some(Held {
+            value: Mode::Closed,
+            file: Mode::Gate,
+        }),
+        capacity: None,
+        by: "ops".to_owned(),
+        at_ms: 1,
+    };
+    h.store()
+        .set_override(&route, Some(&closed))
+        .await
+        .expect("set");
+    assert_eq!(
+        other.override_of(&route).await.expect("read"),
+        Some(closed.clone()),
+        "another instance sees it"
+    );
+    assert_eq!(other.override_of(&other_route).await.expect("read"), None);
+    let capacity = Override {
+        mode: None,
+        capacity: Some(Held { value: 50, file: 5 }),
+        by: "lead".to_owned(),
+        at_ms: 2,
+    };
+    other
+        .set_override(&route, Some(&capacity))
+        .await
+        .expect("set");
+    assert_eq!(
+        h.store().override_of(&route).await.expect("read"),
+        Some(capacity),
+        "replaced whole"
+    );
+    h.store().set_override(&route, None).await.expect("clear");
+    assert_eq!(other.override_of(&route).await.expect("read"), None);
+    // The line never noticed.
+    assert!(
+        matches!(poll(h, &route, 1, a.score_us, &limits).await, Poll::Waiting(p) if p.position == 1),
+        "the line never noticed"
+    );
+}
+
 async fn take_use_counts_an_invite_atomically<H: Harness>(h: &mut H) {
     let route = h.fresh_route();
     let now_s = stats(h, &route, &limits()).await.now_us / 1_000_000;
@@ -2699,6 +2752,7 @@ macro_rules! contract_suite {
                 a_place_is_within_its_lane_and_polls_report_the_lane,
                 move_lane_keeps_the_score,
                 take_use_counts_an_invite_atomically,
+                an_override_is_shared_replaced_and_cleared,
                 a_lane_removed_is_merged_into_the_first,
                 restore_after_store_loss_goes_into_the_lane_given,
                 nothing_is_admitted_before_the_opening,

@@ -665,7 +665,7 @@ impl RouteMatch {
 }
 
 /// `routes[N].mode`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     Gate,

@@ -33,8 +33,8 @@ use tokio::sync::{watch, Notify};
 
 use super::{
     store_id, Arrival, Arriving, ClientKey, Counted, Ended, HealthLook, Heartbeat, InviteUse,
-    LaneStats, Limits, LineRecord, PassTimes, Place, Poll, QueueStore, RouteStats, StoreError,
-    StoreId, Tick, TicketTimes, VisitorId, WindowCounts, JOIN_WINDOW, MAIN_LANE,
+    LaneStats, Limits, LineRecord, Override, PassTimes, Place, Poll, QueueStore, RouteStats,
+    StoreError, StoreId, Tick, TicketTimes, VisitorId, WindowCounts, JOIN_WINDOW, MAIN_LANE,
 };
 use crate::clock::Clock;
 use crate::config::{RedisConfig, RedisMode};
@@ -75,6 +75,7 @@ struct Scripts {
     coord: Script,
     ahead: Script,
     adapt: Script,
+    overrides: Script,
 }
 
 impl Scripts {
@@ -99,6 +100,7 @@ impl Scripts {
             coord: Script::new(include_str!("../../lua/coord.lua")),
             adapt: Script::new(include_str!("../../lua/adapt.lua")),
             ahead: Script::new(include_str!("../../lua/ahead.lua")),
+            overrides: Script::new(include_str!("../../lua/override.lua")),
         }
     }
 }
@@ -1245,6 +1247,24 @@ impl QueueStore for RedisStore {
         self.stats_on(route, limits).await
     }
 
+    async fn override_of(&self, route: &str) -> Result<Option<Override>, StoreError> {
+        let mut invocation = self.scripts.overrides.prepare_invoke();
+        invocation.key(override_key(route)).arg("get");
+        let text: Option<String> = self.run(&invocation).await?;
+        Ok(text.as_deref().and_then(Override::decode))
+    }
+
+    async fn set_override(&self, route: &str, value: Option<&Override>) -> Result<(), StoreError> {
+        let mut invocation = self.scripts.overrides.prepare_invoke();
+        invocation.key(override_key(route));
+        match value {
+            Some(value) => invocation.arg("set").arg(value.encode()),
+            None => invocation.arg("del"),
+        };
+        let _done: i64 = self.run(&invocation).await?;
+        Ok(())
+    }
+
     async fn ready(&self) -> Result<(), StoreError> {
         self.ready_on().await
     }
@@ -1275,6 +1295,12 @@ impl QueueStore for RedisStore {
     ) -> Result<bool, StoreError> {
         self.set_capacity_on(route, lease, capacity, why).await
     }
+}
+
+/// The key of a route's runtime override, under the route's own hash tag
+/// (a split route's too: its sub-lines share it).
+fn override_key(route: &str) -> String {
+    format!("qg:{{{route}}}:override")
 }
 
 #[cfg(test)]
