@@ -189,6 +189,7 @@ pub async fn run_with_options(
     let admitters = Arc::new(admitter::Admitters::new(
         app.gate.clone(),
         app.settings.clone(),
+        app.metrics.clone(),
         stop_rx.clone(),
     ));
     admitters.start_missing();

@@ -25,7 +25,7 @@ use crate::metrics::{Metrics, RouteMetrics, StreamCap};
 use crate::path;
 use crate::queue::joins::JoinQueue;
 use crate::queue::{
-    store_id, Heartbeat, Lanes, Limits, LineRecord, RouteStats, StoreId, MAIN_LANE,
+    store_id, Heartbeat, Lanes, Limits, LineRecord, Override, RouteStats, StoreId, MAIN_LANE,
 };
 use crate::template::Template;
 
@@ -623,9 +623,17 @@ pub const OPENING_SETTLE: Duration = Duration::from_secs(60);
 
 /// A route ready for requests: its config, the store limits derived from it,
 /// its cookie names and its live numbers.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct RouteRt {
+    /// The route as it runs: the file's, with any runtime override laid over
+    /// it (see [`RouteRt::overridden`]).
     pub cfg: config::Route,
+    /// The runtime override laid over the file's mode and capacity (DESIGN
+    /// §9.4), the fields that still hold against the file.
+    pub overridden: Option<Override>,
+    /// What the config file says of the fields an override may change.
+    pub file_mode: config::Mode,
+    pub file_capacity: u64,
     pub limits: Limits,
     /// Limits of the in-process line used while the store is down
     /// (`local`): this instance's share of the capacity. See
@@ -651,13 +659,26 @@ pub struct RouteRt {
 
 impl RouteRt {
     pub fn new(
-        cfg: config::Route,
+        file: config::Route,
+        overridden: Option<&Override>,
         cookie: &config::CookieConfig,
         expected_instances: u64,
         live: Arc<RouteLive>,
         template: Option<Arc<Template>>,
         metrics: RouteMetrics,
     ) -> RouteRt {
+        let overridden = overridden.and_then(|o| o.holding(file.mode, file.capacity));
+        let (file_mode, file_capacity) = (file.mode, file.capacity);
+        let mut cfg = file;
+        if let Some(o) = &overridden {
+            // As if the file said it: the same road a reload takes.
+            cfg.mode = o.mode.map_or(cfg.mode, |held| held.value);
+            if let Some(held) = o.capacity {
+                // A plain number: adapting is off while it holds (§9.1).
+                cfg.capacity = held.value;
+                cfg.adapt = None;
+            }
+        }
         let limits = Limits {
             capacity: cfg.capacity,
             max_admit_per_tick: cfg.max_admit_per_tick,
@@ -704,6 +725,9 @@ impl RouteRt {
         let exit_prefixes = cfg.exit_paths.iter().map(fold).collect();
         RouteRt {
             cfg,
+            overridden,
+            file_mode,
+            file_capacity,
             limits,
             local_limits,
             cookie_plain,
@@ -907,6 +931,8 @@ enum Place {
 
 /// Everything the gate reads per request that a config reload replaces.
 pub struct Settings {
+    /// The config file these settings were built from (before overrides).
+    pub file: Arc<Config>,
     pub routes: Vec<RouteRt>,
     pub bypass: Vec<BypassRule>,
     pub ring: KeyRing,
@@ -920,12 +946,15 @@ pub struct Settings {
 
 impl Settings {
     /// Compiles the config into request-time settings, keeping each
-    /// surviving route's live numbers from `lives`.
+    /// surviving route's live numbers from `lives` and laying each route's
+    /// override in `overrides` over it (the fields that still hold against
+    /// the file, see [`Override::holding`]).
     pub fn new(
         config: &Config,
         ring: KeyRing,
         lives: &HashMap<String, Arc<RouteLive>>,
         metrics: &Metrics,
+        overrides: &HashMap<String, Override>,
     ) -> Settings {
         let mut routes = Vec::with_capacity(config.routes.len());
         for r in &config.routes {
@@ -936,16 +965,20 @@ impl Settings {
             route_metrics.lanes_at_zero(&r.lanes);
             let route = RouteRt::new(
                 r.clone(),
+                overrides.get(&r.name),
                 &config.cookie,
                 config.store.expected_instances,
                 live,
                 template,
                 route_metrics,
             );
-            route.metrics.capacity(r.capacity, route.limits.capacity);
+            route
+                .metrics
+                .capacity(route.cfg.capacity, route.limits.capacity);
             routes.push(route);
         }
         Settings {
+            file: Arc::new(config.clone()),
             generation: Settings::next_generation(),
             routes,
             bypass: config.bypass.clone(),
@@ -953,6 +986,35 @@ impl Settings {
             reserved_prefix: config.reserved_prefix.clone(),
             cookie_domain: config.cookie.domain.clone(),
         }
+    }
+
+    /// The overrides laid over the routes, by route name.
+    pub fn overrides(&self) -> HashMap<String, Override> {
+        self.routes
+            .iter()
+            .filter_map(|r| Some((r.name().to_owned(), r.overridden.clone()?)))
+            .collect()
+    }
+
+    /// These settings with route `name`'s override replaced by `value`
+    /// (`None`: the file's word alone), built as a reload builds them.
+    pub fn with_override(
+        &self,
+        name: &str,
+        value: Option<Override>,
+        metrics: &Metrics,
+    ) -> Settings {
+        let lives: HashMap<_, _> = self
+            .routes
+            .iter()
+            .map(|r| (r.name().to_owned(), r.live.clone()))
+            .collect();
+        let mut overrides = self.overrides();
+        match value {
+            Some(value) => overrides.insert(name.to_owned(), value),
+            None => overrides.remove(name),
+        };
+        Settings::new(&self.file, self.ring.clone(), &lives, metrics, &overrides)
     }
 
     /// A generation number no earlier `Settings` of this process had.
@@ -1078,7 +1140,13 @@ mod tests {
         )
         .expect("a valid config");
         let ring = KeyRing::new(vec![("k1".into(), vec![7; 32])]).expect("a key ring");
-        Settings::new(&config, ring, &HashMap::new(), &Metrics::new())
+        Settings::new(
+            &config,
+            ring,
+            &HashMap::new(),
+            &Metrics::new(),
+            &HashMap::new(),
+        )
     }
 
     /// Settings for one route `tickets` of `capacity` (YAML), keeping the

@@ -38,7 +38,13 @@ fn config(store: &str, route: &str) -> Config {
 /// The settings and a gate on the store `config` names, by `clock`.
 fn gate(config: &Config, clock: Clock) -> (Settings, Gate) {
     let ring = KeyRing::new(vec![("k1".into(), vec![7; 32])]).expect("a key ring");
-    let s = Settings::new(config, ring, &HashMap::new(), &Metrics::new());
+    let s = Settings::new(
+        config,
+        ring,
+        &HashMap::new(),
+        &Metrics::new(),
+        &HashMap::new(),
+    );
     let store = Store::from_config(&config.store, clock).expect("a store");
     let store = Guarded::new(store, BreakerConfig::for_store(&config.store));
     (s, Gate::new(store, clock))

@@ -79,6 +79,7 @@ impl App {
             ring,
             &HashMap::new(),
             &metrics,
+            &HashMap::new(),
         )));
         Ok(App {
             upstream,
