@@ -110,7 +110,7 @@ async fn admit(gate: &Gate, route: &RouteRt, name: &str, mut ended_read_ms: u64)
                 tracing::warn!(route = %name, "store lost its state: holding admissions for one pass_ttl");
             }
             live.note_store_ticked(t.epoch_us);
-            route.metrics.tick(&route.limits.lanes, &t);
+            noted(route, &t);
             if t.ran {
                 route.metrics.lanes(&route.limits.lanes, &t);
                 live.set_lane_waiting(&t.lane_waiting);
@@ -136,7 +136,7 @@ async fn admit(gate: &Gate, route: &RouteRt, name: &str, mut ended_read_ms: u64)
         }
     }
     if let Some(t) = gate.lines().tick_local(route).await {
-        route.metrics.tick(&route.limits.lanes, &t);
+        noted(route, &t);
     }
     ended_read_ms
 }
@@ -255,6 +255,12 @@ async fn follow_override(
         ),
     }
     settings.rcu(|current| Arc::new(current.with_override(name, holding.clone(), metrics)));
+}
+
+/// What a tick did, counted in the route's metrics and its recent waits.
+fn noted(route: &RouteRt, tick: &crate::queue::Tick) {
+    route.metrics.tick(&route.limits.lanes, tick);
+    route.live.note_waits(tick);
 }
 
 /// Refreshes the route's live numbers (waiting, active, admission rate,

@@ -25,7 +25,7 @@ use crate::metrics::{Metrics, RouteMetrics, StreamCap};
 use crate::path;
 use crate::queue::joins::JoinQueue;
 use crate::queue::{
-    store_id, Heartbeat, Lanes, Limits, LineRecord, Override, RouteStats, StoreId, MAIN_LANE,
+    store_id, Heartbeat, Lanes, Limits, LineRecord, Override, RouteStats, StoreId, Tick, MAIN_LANE,
 };
 use crate::template::Template;
 
@@ -68,6 +68,11 @@ pub struct RouteLive {
     active: AtomicU64,
     /// Admissions per second × 1000, at the last stats read.
     admit_rate_milli: AtomicU64,
+    /// Everyone admitted since the epoch, at the last stats read.
+    admitted_total: AtomicU64,
+    /// The waits (join to admission) of the admissions this instance's
+    /// ticks made lately, for the live view's percentiles.
+    waits: Mutex<RecentWaits>,
     /// The local line admitted someone since the store last heard of it:
     /// the admitter asks the store for a hold before its next tick.
     granted_locally: AtomicBool,
@@ -174,6 +179,40 @@ impl Drop for StreamSlot {
 struct OutOfLine {
     ids: HashMap<VisitorId, Instant>,
     pruned: Option<Instant>,
+}
+
+/// Waits of recent admissions, oldest first: at most [`RecentWaits::KEPT`],
+/// none older than [`RecentWaits::WINDOW`].
+#[derive(Debug, Default)]
+struct RecentWaits {
+    waits: std::collections::VecDeque<(Instant, f64)>,
+}
+
+impl RecentWaits {
+    const KEPT: usize = 4096;
+    const WINDOW: Duration = Duration::from_secs(300);
+
+    fn note(&mut self, now: Instant, waited_s: f64) {
+        if self.waits.len() == Self::KEPT {
+            self.waits.pop_front();
+        }
+        self.waits.push_back((now, waited_s));
+    }
+
+    /// The median and 95th percentile of the waits within the window.
+    fn percentiles(&mut self, now: Instant) -> Option<(f64, f64)> {
+        while self
+            .waits
+            .front()
+            .is_some_and(|&(at, _)| now.duration_since(at) > Self::WINDOW)
+        {
+            self.waits.pop_front();
+        }
+        let mut sorted: Vec<f64> = self.waits.iter().map(|&(_, w)| w).collect();
+        sorted.sort_by(f64::total_cmp);
+        let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+        (!sorted.is_empty()).then(|| (at(0.5), at(0.95)))
+    }
 }
 
 /// A line record and when it was read.
@@ -343,6 +382,36 @@ impl RouteLive {
         self.active.store(stats.active, Ordering::Relaxed);
         self.admit_rate_milli
             .store((stats.admit_rate * 1000.0) as u64, Ordering::Relaxed);
+        self.admitted_total
+            .store(stats.admitted_total, Ordering::Relaxed);
+    }
+
+    /// Everyone admitted since the epoch, at the last stats read (on a
+    /// shared store, by every instance).
+    pub fn admitted_total(&self) -> u64 {
+        self.admitted_total.load(Ordering::Relaxed)
+    }
+
+    /// Notes the waits of a tick's admissions (see [`Tick::waits`]).
+    pub fn note_waits(&self, tick: &Tick) {
+        if tick.admitted_scores.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut waits = self.waits.lock().unwrap_or_else(PoisonError::into_inner);
+        for (_, waited_s) in tick.waits() {
+            waits.note(now, waited_s);
+        }
+    }
+
+    /// The median and 95th percentile wait (seconds) of the admissions
+    /// this instance's ticks made in the last five minutes; `None` without
+    /// any.
+    pub fn wait_percentiles(&self) -> Option<(f64, f64)> {
+        self.waits
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .percentiles(Instant::now())
     }
 
     /// People in line, at the last stats read.
