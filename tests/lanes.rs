@@ -723,14 +723,15 @@ async fn two_lanes_over_three_instances_share_admissions_by_weight_and_keep_fifo
     );
 
     // Every waiter came to the origin exactly once.
-    let paths = origin_log.paths.lock().unwrap();
-    let mut came: HashMap<&str, usize> = HashMap::new();
-    for p in paths.iter().filter(|p| !p.starts_with("/tickets/hold/")) {
-        *came.entry(p.as_str()).or_default() += 1;
+    {
+        let paths = origin_log.paths.lock().unwrap();
+        let mut came: HashMap<&str, usize> = HashMap::new();
+        for p in paths.iter().filter(|p| !p.starts_with("/tickets/hold/")) {
+            *came.entry(p.as_str()).or_default() += 1;
+        }
+        assert_eq!(came.len(), 2 * PER_LANE);
+        assert!(came.values().all(|&n| n == 1));
     }
-    assert_eq!(came.len(), 2 * PER_LANE);
-    assert!(came.values().all(|&n| n == 1));
-    drop(paths);
 
     // Fairness as the instances measured it: each admission from the line
     // counted once (by the instance whose tick made it), in its lane, and
