@@ -119,7 +119,11 @@
   function draw(el, ring) {
     var svg = el.querySelector(".plot");
     while (svg.firstChild) svg.removeChild(svg.firstChild);
-    var W = 600, H = 180, top = 14, base = H - 18;
+    // Drawn at the element's own size, so text is never stretched.
+    var W = Math.max(200, Math.round(svg.clientWidth) || 600);
+    var H = Math.max(120, Math.round(svg.clientHeight) || 180);
+    svg.setAttribute("viewBox", "0 0 " + W + " " + H);
+    var top = 16, base = H - 18;
     var end = ring.length ? ring[ring.length - 1][0] : Date.now();
     var x = function (t) { return W - ((end - t) / WINDOW_MS) * W; };
     var ymax = 1, amax = 0;
@@ -132,14 +136,14 @@
       svg.appendChild(n);
       return n;
     };
-    [0.5, 1].forEach(function (q) {
-      mk("line", { "class": "grid", x1: 0, x2: W, y1: y(ymax / 1.1 * q), y2: y(ymax / 1.1 * q) });
-      var t = mk("text", { x: 4, y: y(ymax / 1.1 * q) - 3 });
-      t.textContent = num(Math.round(ymax / 1.1 * q));
-    });
+    var peak = ymax / 1.1;
+    mk("line", { "class": "grid", x1: 0, x2: W, y1: y(peak / 2), y2: y(peak / 2) });
+    mk("line", { "class": "grid", x1: 0, x2: W, y1: y(peak), y2: y(peak) });
+    var t = mk("text", { x: 4, y: y(peak) - 3 });
+    t.textContent = num(Math.round(peak)) + " people";
     var label = mk("text", { x: 4, y: H - 4 });
     label.textContent = "−15 min";
-    var now = mk("text", { x: W - 30, y: H - 4 });
+    var now = mk("text", { x: W - 4, y: H - 4, "text-anchor": "end" });
     now.textContent = "now";
     if (amax > 0) {
       var bw = Math.max(1, W / 900);
@@ -176,6 +180,13 @@
       if (!seen[el.id.slice(6)]) el.parentNode.removeChild(el);
     });
   }
+
+  // Charts are drawn at their size: drawn again when it changes.
+  window.addEventListener("resize", function () {
+    Array.prototype.slice.call(document.querySelectorAll(".route")).forEach(function (el) {
+      draw(el, rings[el.id.slice(6)] || []);
+    });
+  });
 
   function connect() {
     var conn = $("conn");
