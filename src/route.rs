@@ -857,8 +857,9 @@ impl RouteRt {
         }
     }
 
-    /// The capacity the route admits by now: the configured one, or where an
-    /// adaptive one stands (DESIGN §9.1).
+    /// The capacity the route admits by now: the configured one (or an
+    /// override's, DESIGN §9.4), or where an adaptive one stands (DESIGN
+    /// §9.1). The one figure the admin listener shows as capacity.
     pub fn capacity_now(&self) -> u64 {
         match self.cfg.adapt {
             Some(_) => self.live.capacity().max(1),
@@ -1256,6 +1257,62 @@ mod tests {
         // A range after that starts again at its start.
         let again = capacity_settings("{ min: 20, max: 200, start: 150 }", &lives);
         assert_eq!(again.routes[0].capacity_now(), 150);
+    }
+
+    #[test]
+    fn an_override_is_laid_over_the_file_and_a_capacity_turns_adapting_off() {
+        use crate::queue::Held;
+        let config = Config::from_yaml(
+            "listen: [{ addr: 127.0.0.1:8080 }]\n\
+             upstream: { url: http://127.0.0.1:3000 }\n\
+             keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]\n\
+             routes:\n\
+             \x20 - name: tickets\n\
+             \x20   match: { path_prefix: /tickets }\n\
+             \x20   capacity: { min: 2, max: 50, start: 10, target: { p95: 800ms, errors: 2% } }\n",
+        )
+        .expect("a valid config");
+        let ring = KeyRing::new(vec![("k1".into(), vec![7; 32])]).expect("a key ring");
+        let metrics = Metrics::new();
+        let s = Settings::new(&config, ring, &HashMap::new(), &metrics, &HashMap::new());
+        assert!(s.routes[0].cfg.adapt.is_some());
+        assert_eq!(s.routes[0].capacity_now(), 10);
+        let closed = Override {
+            mode: Some(Held {
+                value: config::Mode::Closed,
+                file: config::Mode::Gate,
+            }),
+            capacity: None,
+            by: "ops".into(),
+            at_ms: 1,
+        };
+        let s = s.with_override("tickets", Some(closed.clone()), &metrics);
+        let route = &s.routes[0];
+        assert_eq!(route.cfg.mode, config::Mode::Closed);
+        assert!(
+            route.cfg.adapt.is_some(),
+            "a mode override leaves adapting on"
+        );
+        let fixed = Override {
+            capacity: Some(Held {
+                value: 40,
+                file: 10,
+            }),
+            ..closed
+        };
+        let s = s.with_override("tickets", Some(fixed), &metrics);
+        let route = &s.routes[0];
+        assert_eq!(
+            (route.capacity_now(), route.cfg.adapt.is_none()),
+            (40, true)
+        );
+        assert_eq!(
+            (route.file_mode, route.file_capacity),
+            (config::Mode::Gate, 10)
+        );
+        let s = s.with_override("tickets", None, &metrics);
+        assert_eq!(s.routes[0].cfg.mode, config::Mode::Gate);
+        assert!(s.routes[0].cfg.adapt.is_some() && s.routes[0].overridden.is_none());
     }
 
     #[test]
