@@ -1231,14 +1231,17 @@ mod tests {
         ))
         .expect("a valid config");
         let ring = KeyRing::new(vec![("k1".into(), vec![7; 32])]).expect("a key ring");
-        Settings::new(&config, ring, lives, &Metrics::new())
+        Settings::new(&config, ring, lives, &Metrics::new(), &HashMap::new())
     }
 
     #[test]
     fn a_reload_keeps_an_adaptive_capacity_inside_the_new_range_and_a_number_turns_it_off() {
         let first = capacity_settings("{ min: 10, max: 100, start: 50 }", &HashMap::new());
         let route = &first.routes[0];
-        assert_eq!((route.capacity_now(), route.limits_now().capacity), (50, 50));
+        assert_eq!(
+            (route.capacity_now(), route.limits_now().capacity),
+            (50, 50)
+        );
         route.live.note_capacity(30, "p95 over");
         assert_eq!(route.limits_now().capacity, 30);
         assert_eq!(route.local_limits_now().capacity, 30);
