@@ -20,8 +20,10 @@
 --           unmerged (1: `lanes` names a lane neither configured nor given,
 --           left for a later tick), opening (0: none this tick; 1 + the
 --           number of waiters it shuffled), n, admitted from each lane (n
---           numbers), waiting in each lane after the tick (n numbers),
---           join score of each waiter admitted, in admission order...}
+--           numbers), waiting in each lane after the tick (n numbers), the
+--           lowest join score left in each lane (n numbers, 0: empty), then
+--           for each waiter admitted, in admission order, its join score and
+--           its lane (1-based)...}
 --          (a tick that did not run: the first seven, then 0, 0, 0)
 -- Errors: SPLIT when the route's line is split into sub-lines (`shards`)
 -- and this slot is not empty.
@@ -239,6 +241,7 @@ if opens_at_us and not before_opening
 end
 
 local scores = {}
+local admitted_lanes = {}
 local lane_admitted = {}
 for l = 1, configured do
   lane_admitted[l] = 0
@@ -293,6 +296,7 @@ if now_us >= hold_until() and not before_opening then
         admitted = admitted + 1
         lane_admitted[best] = lane_admitted[best] + 1
         scores[#scores + 1] = tonumber(head[2])
+        admitted_lanes[#admitted_lanes + 1] = best
         found = true
       end
     end
@@ -324,8 +328,13 @@ for l = 1, configured do
   lane_waiting[l] = redis.call('ZCARD', lane_keys[l])
   reply[#reply + 1] = lane_waiting[l]
 end
+for l = 1, configured do
+  local head = redis.call('ZRANGE', lane_keys[l], 0, 0, 'WITHSCORES')
+  reply[#reply + 1] = head[2] and tonumber(head[2]) or 0
+end
 for i = 1, #scores do
   reply[#reply + 1] = scores[i]
+  reply[#reply + 1] = admitted_lanes[i]
 end
 
 -- The line record (src/queue/record.rs has the rule and the wire format):

@@ -1,7 +1,8 @@
-//! The per-route tick loop: every `tick` it asks the store to admit from the
-//! head of the line, and it keeps the route's live numbers (epoch, counts,
-//! admission rate, the line record) fresh for the gate and the waiting
-//! room, whose open event streams it wakes after each tick.
+//! The per-route tick loop: every `tick` it follows the route's runtime
+//! override in the store, asks the store to admit from the head of the
+//! line, and keeps the route's live numbers (epoch, counts, admission rate,
+//! waits, the line record) fresh for the gate and the waiting room, whose
+//! open event streams it wakes after each tick.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,6 +16,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use crate::config::Mode;
 use crate::gate::Gate;
 use crate::health;
+use crate::metrics::Metrics;
 use crate::queue::QueueStore;
 use crate::route::{self, RouteRt, Settings};
 
@@ -30,6 +32,7 @@ const HEALTH_EVERY: Duration = Duration::from_secs(1);
 pub async fn run(
     gate: Gate,
     settings: Arc<ArcSwap<Settings>>,
+    metrics: Arc<Metrics>,
     name: String,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -60,6 +63,9 @@ pub async fn run(
             adapt(&gate, route, &name).await;
             continue;
         }
+        // An override set here or on another instance applies from the next
+        // tick (the settings are swapped; this tick runs on the old ones).
+        follow_override(&gate, &settings, &metrics, route).await;
         if route.limits.tick != tick {
             tick = route.limits.tick;
             interval = tokio::time::interval(tick);
@@ -104,7 +110,7 @@ async fn admit(gate: &Gate, route: &RouteRt, name: &str, mut ended_read_ms: u64)
                 tracing::warn!(route = %name, "store lost its state: holding admissions for one pass_ttl");
             }
             live.note_store_ticked(t.epoch_us);
-            route.metrics.tick(&t);
+            noted(route, &t);
             if t.ran {
                 route.metrics.lanes(&route.limits.lanes, &t);
                 live.set_lane_waiting(&t.lane_waiting);
@@ -130,7 +136,7 @@ async fn admit(gate: &Gate, route: &RouteRt, name: &str, mut ended_read_ms: u64)
         }
     }
     if let Some(t) = gate.lines().tick_local(route).await {
-        route.metrics.tick(&t);
+        noted(route, &t);
     }
     ended_read_ms
 }
@@ -198,6 +204,65 @@ async fn adapt(gate: &Gate, route: &RouteRt, name: &str) {
     }
 }
 
+/// Follows the route's override in the store (DESIGN §9.4): the fields that
+/// still hold against the config file are laid over the route, as a reload
+/// would; a field the file changed since it was overridden is the file's
+/// again, and is cleared in the store for every instance. A store that does
+/// not answer leaves the route as it runs.
+async fn follow_override(
+    gate: &Gate,
+    settings: &ArcSwap<Settings>,
+    metrics: &Metrics,
+    route: &RouteRt,
+) {
+    let name = route.name();
+    let stored = match gate.store().override_of(name).await {
+        Ok(stored) => stored,
+        Err(err) => {
+            tracing::debug!(route = name, error = %err, "override not read");
+            return;
+        }
+    };
+    let holding = stored
+        .as_ref()
+        .and_then(|o| o.holding(route.file_mode, route.file_capacity));
+    if holding != stored {
+        if let Err(err) = gate.store().set_override(name, holding.as_ref()).await {
+            tracing::debug!(route = name, error = %err, "override not trimmed");
+            return;
+        }
+        tracing::info!(
+            route = name,
+            mode = route.file_mode.as_str(),
+            capacity = route.file_capacity,
+            "override dropped in the store where the config file changed the field"
+        );
+    }
+    if holding == route.overridden {
+        return;
+    }
+    match &holding {
+        Some(o) => tracing::info!(
+            route = name,
+            by = %o.by,
+            mode = o.mode.map(|m| m.value.as_str()),
+            capacity = o.capacity.map(|c| c.value),
+            "following the override"
+        ),
+        None => tracing::info!(
+            route = name,
+            "override cleared: the config file's values apply"
+        ),
+    }
+    settings.rcu(|current| Arc::new(current.with_override(name, holding.clone(), metrics)));
+}
+
+/// What a tick did, counted in the route's metrics and its recent waits.
+fn noted(route: &RouteRt, tick: &crate::queue::Tick) {
+    route.metrics.tick(&route.limits.lanes, tick);
+    route.live.note_waits(tick);
+}
+
 /// Refreshes the route's live numbers (waiting, active, admission rate,
 /// ETA) from the store.
 async fn refresh_stats(gate: &Gate, route: &RouteRt, name: &str) {
@@ -219,6 +284,7 @@ fn current_tick(settings: &ArcSwap<Settings>, name: &str) -> Option<Duration> {
 pub struct Admitters {
     gate: Gate,
     settings: Arc<ArcSwap<Settings>>,
+    metrics: Arc<Metrics>,
     stop: watch::Receiver<bool>,
     running: Mutex<HashMap<String, JoinHandle<()>>>,
 }
@@ -228,11 +294,13 @@ impl Admitters {
     pub fn new(
         gate: Gate,
         settings: Arc<ArcSwap<Settings>>,
+        metrics: Arc<Metrics>,
         stop: watch::Receiver<bool>,
     ) -> Admitters {
         Admitters {
             gate,
             settings,
+            metrics,
             stop,
             running: Mutex::new(HashMap::new()),
         }
@@ -254,6 +322,7 @@ impl Admitters {
             let task = tokio::spawn(run(
                 self.gate.clone(),
                 self.settings.clone(),
+                self.metrics.clone(),
                 route.name().to_owned(),
                 self.stop.clone(),
             ));

@@ -10,7 +10,10 @@
 //!
 //! - `demo`: the embedded demo origin, with queuegate in front of it.
 //! - `server`: accept loops, connection limit, HTTP/1.1 and HTTP/2, drain.
-//! - `admin`: the admin listener: /metrics, /healthz, /readyz, /routes.
+//! - `admin`: the admin listener: /metrics, /healthz, /readyz, /routes, the
+//!   live view for the day of the sale (`page`, its figures and their
+//!   15-minute rings pushed on /events by `live`) and the route controls
+//!   (`controls`, behind the admin `tokens`).
 //! - `reload`: live config reload (file watch, SIGHUP).
 //! - `connection`: a client connection's stream (its timeouts, send watchdog
 //!   and what it has in flight, for every protocol) and the HTTP/1 driver,
@@ -180,6 +183,11 @@ pub async fn run_with_options(
     options: RunOptions,
 ) -> anyhow::Result<()> {
     let clock = Clock::system();
+    // A token that cannot be read stops the start, as a key does.
+    let tokens = match &config.admin {
+        Some(admin) => admin::tokens::Tokens::load(&admin.tokens)?,
+        None => admin::tokens::Tokens::default(),
+    };
     let store = open_store(&config.store, clock)?;
     // The memory store's snapshot file, and the store it is written from.
     let snapshot = match (&store, &config.store.memory.snapshot) {
@@ -194,6 +202,7 @@ pub async fn run_with_options(
     let admitters = Arc::new(admitter::Admitters::new(
         app.gate.clone(),
         app.settings.clone(),
+        app.metrics.clone(),
         stop_rx.clone(),
     ));
     admitters.start_missing();
@@ -217,14 +226,24 @@ pub async fn run_with_options(
         stop_rx.clone(),
     ));
     let (admin_stop_tx, admin_stop_rx) = tokio::sync::watch::channel(false);
-    let admin_task = listeners.admin.map(|listener| {
-        tokio::spawn(admin::serve(
-            app.clone(),
-            readiness,
-            listener,
-            admin_stop_rx,
-        ))
-    });
+    let admin_task = match listeners.admin {
+        Some(listener) => {
+            let admin = Arc::new(admin::Admin {
+                app: app.clone(),
+                readiness,
+                tokens,
+                live: Arc::new(admin::live::LiveView::default()),
+            });
+            background.spawn(admin::live::keep(
+                admin.live.clone(),
+                app.settings.clone(),
+                clock,
+                stop_rx.clone(),
+            ));
+            Some(tokio::spawn(admin::serve(admin, listener, admin_stop_rx)))
+        }
+        None => None,
+    };
     let mut _watcher = None;
     match (options.config_path, options.reloads) {
         (Some(path), reloads) => {
@@ -297,7 +316,7 @@ fn log_start(config: &config::Config, listeners: &Listeners) -> std::io::Result<
     }
     match &listeners.admin {
         Some(admin) => {
-            tracing::info!(addr = %admin.local_addr()?, "admin listening: /metrics /healthz /readyz /routes")
+            tracing::info!(addr = %admin.local_addr()?, "admin listening: / (live view) /events /metrics /healthz /readyz /routes")
         }
         None => tracing::info!("no admin listener"),
     }
@@ -333,6 +352,11 @@ pub fn check(path: &Path) -> Result<Vec<String>, config::ConfigErrors> {
     let mut warnings: Vec<String> = loaded.warnings.iter().map(ToString::to_string).collect();
     if let Err(err) = KeyRing::load(&config.keys) {
         warnings.push(format!("keys: {err} (needed at run time)"));
+    }
+    if let Some(admin) = &config.admin {
+        if let Err(err) = admin::tokens::Tokens::load(&admin.tokens) {
+            warnings.push(format!("admin: {err} (needed at run time)"));
+        }
     }
     Ok(warnings)
 }

@@ -45,11 +45,23 @@ struct LaneLabels {
 }
 
 /// The per-lane series, and which exist (so a route's can be dropped).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct LaneFamilies {
     waiting: Family<LaneLabels, Gauge>,
     admitted: Family<LaneLabels, Counter>,
+    wait: Family<LaneLabels, Histogram, fn() -> Histogram>,
     made: std::sync::Mutex<std::collections::HashSet<LaneLabels>>,
+}
+
+impl Default for LaneFamilies {
+    fn default() -> Self {
+        LaneFamilies {
+            waiting: Family::default(),
+            admitted: Family::default(),
+            wait: Family::new_with_constructor(wait_histogram),
+            made: std::sync::Mutex::default(),
+        }
+    }
 }
 
 impl LaneFamilies {
@@ -76,6 +88,7 @@ impl LaneFamilies {
             }
             self.waiting.remove(labels);
             self.admitted.remove(labels);
+            self.wait.remove(labels);
             false
         });
     }
@@ -392,7 +405,7 @@ pub struct Metrics {
     rejected: Family<RejectedLabels, Counter>,
     held: Family<RouteLabel, Counter>,
     eta: Family<RouteLabel, Gauge<f64, AtomicU64>>,
-    wait: Family<RouteLabel, Histogram>,
+    inversions: Family<RouteLabel, Counter>,
     abandoned: Family<RouteLabel, Counter>,
     no_show: Family<RouteLabel, Counter>,
     unconfirmed: Family<UnconfirmedLabels, Counter>,
@@ -441,7 +454,7 @@ impl Metrics {
             rejected,
             held,
             eta,
-            wait,
+            inversions,
         } = LineMetrics::register(&mut registry);
         let WaiterMetrics {
             abandoned,
@@ -476,7 +489,7 @@ impl Metrics {
             rejected,
             held,
             eta,
-            wait,
+            inversions,
             abandoned,
             no_show,
             unconfirmed,
@@ -576,7 +589,7 @@ impl Metrics {
             rejected_store_down: self.rejected.get_or_create_owned(&rejected("store_down")),
             held: self.held.get_or_create_owned(&route),
             eta,
-            wait: self.wait.get_or_create_owned(&route),
+            inversions: self.inversions.get_or_create_owned(&route),
             abandoned: self.abandoned.get_or_create_owned(&route),
             no_show: self.no_show.get_or_create_owned(&route),
             unconfirmed_sessions: self
@@ -621,6 +634,7 @@ impl Metrics {
         }
         for family in [
             &self.held,
+            &self.inversions,
             &self.abandoned,
             &self.no_show,
             &self.fail_open,
@@ -629,7 +643,6 @@ impl Metrics {
             family.remove(&route);
         }
         self.eta.remove(&route);
-        self.wait.remove(&route);
         self.event_streams.remove(&route);
         self.inflight.inflight.remove(&route);
         self.inflight.refused.remove(&route);
@@ -741,7 +754,7 @@ struct LineMetrics {
     rejected: Family<RejectedLabels, Counter>,
     held: Family<RouteLabel, Counter>,
     eta: Family<RouteLabel, Gauge<f64, AtomicU64>>,
-    wait: Family<RouteLabel, Histogram>,
+    inversions: Family<RouteLabel, Counter>,
 }
 
 impl LineMetrics {
@@ -782,6 +795,11 @@ impl LineMetrics {
             "Visitors admitted from the line, per route and lane",
             lanes.admitted.clone(),
         );
+        r.register(
+            "queuegate_wait_seconds",
+            "Time in line, join to admission, per route and lane: each admission from the line once",
+            lanes.wait.clone(),
+        );
         LineMetrics {
             waiting,
             active,
@@ -806,11 +824,11 @@ impl LineMetrics {
                 "Estimated wait for the back of the line (NaN while there is no admission rate)",
                 Family::default(),
             ),
-            wait: register(
+            inversions: register(
                 r,
-                "queuegate_wait_seconds",
-                "Time in line, join to admission",
-                Family::new_with_constructor(wait_histogram as fn() -> Histogram),
+                "queuegate_admission_inversions",
+                "Waiters admitted while someone in the same lane who joined earlier still waited (0 when the line is fair)",
+                Family::default(),
             ),
         }
     }
@@ -841,7 +859,7 @@ impl WaiterMetrics {
             ),
             no_show: register(
                 r,
-                "queuegate_no_show",
+                "queuegate_no_shows",
                 "Admitted waiters who never came",
                 Family::default(),
             ),
@@ -1259,7 +1277,7 @@ pub struct RouteMetrics {
     rejected_store_down: Counter,
     held: Counter,
     eta: Gauge<f64, AtomicU64>,
-    wait: Histogram,
+    inversions: Counter,
     abandoned: Counter,
     no_show: Counter,
     unconfirmed_sessions: Counter,
@@ -1346,15 +1364,17 @@ impl RouteMetrics {
         }
     }
 
-    /// What one admitter tick did: admissions from the line with their wait,
-    /// ghosts dropped, no-shows.
-    pub fn tick(&self, tick: &Tick) {
+    /// What one admitter tick did: admissions from the line with their wait
+    /// (in the lane of `lanes` each came from), inversions, ghosts dropped,
+    /// no-shows.
+    pub fn tick(&self, lanes: &Lanes, tick: &Tick) {
         self.admitted_from_line
             .inc_by(tick.admitted_scores.len() as u64);
-        for score in &tick.admitted_scores {
-            let waited_us = tick.now_us.saturating_sub(*score);
-            self.wait.observe(waited_us as f64 / 1_000_000.0);
+        for (lane, waited_s) in tick.waits() {
+            let labels = self.lanes.labels(&self.route, &lanes.get(lane).name);
+            self.lanes.wait.get_or_create(&labels).observe(waited_s);
         }
+        self.inversions.inc_by(tick.inversions());
         self.abandoned.inc_by(tick.abandoned);
         self.no_show.inc_by(tick.no_shows);
         self.unconfirmed_sessions.inc_by(tick.unconfirmed_sessions);
@@ -1374,6 +1394,17 @@ impl RouteMetrics {
             }
             let admitted = self.lanes.admitted.get_or_create(&labels);
             admitted.inc_by(tick.lane_admitted.get(i).copied().unwrap_or(0));
+        }
+    }
+
+    /// Creates the series of every lane of `lanes` (at zero when new), so
+    /// rate queries see them before the first admission.
+    pub fn lanes_at_zero(&self, lanes: &Lanes) {
+        for lane in lanes.iter() {
+            let labels = self.lanes.labels(&self.route, &lane.name);
+            drop(self.lanes.waiting.get_or_create(&labels));
+            drop(self.lanes.admitted.get_or_create(&labels));
+            drop(self.lanes.wait.get_or_create(&labels));
         }
     }
 
@@ -1478,19 +1509,29 @@ mod tests {
         m.request(Outcome::Held);
         r.request(Outcome::Held);
         r.request(Outcome::Full);
-        r.tick(&Tick {
-            ran: true,
-            admitted_scores: vec![1_000_000, 2_000_000],
-            abandoned: 3,
-            no_shows: 1,
-            unconfirmed_sessions: 0,
-            unconfirmed_tickets: 0,
-            opened: None,
-            now_us: 31_000_000,
-            epoch_us: 1,
-            lane_admitted: Vec::new(),
-            lane_waiting: Vec::new(),
-        });
+        let lanes = Lanes::new(vec![
+            crate::queue::Lane::main(),
+            crate::queue::Lane {
+                name: "vip".to_owned(),
+                weight: 3,
+            },
+        ])
+        .unwrap();
+        r.tick(
+            &lanes,
+            &Tick {
+                ran: true,
+                admitted_scores: vec![1_000_000, 2_000_000, 2_000_000],
+                admitted_lanes: vec![0, 0, 1],
+                abandoned: 3,
+                no_shows: 1,
+                now_us: 31_000_000,
+                lane_admitted: vec![2, 1],
+                lane_waiting: vec![0, 0],
+                lane_heads: vec![None, None],
+                ..Tick::idle(31_000_000, 1)
+            },
+        );
         let text = m.encode();
         assert_eq!(
             sample(&text, r#"queuegate_requests_total{decision="held"}"#),
@@ -1512,31 +1553,74 @@ mod tests {
                 &text,
                 r#"queuegate_admitted_total{route="tickets",how="from_line"}"#
             ),
-            Some(2.0)
+            Some(3.0)
         );
         assert_eq!(
             sample(&text, r#"queuegate_abandoned_total{route="tickets"}"#),
             Some(3.0)
         );
         assert_eq!(
-            sample(&text, r#"queuegate_no_show_total{route="tickets"}"#),
+            sample(&text, r#"queuegate_no_shows_total{route="tickets"}"#),
             Some(1.0)
         );
-        // Waited 30 s and 29 s: both in the le=30 bucket, none in le=15.
+        // Waited 30 s and 29 s in main, 29 s in vip: each counted once, in
+        // its lane; in the le=30 bucket, none in le=15.
+        let bucket = |lane: &str, le: &str| {
+            let series = format!(
+                "queuegate_wait_seconds_bucket{{le=\"{le}\",route=\"tickets\",lane=\"{lane}\"}}"
+            );
+            sample(&text, &series)
+        };
+        assert_eq!(bucket("main", "30.0"), Some(2.0));
+        assert_eq!(bucket("main", "15.0"), Some(0.0));
+        assert_eq!(bucket("vip", "30.0"), Some(1.0));
         assert_eq!(
             sample(
                 &text,
-                r#"queuegate_wait_seconds_bucket{le="30.0",route="tickets"}"#
-            ),
-            Some(2.0)
-        );
-        assert_eq!(
-            sample(
-                &text,
-                r#"queuegate_wait_seconds_bucket{le="15.0",route="tickets"}"#
+                r#"queuegate_admission_inversions_total{route="tickets"}"#
             ),
             Some(0.0)
         );
+    }
+
+    /// An admitter that takes the newest waiter of its lane (a stack, not a
+    /// line): every admission but the last leaves someone earlier waiting.
+    #[test]
+    fn a_broken_admitter_that_admits_the_newest_first_counts_inversions() {
+        let lanes = Lanes::default();
+        let mut line: Vec<u64> = (1..=5).map(|n| n * 1_000_000).collect();
+        let mut tick = Tick {
+            ran: true,
+            ..Tick::idle(10_000_000, 1)
+        };
+        for _ in 0..3 {
+            let newest = line.pop().expect("a waiter");
+            tick.admitted_scores.push(newest);
+            tick.admitted_lanes.push(0);
+        }
+        tick.lane_heads = vec![line.first().copied()];
+        assert_eq!(tick.inversions(), 3);
+
+        let m = Metrics::new();
+        let r = m.route("tickets");
+        r.tick(&lanes, &tick);
+        let text = m.encode();
+        assert_eq!(
+            sample(
+                &text,
+                r#"queuegate_admission_inversions_total{route="tickets"}"#
+            ),
+            Some(3.0)
+        );
+        // The same waiters admitted oldest first: none.
+        let mut fair = tick.clone();
+        fair.admitted_scores = vec![1_000_000, 2_000_000, 3_000_000];
+        fair.lane_heads = vec![Some(4_000_000)];
+        assert_eq!(fair.inversions(), 0);
+        // Another lane's earlier waiter is no inversion.
+        fair.admitted_lanes = vec![1, 1, 1];
+        fair.lane_heads = vec![Some(1), None];
+        assert_eq!(fair.inversions(), 0);
     }
 
     #[test]

@@ -162,7 +162,30 @@ impl Reloader {
             .iter()
             .map(|r| (r.name().to_owned(), r.live.clone()))
             .collect();
-        let settings = Settings::new(&config, ring, &lives, &self.app.metrics, &self.app.caches);
+        // Overrides stay laid over the new file, but a field the file now
+        // says otherwise of is the file's again (the admitter clears it in
+        // the store at its next tick).
+        let settings = Settings::new(
+            &config,
+            ring,
+            &lives,
+            &self.app.metrics,
+            &self.app.caches,
+            &old.overrides(),
+        );
+        for route in &settings.routes {
+            let before = old.route_named(route.name()).map(|i| &old.routes[i]);
+            if let Some(before) = before.and_then(|r| r.overridden.as_ref()) {
+                if route.overridden.as_ref() != Some(before) {
+                    tracing::info!(
+                        route = route.name(),
+                        mode = route.file_mode.as_str(),
+                        capacity = route.file_capacity,
+                        "override dropped where the config file changed the field"
+                    );
+                }
+            }
+        }
         for field in needs_restart(&running, &config) {
             tracing::warn!(
                 field,

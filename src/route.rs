@@ -26,7 +26,7 @@ use crate::metrics::{Metrics, RouteMetrics, StreamCap};
 use crate::path;
 use crate::queue::joins::JoinQueue;
 use crate::queue::{
-    store_id, Heartbeat, Lanes, Limits, LineRecord, RouteStats, StoreId, MAIN_LANE,
+    store_id, Heartbeat, Lanes, Limits, LineRecord, Override, RouteStats, StoreId, Tick, MAIN_LANE,
 };
 use crate::template::Template;
 
@@ -69,6 +69,11 @@ pub struct RouteLive {
     active: AtomicU64,
     /// Admissions per second × 1000, at the last stats read.
     admit_rate_milli: AtomicU64,
+    /// Everyone admitted since the epoch, at the last stats read.
+    admitted_total: AtomicU64,
+    /// The waits (join to admission) of the admissions this instance's
+    /// ticks made lately, for the live view's percentiles.
+    waits: Mutex<RecentWaits>,
     /// The local line admitted someone since the store last heard of it:
     /// the admitter asks the store for a hold before its next tick.
     granted_locally: AtomicBool,
@@ -175,6 +180,40 @@ impl Drop for StreamSlot {
 struct OutOfLine {
     ids: HashMap<VisitorId, Instant>,
     pruned: Option<Instant>,
+}
+
+/// Waits of recent admissions, oldest first: at most [`RecentWaits::KEPT`],
+/// none older than [`RecentWaits::WINDOW`].
+#[derive(Debug, Default)]
+struct RecentWaits {
+    waits: std::collections::VecDeque<(Instant, f64)>,
+}
+
+impl RecentWaits {
+    const KEPT: usize = 4096;
+    const WINDOW: Duration = Duration::from_secs(300);
+
+    fn note(&mut self, now: Instant, waited_s: f64) {
+        if self.waits.len() == Self::KEPT {
+            self.waits.pop_front();
+        }
+        self.waits.push_back((now, waited_s));
+    }
+
+    /// The median and 95th percentile of the waits within the window.
+    fn percentiles(&mut self, now: Instant) -> Option<(f64, f64)> {
+        while self
+            .waits
+            .front()
+            .is_some_and(|&(at, _)| now.duration_since(at) > Self::WINDOW)
+        {
+            self.waits.pop_front();
+        }
+        let mut sorted: Vec<f64> = self.waits.iter().map(|&(_, w)| w).collect();
+        sorted.sort_by(f64::total_cmp);
+        let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+        (!sorted.is_empty()).then(|| (at(0.5), at(0.95)))
+    }
 }
 
 /// A line record and when it was read.
@@ -344,6 +383,36 @@ impl RouteLive {
         self.active.store(stats.active, Ordering::Relaxed);
         self.admit_rate_milli
             .store((stats.admit_rate * 1000.0) as u64, Ordering::Relaxed);
+        self.admitted_total
+            .store(stats.admitted_total, Ordering::Relaxed);
+    }
+
+    /// Everyone admitted since the epoch, at the last stats read (on a
+    /// shared store, by every instance).
+    pub fn admitted_total(&self) -> u64 {
+        self.admitted_total.load(Ordering::Relaxed)
+    }
+
+    /// Notes the waits of a tick's admissions (see [`Tick::waits`]).
+    pub fn note_waits(&self, tick: &Tick) {
+        if tick.admitted_scores.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut waits = self.waits.lock().unwrap_or_else(PoisonError::into_inner);
+        for (_, waited_s) in tick.waits() {
+            waits.note(now, waited_s);
+        }
+    }
+
+    /// The median and 95th percentile wait (seconds) of the admissions
+    /// this instance's ticks made in the last five minutes; `None` without
+    /// any.
+    pub fn wait_percentiles(&self) -> Option<(f64, f64)> {
+        self.waits
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .percentiles(Instant::now())
     }
 
     /// People in line, at the last stats read.
@@ -624,9 +693,17 @@ pub const OPENING_SETTLE: Duration = Duration::from_secs(60);
 
 /// A route ready for requests: its config, the store limits derived from it,
 /// its cookie names and its live numbers.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct RouteRt {
+    /// The route as it runs: the file's, with any runtime override laid over
+    /// it (see [`RouteRt::overridden`]).
     pub cfg: config::Route,
+    /// The runtime override laid over the file's mode and capacity (DESIGN
+    /// §9.4), the fields that still hold against the file.
+    pub overridden: Option<Override>,
+    /// What the config file says of the fields an override may change.
+    pub file_mode: config::Mode,
+    pub file_capacity: u64,
     pub limits: Limits,
     /// Limits of the in-process line used while the store is down
     /// (`local`): this instance's share of the capacity. See
@@ -654,13 +731,26 @@ pub struct RouteRt {
 
 impl RouteRt {
     pub fn new(
-        cfg: config::Route,
+        file: config::Route,
+        overridden: Option<&Override>,
         cookie: &config::CookieConfig,
         expected_instances: u64,
         live: Arc<RouteLive>,
         template: Option<Arc<Template>>,
         metrics: RouteMetrics,
     ) -> RouteRt {
+        let overridden = overridden.and_then(|o| o.holding(file.mode, file.capacity));
+        let (file_mode, file_capacity) = (file.mode, file.capacity);
+        let mut cfg = file;
+        if let Some(o) = &overridden {
+            // As if the file said it: the same road a reload takes.
+            cfg.mode = o.mode.map_or(cfg.mode, |held| held.value);
+            if let Some(held) = o.capacity {
+                // A plain number: adapting is off while it holds (§9.1).
+                cfg.capacity = held.value;
+                cfg.adapt = None;
+            }
+        }
         let limits = Limits {
             capacity: cfg.capacity,
             max_admit_per_tick: cfg.max_admit_per_tick,
@@ -707,6 +797,9 @@ impl RouteRt {
         let exit_prefixes = cfg.exit_paths.iter().map(fold).collect();
         RouteRt {
             cfg,
+            overridden,
+            file_mode,
+            file_capacity,
             limits,
             local_limits,
             cookie_plain,
@@ -768,8 +861,9 @@ impl RouteRt {
         }
     }
 
-    /// The capacity the route admits by now: the configured one, or where an
-    /// adaptive one stands (DESIGN §9.1).
+    /// The capacity the route admits by now: the configured one (or an
+    /// override's, DESIGN §9.4), or where an adaptive one stands (DESIGN
+    /// §9.1). The one figure the admin listener shows as capacity.
     pub fn capacity_now(&self) -> u64 {
         match self.cfg.adapt {
             Some(_) => self.live.capacity().max(1),
@@ -911,6 +1005,10 @@ enum Place {
 
 /// Everything the gate reads per request that a config reload replaces.
 pub struct Settings {
+    /// The config file these settings were built from (before overrides).
+    pub file: Arc<Config>,
+    /// Every micro-cache of the process, for settings built from these.
+    caches: Arc<Caches>,
     pub routes: Vec<RouteRt>,
     pub bypass: Vec<BypassRule>,
     /// The micro-cache of each bypass rule (DESIGN §9.3), by the rule's
@@ -927,15 +1025,18 @@ pub struct Settings {
 
 impl Settings {
     /// Compiles the config into request-time settings, keeping each
-    /// surviving route's live numbers from `lives`, and each surviving
+    /// surviving route's live numbers from `lives` and each surviving
     /// micro-cache from `caches` (which drops the caches the config no
-    /// longer has).
+    /// longer has), and laying each route's override in `overrides` over
+    /// it (the fields that still hold against the file, see
+    /// [`Override::holding`]).
     pub fn new(
         config: &Config,
         ring: KeyRing,
         lives: &HashMap<String, Arc<RouteLive>>,
         metrics: &Metrics,
-        caches: &Caches,
+        caches: &Arc<Caches>,
+        overrides: &HashMap<String, Override>,
     ) -> Settings {
         let mut routes = Vec::with_capacity(config.routes.len());
         let mut cached: Vec<String> = Vec::new();
@@ -944,15 +1045,19 @@ impl Settings {
             live.turns().resize(r.max_inflight);
             let template = r.page.template.as_ref().map(|t| t.template.clone());
             let route_metrics = metrics.route(&r.name);
+            route_metrics.lanes_at_zero(&r.lanes);
             let mut route = RouteRt::new(
                 r.clone(),
+                overrides.get(&r.name),
                 &config.cookie,
                 config.store.expected_instances,
                 live,
                 template,
                 route_metrics,
             );
-            route.metrics.capacity(r.capacity, route.limits.capacity);
+            route
+                .metrics
+                .capacity(route.cfg.capacity, route.limits.capacity);
             route.cache = r.cache.map(|cfg| caches.scope(&r.name, &cfg, metrics));
             cached.extend(r.cache.map(|_| r.name.clone()));
             routes.push(route);
@@ -975,6 +1080,8 @@ impl Settings {
             metrics,
         );
         Settings {
+            file: Arc::new(config.clone()),
+            caches: caches.clone(),
             generation: Settings::next_generation(),
             routes,
             bypass: config.bypass.iter().map(|b| b.rule.clone()).collect(),
@@ -983,6 +1090,42 @@ impl Settings {
             reserved_prefix: config.reserved_prefix.clone(),
             cookie_domain: config.cookie.domain.clone(),
         }
+    }
+
+    /// The overrides laid over the routes, by route name.
+    pub fn overrides(&self) -> HashMap<String, Override> {
+        self.routes
+            .iter()
+            .filter_map(|r| Some((r.name().to_owned(), r.overridden.clone()?)))
+            .collect()
+    }
+
+    /// These settings with route `name`'s override replaced by `value`
+    /// (`None`: the file's word alone), built as a reload builds them.
+    pub fn with_override(
+        &self,
+        name: &str,
+        value: Option<Override>,
+        metrics: &Metrics,
+    ) -> Settings {
+        let lives: HashMap<_, _> = self
+            .routes
+            .iter()
+            .map(|r| (r.name().to_owned(), r.live.clone()))
+            .collect();
+        let mut overrides = self.overrides();
+        match value {
+            Some(value) => overrides.insert(name.to_owned(), value),
+            None => overrides.remove(name),
+        };
+        Settings::new(
+            &self.file,
+            self.ring.clone(),
+            &lives,
+            metrics,
+            &self.caches,
+            &overrides,
+        )
     }
 
     /// A generation number no earlier `Settings` of this process had.
@@ -1124,8 +1267,15 @@ mod tests {
         .expect("a valid config");
         let ring = KeyRing::new(vec![("k1".into(), vec![7; 32])]).expect("a key ring");
         let metrics = Metrics::new();
-        let caches = Caches::new(config.limits.cache_bytes, &metrics);
-        Settings::new(&config, ring, &HashMap::new(), &metrics, &caches)
+        let caches = Arc::new(Caches::new(config.limits.cache_bytes, &metrics));
+        Settings::new(
+            &config,
+            ring,
+            &HashMap::new(),
+            &metrics,
+            &caches,
+            &HashMap::new(),
+        )
     }
 
     /// Settings for one route `tickets` of `capacity` (YAML), keeping the
@@ -1141,8 +1291,8 @@ mod tests {
         .expect("a valid config");
         let ring = KeyRing::new(vec![("k1".into(), vec![7; 32])]).expect("a key ring");
         let metrics = Metrics::new();
-        let caches = Caches::new(config.limits.cache_bytes, &metrics);
-        Settings::new(&config, ring, lives, &metrics, &caches)
+        let caches = Arc::new(Caches::new(config.limits.cache_bytes, &metrics));
+        Settings::new(&config, ring, lives, &metrics, &caches, &HashMap::new())
     }
 
     #[test]
@@ -1171,6 +1321,70 @@ mod tests {
         // A range after that starts again at its start.
         let again = capacity_settings("{ min: 20, max: 200, start: 150 }", &lives);
         assert_eq!(again.routes[0].capacity_now(), 150);
+    }
+
+    #[test]
+    fn an_override_is_laid_over_the_file_and_a_capacity_turns_adapting_off() {
+        use crate::queue::Held;
+        let config = Config::from_yaml(
+            "listen: [{ addr: 127.0.0.1:8080 }]\n\
+             upstream: { url: http://127.0.0.1:3000 }\n\
+             keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]\n\
+             routes:\n\
+             \x20 - name: tickets\n\
+             \x20   match: { path_prefix: /tickets }\n\
+             \x20   capacity: { min: 2, max: 50, start: 10, target: { p95: 800ms, errors: 2% } }\n",
+        )
+        .expect("a valid config");
+        let ring = KeyRing::new(vec![("k1".into(), vec![7; 32])]).expect("a key ring");
+        let metrics = Metrics::new();
+        let caches = Arc::new(Caches::new(config.limits.cache_bytes, &metrics));
+        let s = Settings::new(
+            &config,
+            ring,
+            &HashMap::new(),
+            &metrics,
+            &caches,
+            &HashMap::new(),
+        );
+        assert!(s.routes[0].cfg.adapt.is_some());
+        assert_eq!(s.routes[0].capacity_now(), 10);
+        let closed = Override {
+            mode: Some(Held {
+                value: config::Mode::Closed,
+                file: config::Mode::Gate,
+            }),
+            capacity: None,
+            by: "ops".into(),
+            at_ms: 1,
+        };
+        let s = s.with_override("tickets", Some(closed.clone()), &metrics);
+        let route = &s.routes[0];
+        assert_eq!(route.cfg.mode, config::Mode::Closed);
+        assert!(
+            route.cfg.adapt.is_some(),
+            "a mode override leaves adapting on"
+        );
+        let fixed = Override {
+            capacity: Some(Held {
+                value: 40,
+                file: 10,
+            }),
+            ..closed
+        };
+        let s = s.with_override("tickets", Some(fixed), &metrics);
+        let route = &s.routes[0];
+        assert_eq!(
+            (route.capacity_now(), route.cfg.adapt.is_none()),
+            (40, true)
+        );
+        assert_eq!(
+            (route.file_mode, route.file_capacity),
+            (config::Mode::Gate, 10)
+        );
+        let s = s.with_override("tickets", None, &metrics);
+        assert_eq!(s.routes[0].cfg.mode, config::Mode::Gate);
+        assert!(s.routes[0].cfg.adapt.is_some() && s.routes[0].overridden.is_none());
     }
 
     #[test]

@@ -87,12 +87,12 @@ async fn an_overrun_origin_brings_capacity_down_to_its_target_and_a_recovered_on
     let range = "{ min: 2, max: 40, start: 40, target: { p95: 100ms, errors: 5% } }";
     let instance = Instance::start_memory(&origin.url(), &shop(range)).await;
     let gate = &instance.process;
-    assert_eq!(capacity(&gate).await, 40);
-    let plan = plan(&gate, 60, 10, 0, 500);
+    assert_eq!(capacity(gate).await, 40);
+    let plan = plan(gate, 60, 10, 0, 500);
     let (_log, tasks) = crowd(plan, Instant::now() + Duration::from_secs(40));
 
     // Overrun: at 40 in flight the origin answers in 200 ms.
-    let seen = watch(&gate, Duration::from_secs(14), 2, 40).await;
+    let seen = watch(gate, Duration::from_secs(14), 2, 40).await;
     let low = *seen.iter().min().unwrap();
     assert!(
         low <= 20,
@@ -103,7 +103,7 @@ async fn an_overrun_origin_brings_capacity_down_to_its_target_and_a_recovered_on
         settled <= Duration::from_millis(150),
         "origin p95 {settled:?} over the last 3 s, capacity {seen:?}"
     );
-    let route = shop_now(&gate).await;
+    let route = shop_now(gate).await;
     assert!(
         route["adapt"]["last_change"]
             .as_str()
@@ -133,8 +133,8 @@ async fn an_overrun_origin_brings_capacity_down_to_its_target_and_a_recovered_on
 
     // Recovered: a hundred workers, the same 20 ms at any load here.
     origin.model.set_workers(100);
-    let before = capacity(&gate).await;
-    let seen = watch(&gate, Duration::from_secs(10), 2, 40).await;
+    let before = capacity(gate).await;
+    let seen = watch(gate, Duration::from_secs(10), 2, 40).await;
     let high = *seen.iter().max().unwrap();
     assert!(
         high >= before + 3,
@@ -153,12 +153,12 @@ async fn failing_answers_alone_bring_capacity_down_to_min_and_no_further() {
     let range = "{ min: 5, max: 50, start: 30, target: { p95: 1s, errors: 10% } }";
     let instance = Instance::start_memory(&origin.url(), &shop(range)).await;
     let gate = &instance.process;
-    let plan = plan(&gate, 20, 1000, 20, 0);
+    let plan = plan(gate, 20, 1000, 20, 0);
     let (_log, tasks) = crowd(plan, Instant::now() + Duration::from_secs(20));
-    let seen = watch(&gate, Duration::from_secs(10), 5, 50).await;
+    let seen = watch(gate, Duration::from_secs(10), 5, 50).await;
     assert_eq!(*seen.last().unwrap(), 5, "{seen:?}");
     // 30 → 21 → 14 → 9 → 6 → 5: each an unhealthy window.
-    let route = shop_now(&gate).await;
+    let route = shop_now(gate).await;
     let why = route["adapt"]["last_change"].as_str().unwrap();
     assert!(why.starts_with("errors"), "{why}");
     assert!(
@@ -177,9 +177,9 @@ async fn a_healthy_origin_with_room_unused_keeps_the_capacity() {
     let instance = Instance::start_memory(&origin.url(), &shop(range)).await;
     let gate = &instance.process;
     // Two visitors browsing: healthy, but the room is not in use.
-    let plan = plan(&gate, 2, 1000, 10, 0);
+    let plan = plan(gate, 2, 1000, 10, 0);
     let (log, tasks) = crowd(plan, Instant::now() + Duration::from_secs(8));
-    let seen = watch(&gate, Duration::from_secs(5), 20, 20).await;
+    let seen = watch(gate, Duration::from_secs(5), 20, 20).await;
     assert!(seen.iter().all(|&c| c == 20), "{seen:?}");
     assert!(log.requests().len() > 100, "the crowd browsed");
     for task in tasks {

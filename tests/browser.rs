@@ -3,7 +3,8 @@
 //! `tests/e2e` drive Debian's Chromium through it with playwright-core
 //! (`npm ci` in `tests/e2e`; `./scripts/test` does it): `waiting_room.mjs`
 //! waits and survives a network cut, `invite.mjs` follows invite links,
-//! `opening.mjs` waits for an opening, `events.mjs` follows the event stream.
+//! `opening.mjs` waits for an opening, `events.mjs` follows the event stream,
+//! `live.mjs` watches and closes the route on the admin listener's live view.
 
 mod common;
 
@@ -233,5 +234,69 @@ async fn the_page_follows_the_event_stream_and_polls_when_it_is_blocked() {
     config.routes.push(gated());
     let gate = spawn_gate(config).await;
     run_script(&e2e, "events.mjs", vec![gate.url("")], EVENTS_CHECKS).await;
+    gate.stop().await.unwrap();
+}
+
+/// Every check the live view script reports, in order.
+const LIVE_CHECKS: &[&str] = &[
+    "ok - the route appears",
+    "ok - active / capacity show",
+    "ok - nobody waits",
+    "ok - the mode shows, no override",
+    "ok - figures the route does not have are hidden",
+    "ok - A is admitted",
+    "ok - B waits",
+    "ok - the waiting count follows B joining within 2 s",
+    "ok - A is counted active",
+    "ok - the waiting count follows B leaving within 2 s",
+    "ok - the chart draws the line length",
+    "ok - the chart draws the capacity",
+    "ok - a page opened late draws the earlier samples",
+    "ok - the controls ask for the token",
+    "ok - no token in the address",
+    "ok - a wrong token is refused",
+    "ok - the route stays open",
+    "ok - the token is kept in this tab only",
+    "ok - the route shows as closed by an override",
+    "ok - the next visitor gets the closed answer",
+    "ok - nothing wider than a phone",
+    "ok - no Content-Security-Policy violations",
+    "live: all checks passed",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_view_follows_the_line_and_closes_the_route_with_the_token() {
+    let e2e = e2e_dir();
+    let origin = html_origin().await;
+    let mut config = proxy_config(&origin.url());
+    config.routes.push(gated());
+    let token = "the-admin-token-of-the-live-view-test";
+    std::env::set_var("QG_TEST_BROWSER_ADMIN_TOKEN", token);
+    config.admin = Some(queuegate::config::Admin {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        tokens: vec![queuegate::config::KeySource {
+            id: "ops".into(),
+            from: queuegate::config::KeyFrom::Env("QG_TEST_BROWSER_ADMIN_TOKEN".into()),
+        }],
+    });
+    let gate = spawn_gate_opts(config, ring("k1"), Default::default()).await;
+    let shots = e2e.join("screenshots-out");
+    std::fs::create_dir_all(&shots).unwrap();
+    let args = vec![
+        gate.url(""),
+        gate.admin_url(""),
+        token.to_owned(),
+        shots.display().to_string(),
+    ];
+    run_script(&e2e, "live.mjs", args, LIVE_CHECKS).await;
+    for width in ["1280", "390"] {
+        let file = shots.join(format!("live-{width}.png"));
+        let bytes = std::fs::read(&file).unwrap_or_default();
+        assert!(
+            bytes.starts_with(b"\x89PNG"),
+            "{} is not a PNG",
+            file.display()
+        );
+    }
     gate.stop().await.unwrap();
 }

@@ -55,6 +55,23 @@ async fn a_crowd_of_300_keeps_capacity_and_join_order() {
     );
     assert!(report.max_admitted <= CAPACITY, "{table}");
     assert_eq!(report.inversions, 0, "{table}");
+    // The gate's own count of inversions agrees, and its wait histogram
+    // counted each admission from the line once.
+    let metrics = gate.metrics();
+    let sample = |series: &str| {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {series} in:\n{metrics}"))
+    };
+    assert_eq!(
+        sample(r#"queuegate_admission_inversions_total{route="crowd"}"#),
+        0.0
+    );
+    assert_eq!(
+        sample(r#"queuegate_wait_seconds_count{route="crowd",lane="main"}"#),
+        sample(r#"queuegate_admitted_total{route="crowd",how="from_line"}"#),
+    );
     assert!(report.joins >= 100, "a line formed: {table}");
     assert!(report.no_shows > 0 && report.ghosts > 0, "{table}");
     assert_eq!(

@@ -723,13 +723,36 @@ async fn two_lanes_over_three_instances_share_admissions_by_weight_and_keep_fifo
     );
 
     // Every waiter came to the origin exactly once.
-    let paths = origin_log.paths.lock().unwrap();
-    let mut came: HashMap<&str, usize> = HashMap::new();
-    for p in paths.iter().filter(|p| !p.starts_with("/tickets/hold/")) {
-        *came.entry(p.as_str()).or_default() += 1;
+    {
+        let paths = origin_log.paths.lock().unwrap();
+        let mut came: HashMap<&str, usize> = HashMap::new();
+        for p in paths.iter().filter(|p| !p.starts_with("/tickets/hold/")) {
+            *came.entry(p.as_str()).or_default() += 1;
+        }
+        assert_eq!(came.len(), 2 * PER_LANE);
+        assert!(came.values().all(|&n| n == 1));
     }
-    assert_eq!(came.len(), 2 * PER_LANE);
-    assert!(came.values().all(|&n| n == 1));
+
+    // Fairness as the instances measured it: each admission from the line
+    // counted once (by the instance whose tick made it), in its lane, and
+    // nobody admitted ahead of an earlier waiter of the same lane.
+    let mut waits = [0.0; 2];
+    let mut inversions = 0.0;
+    for at in &instances {
+        let (_, body) = get(&at.process.admin_url("/metrics")).await;
+        let text = String::from_utf8_lossy(&body);
+        for (lane, name) in LANES.iter().enumerate() {
+            let series =
+                format!("queuegate_wait_seconds_count{{route=\"{ROUTE}\",lane=\"{name}\"}}");
+            waits[lane] += common::sample(&text, &series);
+        }
+        inversions += common::sample(
+            &text,
+            &format!("queuegate_admission_inversions_total{{route=\"{ROUTE}\"}}"),
+        );
+    }
+    assert_eq!(waits, [PER_LANE as f64; 2], "waits counted per lane");
+    assert_eq!(inversions, 0.0);
 }
 
 // ---------------------------------------------------------------------------

@@ -551,8 +551,14 @@ async fn metrics_count_what_happened() {
         s.get("queuegate_admitted_total", &t("how", "from_line")) == Some(1.0)
     })
     .await;
-    let waited = [("route", "tickets")];
+    // One admission from the line, counted once, in its lane; in order.
+    let waited = [("route", "tickets"), ("lane", "main")];
     assert_eq!(s.value("queuegate_wait_seconds_count", &waited), 1.0);
+    let inversions = [("route", "tickets")];
+    assert_eq!(
+        s.value("queuegate_admission_inversions_total", &inversions),
+        0.0
+    );
     assert_eq!(second.status(&gate, "tickets").await["state"], "admitted");
     gate.stop().await.unwrap();
 }

@@ -15,10 +15,11 @@ use std::time::Duration;
 use common::store::polled_ticket;
 use common::{RedisCluster, RedisServer};
 use queuegate::clock::Clock;
+use queuegate::config::Mode;
 use queuegate::queue::{
-    store_id, Arrival, Arriving, Counted, Ended, Heartbeat, InviteUse, Lane, Lanes, Limits,
-    LineRecord, MemoryStore, PassTimes, Place, Poll, QueueStore, RedisStore, RouteStats, Tick,
-    TicketTimes, VisitorId,
+    store_id, Arrival, Arriving, Counted, Ended, Heartbeat, Held, InviteUse, Lane, Lanes, Limits,
+    LineRecord, MemoryStore, Override, PassTimes, Place, Poll, QueueStore, RedisStore, RouteStats,
+    Tick, TicketTimes, VisitorId,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -251,6 +252,13 @@ async fn stats<H: Harness>(h: &H, route: &str, limits: &Limits) -> RouteStats {
     h.store().stats(route, limits).await.expect("stats")
 }
 
+/// A tick's answer, checked for fairness (DESIGN §9.4): nobody admitted
+/// while someone in the same lane who joined earlier still waits.
+fn fair(tick: Tick) -> Tick {
+    assert_eq!(tick.inversions(), 0, "an admission inversion: {tick:?}");
+    tick
+}
+
 async fn tick<H: Harness>(h: &H, route: &str, limits: &Limits) -> Vec<u64> {
     full_tick(h, route, limits).await.admitted_scores
 }
@@ -260,6 +268,7 @@ async fn full_tick<H: Harness>(h: &H, route: &str, limits: &Limits) -> Tick {
         .store()
         .admit_tick(route, limits, None)
         .await
+        .map(fair)
         .expect("tick");
     assert!(tick.ran, "a tick in a new window runs");
     tick
@@ -426,6 +435,7 @@ async fn admit_never_exceeds_capacity<H: Harness>(h: &mut H) {
                     .store()
                     .admit_tick(&route, &limits, None)
                     .await
+                    .map(fair)
                     .expect("tick");
                 assert!(tick.admitted_scores.len() as u64 <= limits.max_admit_per_tick);
             }
@@ -470,6 +480,7 @@ async fn per_tick_budget_shared_by_admit_now_and_tick<H: Harness>(h: &mut H) {
             .store()
             .admit_tick(&route, &limits, None)
             .await
+            .map(fair)
             .expect("tick");
         let end = stats(h, &route, &limits).await.now_us;
         if tick_window(start, &limits) != tick_window(end, &limits) {
@@ -532,6 +543,7 @@ async fn ghosts_dropped_not_admitted<H: Harness>(h: &mut H) {
         .store()
         .admit_tick(&route, &limits, None)
         .await
+        .map(fair)
         .expect("tick");
     assert_eq!(tick.abandoned, 2);
     assert_eq!(tick.admitted_scores, vec![c.score_us]);
@@ -563,6 +575,7 @@ async fn no_show_frees_slot_after_arrival_grace<H: Harness>(h: &mut H) {
         .store()
         .admit_tick(&route, &limits, None)
         .await
+        .map(fair)
         .expect("tick");
     assert_eq!(tick.no_shows, 1);
     assert_eq!(tick.admitted_scores, vec![c.score_us]);
@@ -595,6 +608,7 @@ async fn purged_no_show_rejoins_at_the_back<H: Harness>(h: &mut H) {
         .store()
         .admit_tick(&route, &limits, None)
         .await
+        .map(fair)
         .expect("tick");
     assert_eq!((purge.no_shows, purge.abandoned), (1, 0));
     assert_eq!(stats(h, &route, &limits).await.active, 0);
@@ -642,6 +656,7 @@ async fn poll_after_admission_extends_session<H: Harness>(h: &mut H) {
         .store()
         .admit_tick(&route, &limits, None)
         .await
+        .map(fair)
         .expect("tick");
     assert_eq!(tick.no_shows, 0);
     assert_eq!(stats(h, &route, &limits).await.active, 1);
@@ -656,6 +671,7 @@ async fn poll_after_admission_extends_session<H: Harness>(h: &mut H) {
         .store()
         .admit_tick(&route, &limits, None)
         .await
+        .map(fair)
         .expect("tick");
     assert_eq!(tick.no_shows, 0);
 }
@@ -938,6 +954,7 @@ async fn epoch_change_seen_by_admitter_starts_hold<H: Harness>(h: &mut H) {
         .store()
         .admit_tick(&route, &limits, None)
         .await
+        .map(fair)
         .expect("tick");
     let epoch = first.epoch_us;
     let b = join(h, &route, 2, &limits).await;
@@ -2086,6 +2103,58 @@ async fn move_lane_keeps_the_score<H: Harness>(h: &mut H) {
         .expect("move_lane"));
 }
 
+/// An override is one value per route, seen by every client of the store,
+/// replaced whole and cleared; other routes and the line are untouched.
+async fn an_override_is_shared_replaced_and_cleared<H: Harness>(h: &mut H) {
+    let route = h.fresh_route();
+    let other_route = h.fresh_route();
+    let limits = limits();
+    let other = h.second_client();
+    assert_eq!(h.store().override_of(&route).await.expect("read"), None);
+    let a = join(h, &route, 1, &limits).await;
+    let closed = Override {
+        mode: Some(Held {
+            value: Mode::Closed,
+            file: Mode::Gate,
+        }),
+        capacity: None,
+        by: "ops".to_owned(),
+        at_ms: 1,
+    };
+    h.store()
+        .set_override(&route, Some(&closed))
+        .await
+        .expect("set");
+    assert_eq!(
+        other.override_of(&route).await.expect("read"),
+        Some(closed.clone()),
+        "another instance sees it"
+    );
+    assert_eq!(other.override_of(&other_route).await.expect("read"), None);
+    let capacity = Override {
+        mode: None,
+        capacity: Some(Held { value: 50, file: 5 }),
+        by: "lead".to_owned(),
+        at_ms: 2,
+    };
+    other
+        .set_override(&route, Some(&capacity))
+        .await
+        .expect("set");
+    assert_eq!(
+        h.store().override_of(&route).await.expect("read"),
+        Some(capacity),
+        "replaced whole"
+    );
+    h.store().set_override(&route, None).await.expect("clear");
+    assert_eq!(other.override_of(&route).await.expect("read"), None);
+    // The line never noticed.
+    assert!(
+        matches!(poll(h, &route, 1, a.score_us, &limits).await, Poll::Waiting(p) if p.position == 1),
+        "the line never noticed"
+    );
+}
+
 async fn take_use_counts_an_invite_atomically<H: Harness>(h: &mut H) {
     let route = h.fresh_route();
     let now_s = stats(h, &route, &limits()).await.now_us / 1_000_000;
@@ -2397,7 +2466,7 @@ async fn the_opening_shuffles_once_when_two_ticks_race<H: Harness>(h: &mut H) {
         h.store().admit_tick(&route, &limits, None),
         other.admit_tick(&route, &limits, None)
     );
-    let (a, b) = (a.expect("tick"), b.expect("tick"));
+    let (a, b) = (a.map(fair).expect("tick"), b.map(fair).expect("tick"));
     let openings: Vec<u64> = [a.opened, b.opened].into_iter().flatten().collect();
     assert_eq!(openings, [u64::from(N)], "one of the two ran the opening");
     let order = |scores: &HashMap<u32, u64>| {
@@ -2419,7 +2488,11 @@ async fn the_opening_shuffles_once_when_two_ticks_race<H: Harness>(h: &mut H) {
     // Later ticks, on either client, leave the order alone.
     for store in [h.store(), &other] {
         h.advance(limits.tick * 2).await;
-        let later = store.admit_tick(&route, &limits, None).await.expect("tick");
+        let later = store
+            .admit_tick(&route, &limits, None)
+            .await
+            .map(fair)
+            .expect("tick");
         assert_eq!(later.opened, None);
     }
     assert_eq!(scores_in_line(h, &route, N, &limits).await, shuffled);
@@ -2554,8 +2627,8 @@ async fn split_shares_never_exceed_capacity<H: Harness>(h: &mut H) {
             h.store().admit_tick(&route, &limits, None),
             other.admit_tick(&route, &limits, None)
         );
-        a.expect("tick");
-        b.expect("tick");
+        a.map(fair).expect("tick");
+        b.map(fair).expect("tick");
         for _ in 0..6 {
             next += 1;
             arrive(h, &route, next, &limits, true).await;
@@ -2679,6 +2752,7 @@ macro_rules! contract_suite {
                 a_place_is_within_its_lane_and_polls_report_the_lane,
                 move_lane_keeps_the_score,
                 take_use_counts_an_invite_atomically,
+                an_override_is_shared_replaced_and_cleared,
                 a_lane_removed_is_merged_into_the_first,
                 restore_after_store_loss_goes_into_the_lane_given,
                 nothing_is_admitted_before_the_opening,

@@ -219,14 +219,15 @@ impl GateSpec {
         }
     }
 
-    /// The YAML for one instance listening on `port`, forwarding to `origin`.
-    /// A store error closes the route (`on_store_error: closed`) so that it
-    /// shows up as an error in the run instead of a local admission.
-    pub fn yaml(&self, port: u16, origin: &str) -> String {
+    /// The YAML for one instance listening on `port` (its admin listener on
+    /// `admin_port`), forwarding to `origin`. A store error closes the route
+    /// (`on_store_error: closed`) so that it shows up as an error in the run
+    /// instead of a local admission.
+    pub fn yaml(&self, port: u16, admin_port: u16, origin: &str) -> String {
         let ms = |d: Duration| format!("{}ms", d.as_millis());
         let mut y = String::new();
         let _ = writeln!(y, "listen: [{{ addr: \"127.0.0.1:{port}\" }}]");
-        let _ = writeln!(y, "admin: {{ addr: \"127.0.0.1:0\" }}");
+        let _ = writeln!(y, "admin: {{ addr: \"127.0.0.1:{admin_port}\" }}");
         // The whole crowd comes from 127.0.0.1: as many event streams from
         // it as connections.
         let _ = writeln!(
@@ -292,6 +293,7 @@ impl GateSpec {
 pub struct Queuegate {
     child: Child,
     port: u16,
+    admin_port: u16,
     dir: tempfile::TempDir,
 }
 
@@ -301,9 +303,9 @@ impl Queuegate {
     /// The open-files limit is raised to the hard limit through the shell.
     pub fn start(spec: &GateSpec, origin: &str, key: &str) -> Queuegate {
         let dir = tempfile::tempdir().expect("temp dir for queuegate");
-        let port = free_port();
+        let (port, admin_port) = (free_port(), free_port());
         let config = dir.path().join("queuegate.yaml");
-        std::fs::write(&config, spec.yaml(port, origin)).expect("write the config");
+        std::fs::write(&config, spec.yaml(port, admin_port, origin)).expect("write the config");
         let log_path = dir.path().join("queuegate.log");
         let log = std::fs::File::create(&log_path).expect("create the log file");
         let mut child = Command::new("sh")
@@ -318,7 +320,26 @@ impl Queuegate {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {QUEUEGATE}: {e}"));
         wait_for_port(&mut child, port, "queuegate", Some(&log_path));
-        Queuegate { child, port, dir }
+        Queuegate {
+            child,
+            port,
+            admin_port,
+            dir,
+        }
+    }
+
+    /// Its Prometheus metrics, read from the admin listener.
+    pub fn metrics(&self) -> String {
+        use std::io::{Read as _, Write as _};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.admin_port))
+            .expect("the admin listener answers");
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n")
+            .expect("write the request");
+        let mut text = String::new();
+        let _ = stream.read_to_string(&mut text);
+        text
     }
 
     pub fn url(&self) -> String {

@@ -180,6 +180,11 @@ pub struct TlsFiles {
 pub struct Admin {
     /// Default [`defaults::ADMIN_ADDR`].
     pub addr: SocketAddr,
+    /// Bearer tokens that may change routes at run time (DESIGN §9.4),
+    /// each named (the log says who made a change) and read from an
+    /// environment variable or a file, never the YAML; `admin.token` is
+    /// named `admin`. None: the controls refuse every change.
+    pub tokens: Vec<KeySource>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -731,7 +736,7 @@ impl RouteMatch {
 }
 
 /// `routes[N].mode`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     Gate,

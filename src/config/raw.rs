@@ -50,6 +50,10 @@ pub(crate) struct RawTls {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawAdmin {
     pub addr: Option<Addr>,
+    /// One token, named `admin`: `{ env: NAME }` or `{ file: PATH }`.
+    pub token: Option<RawKey>,
+    /// Named tokens, like keys: `[{ id: ops, env: NAME }]`.
+    pub tokens: Option<Vec<RawKey>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

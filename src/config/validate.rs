@@ -27,9 +27,9 @@ mod upstream;
 
 pub(crate) use lanes::lanes_from_code;
 
-use keys::{cookie, keys};
+use keys::{admin_tokens, cookie, keys};
 use limits::{client_ip, limits};
-use listen::{admin, admin_is_not_a_listener, listen};
+use listen::{admin, admin_is_not_a_listener, admin_off_loopback_needs_a_token, listen};
 use paths::{bypass, reserved_prefix};
 use routes::routes;
 use store::store;
@@ -44,9 +44,19 @@ use super::{Config, Route, ServerLimits, Upstream};
 pub(crate) fn validate(raw: RawConfig, problems: &mut Problems) -> Option<Config> {
     let root = FieldPath::root();
     let listen = listen(raw.listen, &root.key("listen"), problems);
-    let admin = admin(raw.admin.and_then(|admin| admin.addr).map(|a| a.0));
+    let raw_admin = raw.admin.unwrap_or_default();
+    let tokens = admin_tokens(
+        raw_admin.token,
+        raw_admin.tokens,
+        &root.key("admin"),
+        problems,
+    );
+    let admin = admin(raw_admin.addr.map(|a| a.0), tokens.unwrap_or_default());
     if let (Some(listen), Some(admin)) = (&listen, &admin) {
         admin_is_not_a_listener(listen, admin, &root.key("admin").key("addr"), problems);
+    }
+    if let Some(admin) = &admin {
+        admin_off_loopback_needs_a_token(admin, &root.key("admin"), problems);
     }
     let limits = limits(
         raw.limits.unwrap_or_default(),
@@ -217,19 +227,58 @@ keys: [{ id: k1, env: QUEUEGATE_KEY_K1 }]
         assert_eq!(
             parse("").unwrap().admin,
             Some(Admin {
-                addr: DEFAULT_ADMIN_ADDR
+                addr: DEFAULT_ADMIN_ADDR,
+                tokens: Vec::new(),
             })
         );
         assert_eq!(
             parse("admin: {}\n").unwrap().admin,
             Some(Admin {
-                addr: DEFAULT_ADMIN_ADDR
+                addr: DEFAULT_ADMIN_ADDR,
+                tokens: Vec::new(),
             })
         );
         assert_eq!(
             problem_paths("admin: { addr: 127.0.0.1:8080 }\n"),
             ["admin.addr"]
         );
+    }
+
+    #[test]
+    fn admin_tokens_are_named_and_read_like_keys() {
+        let admin = parse(
+            "admin:\n  token: { env: QG_ADMIN }\n  tokens:\n    - { id: ops, file: /run/ops }\n",
+        )
+        .unwrap()
+        .admin
+        .unwrap();
+        let names: Vec<&str> = admin.tokens.iter().map(|t| t.id.as_str()).collect();
+        assert_eq!(names, ["admin", "ops"]);
+        assert_eq!(
+            admin.tokens[0].from,
+            crate::config::KeyFrom::Env("QG_ADMIN".into())
+        );
+        assert_eq!(
+            problem_paths(
+                "admin:\n  token: { id: x, env: A }\n  tokens:\n    - { id: admin, env: B }\n    - { env: C }\n    - { id: d, env: D, file: /d }\n"
+            ),
+            [
+                "admin.token.id",
+                "admin.tokens[0].id",
+                "admin.tokens[1].id",
+                "admin.tokens[2]"
+            ]
+        );
+    }
+
+    #[test]
+    fn an_admin_listener_off_loopback_without_a_token_is_warned_about() {
+        let found = warnings("admin: { addr: 0.0.0.0:9901 }\n");
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].path, "admin.addr");
+        assert!(found[0].message.contains("admin.token"), "{found:?}");
+        assert!(warnings("admin: { addr: 0.0.0.0:9901, token: { env: T } }\n").is_empty());
+        assert!(warnings("admin: { addr: \"[::1]:9901\" }\n").is_empty());
     }
 
     #[test]

@@ -39,8 +39,18 @@ fn config(store: &str, route: &str) -> Config {
 fn gate(config: &Config, clock: Clock) -> (Settings, Gate) {
     let ring = KeyRing::new(vec![("k1".into(), vec![7; 32])]).expect("a key ring");
     let metrics = Metrics::new();
-    let caches = crate::cache::Caches::new(config.limits.cache_bytes, &metrics);
-    let s = Settings::new(config, ring, &HashMap::new(), &metrics, &caches);
+    let caches = Arc::new(crate::cache::Caches::new(
+        config.limits.cache_bytes,
+        &metrics,
+    ));
+    let s = Settings::new(
+        config,
+        ring,
+        &HashMap::new(),
+        &metrics,
+        &caches,
+        &HashMap::new(),
+    );
     let store = Store::from_config(&config.store, clock).expect("a store");
     let store = Guarded::new(store, BreakerConfig::for_store(&config.store));
     (s, Gate::new(store, clock))

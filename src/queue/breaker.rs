@@ -14,8 +14,8 @@ use tokio::time::Instant;
 
 use super::{
     Arrival, Arriving, ClientKey, Counted, Ended, HealthLook, Heartbeat, InviteUse, Limits,
-    LineRecord, PassTimes, Poll, QueueStore, RouteStats, Store, StoreError, Tick, TicketTimes,
-    VisitorId, WindowCounts,
+    LineRecord, Override, PassTimes, Poll, QueueStore, RouteStats, Store, StoreError, Tick,
+    TicketTimes, VisitorId, WindowCounts,
 };
 use crate::config::StoreConfig;
 
@@ -76,11 +76,12 @@ pub enum Operation {
     MoveLane,
     TakeUse,
     Health,
+    Override,
 }
 
 impl Operation {
     /// Every operation, in label order.
-    pub const ALL: [Operation; 15] = [
+    pub const ALL: [Operation; 16] = [
         Operation::Arrive,
         Operation::Poll,
         Operation::Renew,
@@ -96,6 +97,7 @@ impl Operation {
         Operation::MoveLane,
         Operation::TakeUse,
         Operation::Health,
+        Operation::Override,
     ];
 
     /// The metric label.
@@ -116,6 +118,7 @@ impl Operation {
             Operation::MoveLane => "move_lane",
             Operation::TakeUse => "take_use",
             Operation::Health => "health",
+            Operation::Override => "override",
         }
     }
 }
@@ -526,6 +529,18 @@ impl QueueStore for Guarded {
     async fn stats(&self, route: &str, limits: &Limits) -> Result<RouteStats, StoreError> {
         self.breaker
             .call(Operation::Stats, self.store.stats(route, limits))
+            .await
+    }
+
+    async fn override_of(&self, route: &str) -> Result<Option<Override>, StoreError> {
+        self.breaker
+            .call(Operation::Override, self.store.override_of(route))
+            .await
+    }
+
+    async fn set_override(&self, route: &str, value: Option<&Override>) -> Result<(), StoreError> {
+        self.breaker
+            .call(Operation::Override, self.store.set_override(route, value))
             .await
     }
 

@@ -62,8 +62,8 @@ use std::time::Duration;
 use super::record::{self, LaneRecord, LineRecord};
 use super::{
     store_id, Arrival, Arriving, ClientKey, Counted, Ended, HealthLook, Heartbeat, InviteUse,
-    LaneStats, Limits, PassTimes, Place, Poll, QueueStore, RouteStats, StoreError, StoreId, Tick,
-    TicketTimes, VisitorId, WindowCounts, JOIN_WINDOW,
+    LaneStats, Limits, Override, PassTimes, Place, Poll, QueueStore, RouteStats, StoreError,
+    StoreId, Tick, TicketTimes, VisitorId, WindowCounts, JOIN_WINDOW,
 };
 use crate::clock::Clock;
 use ranked_set::RankedSet;
@@ -227,6 +227,8 @@ struct Route {
     /// Ghosts dropped, no-shows purged and unconfirmed entries let go outside
     /// a tick, reported by the next tick that runs.
     pending: Pending,
+    /// The route's runtime override (Redis: `qg:{route}:override`).
+    overridden: Option<Override>,
 }
 
 /// Counts kept for the next tick (see `Tick`).
@@ -259,6 +261,7 @@ impl Route {
             admitted_total: 0,
             rate: AdmitRate::new(epoch_us),
             pending: Pending::default(),
+            overridden: None,
         }
     }
 
@@ -674,15 +677,19 @@ impl Route {
                     break;
                 };
                 self.line.lanes[slot].admitted += 1;
-                if let Some(i) = slots.iter().position(|&s| s == slot) {
-                    tick.lane_admitted[i] += 1;
-                }
+                let lane = slots.iter().position(|&s| s == slot).unwrap_or(0);
+                tick.lane_admitted[lane] += 1;
                 self.sessions.start(id, arrival_end, SessionKind::Arriving);
                 tick.admitted_scores.push(score_us);
+                tick.admitted_lanes.push(lane);
             }
             self.count_admitted(now, tick.admitted_scores.len() as u64);
         }
         tick.lane_waiting = self.line.lane_lens(limits);
+        tick.lane_heads = slots
+            .iter()
+            .map(|&slot| self.line.lanes[slot].order.first().map(|&(score, _)| score))
+            .collect();
         tick
     }
 
@@ -1421,6 +1428,15 @@ impl QueueStore for MemoryStore {
         limits: &Limits,
     ) -> Result<Option<LineRecord>, StoreError> {
         Ok(self.with_route(route, |r, _| r.line_record(limits)))
+    }
+
+    async fn override_of(&self, route: &str) -> Result<Option<Override>, StoreError> {
+        Ok(self.with_route(route, |r, _| r.overridden.clone()))
+    }
+
+    async fn set_override(&self, route: &str, value: Option<&Override>) -> Result<(), StoreError> {
+        self.with_route(route, |r, _| r.overridden = value.cloned());
+        Ok(())
     }
 
     async fn stats(&self, route: &str, limits: &Limits) -> Result<RouteStats, StoreError> {

@@ -54,6 +54,9 @@
 //!   notices in the same epoch do not extend the hold: otherwise one visitor
 //!   leaving and coming back with an old ticket could stop the line for good.
 //! - Every operation creates the route's state (and so its epoch) when missing.
+//! - A route's override (DESIGN §9.4) is one value, replaced whole, kept
+//!   apart from the line: a loss of the line's state leaves it alone where
+//!   the store can (Redis keeps it in its own key).
 //! - Expired sessions may be purged by any operation; the admitted waiters
 //!   among them that never showed up are reported as `no_shows` by the next
 //!   tick that runs, and ghosts dropped outside a tick as `abandoned`.
@@ -92,6 +95,7 @@
 pub mod breaker;
 pub mod joins;
 pub mod memory;
+pub mod overrides;
 pub mod record;
 pub mod redis_store;
 pub mod shards;
@@ -101,6 +105,7 @@ use std::time::Duration;
 
 pub use breaker::{Breaker, BreakerConfig, BreakerState, Guarded, Operation};
 pub use memory::MemoryStore;
+pub use overrides::{Held, Override};
 pub use record::{LaneRecord, LineRecord};
 pub use redis_store::RedisStore;
 
@@ -426,6 +431,12 @@ pub struct Tick {
     /// Per lane, in order: waiters left in it after the tick (empty when
     /// the tick did not run).
     pub lane_waiting: Vec<u64>,
+    /// The lane (index into the tick's `Limits`) each admitted waiter came
+    /// from, in the order of `admitted_scores`.
+    pub admitted_lanes: Vec<usize>,
+    /// Per lane, in order: the lowest join score left in it after the tick
+    /// (`None`: the lane is empty; empty when the tick did not run).
+    pub lane_heads: Vec<Option<u64>>,
 }
 
 impl Tick {
@@ -444,7 +455,34 @@ impl Tick {
             epoch_us,
             lane_admitted: Vec::new(),
             lane_waiting: Vec::new(),
+            admitted_lanes: Vec::new(),
+            lane_heads: Vec::new(),
         }
+    }
+
+    /// Admission inversions of this tick (DESIGN §9.4): waiters it admitted
+    /// while someone in the same lane who joined earlier still waits, as the
+    /// tick left the line. The one count every store's tick is judged by.
+    pub fn inversions(&self) -> u64 {
+        self.admitted_scores
+            .iter()
+            .zip(&self.admitted_lanes)
+            .filter(|&(&score, &lane)| {
+                self.lane_heads
+                    .get(lane)
+                    .copied()
+                    .flatten()
+                    .is_some_and(|head| head < score)
+            })
+            .count() as u64
+    }
+
+    /// Each admission's wait (join to this tick, seconds) with its lane.
+    pub fn waits(&self) -> impl Iterator<Item = (usize, f64)> + '_ {
+        self.admitted_scores
+            .iter()
+            .zip(&self.admitted_lanes)
+            .map(|(&score, &lane)| (lane, self.now_us.saturating_sub(score) as f64 / 1e6))
     }
 }
 
@@ -722,6 +760,20 @@ pub trait QueueStore: Send + Sync {
         limits: &Limits,
     ) -> impl Future<Output = Result<Option<LineRecord>, StoreError>> + Send;
 
+    /// The route's runtime override (DESIGN §9.4), if one is set.
+    fn override_of(
+        &self,
+        route: &str,
+    ) -> impl Future<Output = Result<Option<Override>, StoreError>> + Send;
+
+    /// Sets the route's override, replacing any; `None` clears it. Every
+    /// instance follows it from its next tick.
+    fn set_override(
+        &self,
+        route: &str,
+        value: Option<&Override>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// The route's live numbers.
     fn stats(
         &self,
@@ -933,6 +985,14 @@ impl QueueStore for Store {
         limits: &Limits,
     ) -> Result<Option<LineRecord>, StoreError> {
         dispatch!(self, s => s.line_record(route, limits).await)
+    }
+
+    async fn override_of(&self, route: &str) -> Result<Option<Override>, StoreError> {
+        dispatch!(self, s => s.override_of(route).await)
+    }
+
+    async fn set_override(&self, route: &str, value: Option<&Override>) -> Result<(), StoreError> {
+        dispatch!(self, s => s.set_override(route, value).await)
     }
 
     async fn stats(&self, route: &str, limits: &Limits) -> Result<RouteStats, StoreError> {

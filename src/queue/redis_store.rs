@@ -33,8 +33,8 @@ use tokio::sync::{watch, Notify};
 
 use super::{
     store_id, Arrival, Arriving, ClientKey, Counted, Ended, HealthLook, Heartbeat, InviteUse,
-    LaneStats, Limits, LineRecord, PassTimes, Place, Poll, QueueStore, RouteStats, StoreError,
-    StoreId, Tick, TicketTimes, VisitorId, WindowCounts, JOIN_WINDOW, MAIN_LANE,
+    LaneStats, Limits, LineRecord, Override, PassTimes, Place, Poll, QueueStore, RouteStats,
+    StoreError, StoreId, Tick, TicketTimes, VisitorId, WindowCounts, JOIN_WINDOW, MAIN_LANE,
 };
 use crate::clock::Clock;
 use crate::config::{RedisConfig, RedisMode};
@@ -75,6 +75,7 @@ struct Scripts {
     coord: Script,
     ahead: Script,
     adapt: Script,
+    overrides: Script,
 }
 
 impl Scripts {
@@ -99,6 +100,7 @@ impl Scripts {
             coord: Script::new(include_str!("../../lua/coord.lua")),
             adapt: Script::new(include_str!("../../lua/adapt.lua")),
             ahead: Script::new(include_str!("../../lua/ahead.lua")),
+            overrides: Script::new(include_str!("../../lua/override.lua")),
         }
     }
 }
@@ -855,9 +857,9 @@ impl RedisStore {
         let opening = field(&reply, 8, "admit_tick")?;
         let lanes = usize::try_from(field(&reply, 9, "admit_tick")?).unwrap_or(usize::MAX);
         let scores_at = lanes
-            .checked_mul(2)
+            .checked_mul(3)
             .and_then(|n| n.checked_add(10))
-            .filter(|&at| at <= reply.len())
+            .filter(|&at| at <= reply.len() && (reply.len() - at).is_multiple_of(2))
             .ok_or_else(|| unexpected_reply("admit_tick: short reply".into()))?;
         if ran {
             // What the store lists now: the configured lanes, and any
@@ -885,8 +887,18 @@ impl RedisStore {
             unconfirmed_tickets: field(&reply, 6, "admit_tick")?,
             opened: opening.checked_sub(1),
             lane_admitted: reply[10..10 + lanes].to_vec(),
-            lane_waiting: reply[10 + lanes..scores_at].to_vec(),
-            admitted_scores: reply[scores_at..].to_vec(),
+            lane_waiting: reply[10 + lanes..10 + 2 * lanes].to_vec(),
+            lane_heads: reply[10 + 2 * lanes..scores_at]
+                .iter()
+                .map(|&score| (score != 0).then_some(score))
+                .collect(),
+            admitted_scores: reply[scores_at..].iter().step_by(2).copied().collect(),
+            admitted_lanes: reply[scores_at..]
+                .iter()
+                .skip(1)
+                .step_by(2)
+                .map(|&lane| usize::try_from(lane.saturating_sub(1)).unwrap_or(0))
+                .collect(),
         })
     }
 
@@ -1235,6 +1247,24 @@ impl QueueStore for RedisStore {
         self.stats_on(route, limits).await
     }
 
+    async fn override_of(&self, route: &str) -> Result<Option<Override>, StoreError> {
+        let mut invocation = self.scripts.overrides.prepare_invoke();
+        invocation.key(override_key(route)).arg("get");
+        let text: Option<String> = self.run(&invocation).await?;
+        Ok(text.as_deref().and_then(Override::decode))
+    }
+
+    async fn set_override(&self, route: &str, value: Option<&Override>) -> Result<(), StoreError> {
+        let mut invocation = self.scripts.overrides.prepare_invoke();
+        invocation.key(override_key(route));
+        match value {
+            Some(value) => invocation.arg("set").arg(value.encode()),
+            None => invocation.arg("del"),
+        };
+        let _done: i64 = self.run(&invocation).await?;
+        Ok(())
+    }
+
     async fn ready(&self) -> Result<(), StoreError> {
         self.ready_on().await
     }
@@ -1265,6 +1295,12 @@ impl QueueStore for RedisStore {
     ) -> Result<bool, StoreError> {
         self.set_capacity_on(route, lease, capacity, why).await
     }
+}
+
+/// The key of a route's runtime override, under the route's own hash tag
+/// (a split route's too: its sub-lines share it).
+fn override_key(route: &str) -> String {
+    format!("qg:{{{route}}}:override")
 }
 
 #[cfg(test)]

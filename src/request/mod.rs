@@ -84,6 +84,7 @@ impl App {
             &HashMap::new(),
             &metrics,
             &caches,
+            &HashMap::new(),
         )));
         Ok(App {
             upstream,

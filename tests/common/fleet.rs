@@ -111,13 +111,20 @@ pub async fn start_instances(
         .await
 }
 
-/// One `queuegate run` child process sharing a Redis line with others: its
-/// listeners on ports it picks, an admin listener, the key ring `k1` that
-/// every instance shares, and `rest` (routes, and any other top-level
-/// sections) after that. Killed on drop.
+/// The admin token every instance of a fleet shares (`admin.token`, named
+/// `admin`).
+pub const ADMIN_TOKEN: &str = "the admin token of every instance";
+
+/// One `queuegate run` child process sharing a Redis line with others (or
+/// alone on the memory store): its listeners on ports it picks, an admin
+/// listener with [`ADMIN_TOKEN`], the key ring `k1` that every instance
+/// shares, and `rest` (routes, and any other top-level sections) after
+/// that. Killed on drop.
 pub struct Instance {
     pub process: Process,
-    _config: tempfile::NamedTempFile,
+    config: tempfile::NamedTempFile,
+    /// The config before `rest`.
+    head: String,
 }
 
 impl Instance {
@@ -141,18 +148,14 @@ impl Instance {
     /// `rest`.
     async fn start_with(store: &str, origin: &str, rest: &str) -> Instance {
         let config = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(
-            config.path(),
-            format!(
-                "listen: [{{ addr: \"127.0.0.1:0\" }}]\n\
-                 admin: {{ addr: \"127.0.0.1:0\" }}\n\
-                 upstream: {{ url: \"{origin}\" }}\n\
-                 {store}\
-                 keys: [{{ id: k1, env: QG_SHARED_KEY }}]\n\
-                 {rest}"
-            ),
-        )
-        .unwrap();
+        let head = format!(
+            "listen: [{{ addr: \"127.0.0.1:0\" }}]\n\
+             admin: {{ addr: \"127.0.0.1:0\", token: {{ env: QG_SHARED_ADMIN_TOKEN }} }}\n\
+             upstream: {{ url: \"{origin}\" }}\n\
+             {store}\
+             keys: [{{ id: k1, env: QG_SHARED_KEY }}]\n"
+        );
+        std::fs::write(config.path(), format!("{head}{rest}")).unwrap();
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_queuegate"));
         cmd.args(["run", "-c"])
             .arg(config.path())
@@ -160,12 +163,23 @@ impl Instance {
                 "QG_SHARED_KEY",
                 "c2hhcmVkIGtleSBmb3IgdGhyZWUgaW5zdGFuY2VzIG9mIHF1ZXVlZ2F0ZQ",
             )
+            .env("QG_SHARED_ADMIN_TOKEN", ADMIN_TOKEN)
             .env("QUEUEGATE_LOG", "warn,queuegate=info")
             .stdout(std::process::Stdio::null());
         Instance {
             process: Process::start(cmd, true).await,
-            _config: config,
+            config,
+            head,
         }
+    }
+
+    /// Writes `rest` in place of the config's routes (and other sections
+    /// after the key ring); the instance sees the file change and reloads.
+    pub fn rewrite(&self, rest: impl fmt::Display) {
+        let text = format!("{}{rest}", self.head);
+        let next = self.config.path().with_extension("next");
+        std::fs::write(&next, text).unwrap();
+        std::fs::rename(&next, self.config.path()).unwrap();
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -322,3 +322,38 @@ pub async fn gate_from_file(dir: &ConfigDir, reloads: Option<queuegate::ReloadRe
     };
     spawn_gate_opts(config, ring, options).await
 }
+
+/// A request to an admin listener at `url` (a route control, `/routes`):
+/// `method`, `Authorization: Bearer token` when given, `body` as sent. The
+/// status and the answer as JSON (`null` when it is not).
+pub async fn admin_call(
+    method: http::Method,
+    url: &str,
+    token: Option<&str>,
+    body: &str,
+) -> (http::StatusCode, serde_json::Value) {
+    let mut req = http::Request::builder().method(method).uri(url);
+    if let Some(token) = token {
+        req = req.header("authorization", format!("Bearer {token}"));
+    }
+    let req = req
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_owned(),
+        )))
+        .unwrap();
+    let (parts, bytes) = super::visitor::send(req).await;
+    let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+    (parts.status, json)
+}
+
+/// Route `name` as the admin listener at `routes_url` (`…/routes`) shows it.
+pub async fn admin_route(routes_url: &str, name: &str) -> serde_json::Value {
+    let (status, json) = admin_call(http::Method::GET, routes_url, None, "").await;
+    assert_eq!(status, http::StatusCode::OK, "{json}");
+    json["routes"]
+        .as_array()
+        .and_then(|routes| routes.iter().find(|r| r["name"] == name))
+        .cloned()
+        .unwrap_or_else(|| panic!("no route {name} in {json}"))
+}

@@ -1,4 +1,5 @@
-//! `keys` and `cookie`: where the keys that sign passes come from, and the
+//! `keys` and `cookie`: where the keys that sign passes come from (and the
+//! admin tokens, read the same way), and the
 //! cookies' domain.
 
 use std::collections::HashMap;
@@ -41,34 +42,99 @@ pub(super) fn keys(
                 problems.report(at.key("id"), format!("key id {id:?} is also keys[{j}].id"));
             }
         }
-        let from = match (key.env, key.file) {
-            (Some(env), None) => {
-                if env.is_empty() || env.contains(['=', '\0']) {
-                    problems.report(
-                        at.key("env"),
-                        format!("invalid environment variable name {env:?}"),
-                    );
-                    None
-                } else {
-                    Some(KeyFrom::Env(env))
-                }
-            }
-            (None, Some(file)) => file_path(file, &at.key("file"), problems).map(KeyFrom::File),
-            (Some(_), Some(_)) => {
-                problems.report(at.clone(), "give exactly one of env, file (found both)");
-                None
-            }
-            (None, None) => {
-                problems.report(
-                    at.clone(),
-                    "give exactly one of env, file: keys never live in this file",
-                );
-                None
-            }
-        };
+        let from = secret_from(key.env, key.file, &at, "keys", problems);
         keys.push(id.zip(from).map(|(id, from)| KeySource { id, from }));
     }
     keys.into_iter().collect()
+}
+
+/// Where a secret (a key, an admin token) is read from: exactly one of an
+/// environment variable and a file, never the YAML itself.
+fn secret_from(
+    env: Option<String>,
+    file: Option<std::path::PathBuf>,
+    at: &FieldPath,
+    what: &str,
+    problems: &mut Problems,
+) -> Option<KeyFrom> {
+    match (env, file) {
+        (Some(env), None) => {
+            if env.is_empty() || env.contains(['=', '\0']) {
+                problems.report(
+                    at.key("env"),
+                    format!("invalid environment variable name {env:?}"),
+                );
+                None
+            } else {
+                Some(KeyFrom::Env(env))
+            }
+        }
+        (None, Some(file)) => file_path(file, &at.key("file"), problems).map(KeyFrom::File),
+        (Some(_), Some(_)) => {
+            problems.report(at.clone(), "give exactly one of env, file (found both)");
+            None
+        }
+        (None, None) => {
+            problems.report(
+                at.clone(),
+                format!("give exactly one of env, file: {what} never live in this file"),
+            );
+            None
+        }
+    }
+}
+
+/// `admin.token` (one token, named `admin`, no `id`) and `admin.tokens`
+/// (named like keys): the bearer tokens of the admin controls, names
+/// unique across both. `None` when one is invalid.
+pub(super) fn admin_tokens(
+    token: Option<RawKey>,
+    tokens: Option<Vec<RawKey>>,
+    at: &FieldPath,
+    problems: &mut Problems,
+) -> Option<Vec<KeySource>> {
+    let mut out = Vec::new();
+    let mut valid = true;
+    if let Some(token) = token {
+        let at = at.key("token");
+        if token.id.is_some() {
+            problems.report(
+                at.key("id"),
+                "admin.token is named admin; list named tokens under admin.tokens",
+            );
+        }
+        match secret_from(token.env, token.file, &at, "tokens", problems) {
+            Some(from) => out.push(KeySource {
+                id: "admin".to_owned(),
+                from,
+            }),
+            None => valid = false,
+        }
+    }
+    let at = at.key("tokens");
+    for (i, token) in tokens.unwrap_or_default().into_iter().enumerate() {
+        let at = at.index(i);
+        let id = required(token.id, &at.key("id"), problems).filter(|id| {
+            let ok = is_key_id(id);
+            if !ok {
+                problems.report(
+                    at.key("id"),
+                    format!(
+                        "invalid token name {id:?}: use 1 to {MAX_KEY_ID_LEN} of A-Z a-z 0-9 _ -"
+                    ),
+                );
+            } else if out.iter().any(|t: &KeySource| t.id == *id) {
+                problems.report(at.key("id"), format!("token name {id:?} is used twice"));
+            }
+            ok
+        });
+        let from = secret_from(token.env, token.file, &at, "tokens", problems);
+        match id.zip(from) {
+            Some((id, from)) => out.push(KeySource { id, from }),
+            None => valid = false,
+        }
+    }
+    valid.then_some(out)
 }
 
 pub(super) fn cookie(

@@ -1,4 +1,5 @@
-//! `listen` and `admin`: the addresses queuegate listens on.
+//! `listen` and `admin`: the addresses queuegate listens on, and whether the
+//! admin listener is open without a token.
 
 use std::net::SocketAddr;
 
@@ -7,7 +8,7 @@ use crate::config::defaults;
 use crate::config::error::FieldPath;
 use crate::config::problems::Problems;
 use crate::config::raw::RawListen;
-use crate::config::{Admin, Listen, TlsFiles};
+use crate::config::{Admin, KeySource, Listen, TlsFiles};
 
 pub(super) fn listen(
     raw: Option<Vec<RawListen>>,
@@ -48,10 +49,30 @@ pub(super) fn listen(
 }
 
 /// `admin.addr`, default [`defaults::ADMIN_ADDR`].
-pub(super) fn admin(addr: Option<SocketAddr>) -> Option<Admin> {
+pub(super) fn admin(addr: Option<SocketAddr>, tokens: Vec<KeySource>) -> Option<Admin> {
     Some(Admin {
         addr: addr.unwrap_or(defaults::ADMIN_ADDR),
+        tokens,
     })
+}
+
+/// An admin listener off loopback without a token: anyone who reaches it
+/// reads the metrics and the live view (the controls stay refused).
+pub(super) fn admin_off_loopback_needs_a_token(
+    admin: &Admin,
+    at: &FieldPath,
+    problems: &mut Problems,
+) {
+    if !admin.addr.ip().is_loopback() && admin.tokens.is_empty() {
+        problems.warn(
+            at.key("addr"),
+            format!(
+                "the admin listener is on {} without admin.token: anyone who reaches it \
+                 sees the live view; keep it on loopback or set a token",
+                admin.addr
+            ),
+        );
+    }
 }
 
 /// The admin listener shares no address with a public one (port 0, a free

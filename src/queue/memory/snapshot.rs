@@ -1,8 +1,8 @@
 //! The memory store written to a file and read back (`store.memory.snapshot`),
 //! so that a restart of a single instance keeps its line: each route's
 //! epoch, waiters (lane, join score, last poll, confirmed), sessions (expiry
-//! and kind), tombstones, request counts and invite uses, its hold and its
-//! numbers. Per-client memories and the tick window are not kept: they
+//! and kind), tombstones, request counts and invite uses, its hold, its
+//! numbers and its runtime override. Per-client memories and the tick window are not kept: they
 //! start again empty, as after a client's silence.
 //!
 //! The file is JSON (`serde_json`, already a dependency), one object per
@@ -31,7 +31,7 @@ use tokio::sync::watch;
 
 use super::{AdmitRate, MemoryStore, Route, SessionKind};
 use crate::clock::Clock;
-use crate::queue::VisitorId;
+use crate::queue::{Override, VisitorId};
 
 /// The format written; a file of another version is not read.
 const VERSION: u32 = 1;
@@ -93,6 +93,10 @@ struct RouteImage {
     uses: Vec<(Id, u64, u64)>,
     /// (token, uses counted, expiry unix s).
     invites: Vec<(Token, u32, u64)>,
+    /// The route's runtime override, if one is set (absent from files
+    /// written before overrides: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    overridden: Option<Override>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -304,6 +308,7 @@ impl RouteImage {
             invites: (route.invites.iter())
                 .map(|(token, &(count, expires))| (Token(token.clone()), count, expires))
                 .collect(),
+            overridden: route.overridden.clone(),
         }
     }
 
@@ -343,6 +348,7 @@ impl RouteImage {
         route.invites = (self.invites.into_iter())
             .map(|(Token(token), count, expires)| (token, (count, expires)))
             .collect();
+        route.overridden = self.overridden;
         route
     }
 }
@@ -457,6 +463,27 @@ mod tests {
         let text = serde_json::to_vec(&store.snapshot()).unwrap();
         let snapshot = read(&text, Path::new("line.json")).unwrap();
         (MemoryStore::from_snapshot(clock, snapshot), text.len())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_override_is_read_back_and_an_old_file_has_none() {
+        use crate::queue::{Held, QueueStore as _};
+        let clock = Clock::starting_at(Duration::from_secs(1_700_000_000));
+        let store = MemoryStore::new(clock);
+        let closed = Override {
+            mode: Some(Held {
+                value: crate::config::Mode::Closed,
+                file: crate::config::Mode::Gate,
+            }),
+            capacity: None,
+            by: "ops".to_owned(),
+            at_ms: 5,
+        };
+        store.set_override("r", Some(&closed)).await.unwrap();
+        let _ = store.stats("plain", &limits()).await.unwrap();
+        let (back, _) = reread(&store, clock);
+        assert_eq!(back.override_of("r").await.unwrap(), Some(closed));
+        assert_eq!(back.override_of("plain").await.unwrap(), None);
     }
 
     #[tokio::test(start_paused = true)]

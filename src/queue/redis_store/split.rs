@@ -614,8 +614,11 @@ fn sum_ticks(ticks: &[(usize, Tick)], seen: &Seen, lanes: usize, epoch_us: u64) 
     let mut tick = Tick {
         lane_admitted: vec![0; lanes],
         lane_waiting: vec![0; lanes],
+        lane_heads: vec![None; lanes],
         ..Tick::idle(0, epoch_us)
     };
+    // (join score, lane) of every admission, put in join order below.
+    let mut admitted: Vec<(u64, usize)> = Vec::new();
     for (k, t) in ticks {
         tick.ran |= t.ran;
         tick.now_us = tick.now_us.max(t.now_us);
@@ -626,7 +629,20 @@ fn sum_ticks(ticks: &[(usize, Tick)], seen: &Seen, lanes: usize, epoch_us: u64) 
         if let Some(shuffled) = t.opened {
             tick.opened = Some(tick.opened.unwrap_or(0) + shuffled);
         }
-        tick.admitted_scores.extend_from_slice(&t.admitted_scores);
+        admitted.extend(
+            t.admitted_scores
+                .iter()
+                .copied()
+                .zip(t.admitted_lanes.iter().copied()),
+        );
+        if t.ran {
+            for (head, sub) in tick.lane_heads.iter_mut().zip(&t.lane_heads) {
+                *head = match (*head, *sub) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+        }
         let waiting = if t.ran {
             &t.lane_waiting
         } else {
@@ -639,10 +655,12 @@ fn sum_ticks(ticks: &[(usize, Tick)], seen: &Seen, lanes: usize, epoch_us: u64) 
             *sum += n;
         }
     }
-    tick.admitted_scores.sort_unstable();
+    admitted.sort_unstable();
+    (tick.admitted_scores, tick.admitted_lanes) = admitted.into_iter().unzip();
     if !tick.ran {
         tick.lane_admitted.clear();
         tick.lane_waiting.clear();
+        tick.lane_heads.clear();
     }
     tick
 }

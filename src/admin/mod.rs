@@ -1,6 +1,14 @@
 //! The admin listener: `/metrics` (Prometheus), `/healthz` (the process
-//! runs), `/readyz` (not draining, and the store has answered) and `/routes`
-//! (each route's config and live numbers as JSON). It never serves visitors.
+//! runs), `/readyz` (not draining, and the store has answered), `/routes`
+//! (each route's config and live numbers as JSON), the live view for the
+//! day of the sale (`/`, its figures pushed on `/events`: `page`, `live`)
+//! and the route controls (`PUT`/`DELETE /routes/{name}/override`, behind
+//! the admin tokens: `controls`, `tokens`). It never serves visitors.
+
+pub mod controls;
+pub mod live;
+pub mod page;
+pub mod tokens;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,6 +17,7 @@ use std::time::Duration;
 
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt as _, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -21,7 +30,20 @@ use crate::metrics::CONTENT_TYPE as METRICS_CONTENT_TYPE;
 use crate::queue::QueueStore;
 use crate::request::App;
 use crate::response::{self, Body};
-use crate::route::{self, RouteRt};
+use crate::route::RouteRt;
+
+use controls::{BadField, Controls};
+use live::LiveView;
+use tokens::Tokens;
+
+/// What the admin listener answers with: the app, the store's readiness,
+/// the admin tokens and the live view's rings.
+pub struct Admin {
+    pub app: Arc<App>,
+    pub readiness: Arc<Readiness>,
+    pub tokens: Tokens,
+    pub live: Arc<LiveView>,
+}
 
 /// How often the store is asked while it has not answered yet (or stopped).
 const RECHECK_UNREADY: Duration = Duration::from_secs(1);
@@ -74,12 +96,7 @@ pub async fn probe_store(
 
 /// Serves the admin endpoints on `listener` until `stop` changes, then
 /// closes every admin connection.
-pub async fn serve(
-    app: Arc<App>,
-    readiness: Arc<Readiness>,
-    listener: TcpListener,
-    mut stop: watch::Receiver<bool>,
-) {
+pub async fn serve(admin: Arc<Admin>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
     let mut connections = JoinSet::new();
     loop {
         let (stream, remote) = tokio::select! {
@@ -95,11 +112,10 @@ pub async fn serve(
         };
         // Reap finished connections so the set stays small.
         while connections.try_join_next().is_some() {}
-        let app = app.clone();
-        let readiness = readiness.clone();
+        let admin = admin.clone();
         let service = service_fn(move |req: Request<Incoming>| {
-            let resp = answer(&app, &readiness, &req);
-            async move { Ok::<_, Infallible>(resp) }
+            let admin = admin.clone();
+            async move { Ok::<_, Infallible>(admin.answer(req).await) }
         });
         connections.spawn(async move {
             let conn = hyper::server::conn::http1::Builder::new()
@@ -114,15 +130,91 @@ pub async fn serve(
     connections.shutdown().await;
 }
 
-/// The answer to one admin request.
-pub fn answer(app: &App, readiness: &Readiness, req: &Request<Incoming>) -> Response<Body> {
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        return response::plain(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method-not-allowed",
-            "405 method not allowed\n",
-        );
+impl Admin {
+    /// The answer to one admin request.
+    pub async fn answer(&self, req: Request<Incoming>) -> Response<Body> {
+        let path = req.uri().path();
+        if let Some(name) = path
+            .strip_prefix("/routes/")
+            .and_then(|rest| rest.strip_suffix("/override"))
+        {
+            let name = name.to_owned();
+            return self.control(req, &name).await;
+        }
+        if req.method() != Method::GET && req.method() != Method::HEAD {
+            return response::plain(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "405 method not allowed\n",
+            );
+        }
+        match path {
+            "/" => page::page(),
+            "/live.js" => page::script(),
+            "/live.css" => page::style(),
+            "/events" => self.live.events(),
+            _ => answer(&self.app, &self.readiness, &req),
+        }
     }
+
+    /// `PUT` or `DELETE /routes/{name}/override`: refused (401) without a
+    /// valid token before anything else is read, then applied.
+    async fn control(&self, req: Request<Incoming>, name: &str) -> Response<Body> {
+        let method = req.method().clone();
+        if method != Method::PUT && method != Method::DELETE {
+            return response::plain(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "405 method not allowed: PUT or DELETE\n",
+            );
+        }
+        let Some(who) = self.tokens.who(req.headers()).map(str::to_owned) else {
+            tracing::warn!(route = name, "override refused: no valid admin token");
+            let mut resp = controls::refused(
+                StatusCode::UNAUTHORIZED,
+                &BadField {
+                    field: "authorization".to_owned(),
+                    message: if self.tokens.any() {
+                        "a valid admin token is needed: Authorization: Bearer <token>".to_owned()
+                    } else {
+                        "no admin token is configured (admin.token): changes are refused".to_owned()
+                    },
+                },
+            );
+            resp.headers_mut().insert(
+                http::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer"),
+            );
+            return resp;
+        };
+        let body = match Limited::new(req.into_body(), controls::MAX_BODY)
+            .collect()
+            .await
+        {
+            Ok(body) => body.to_bytes(),
+            Err(_) => {
+                return controls::refused(
+                    StatusCode::BAD_REQUEST,
+                    &BadField {
+                        field: "body".to_owned(),
+                        message: format!("unreadable, or over {} bytes", controls::MAX_BODY),
+                    },
+                )
+            }
+        };
+        let app = &self.app;
+        let controls = Controls {
+            store: app.gate.store(),
+            settings: &app.settings,
+            metrics: &app.metrics,
+            clock: app.gate.clock(),
+        };
+        controls.answer(&method, name, &who, &body).await
+    }
+}
+
+/// The answer to a `GET` or `HEAD` of one of the plain admin endpoints.
+fn answer(app: &App, readiness: &Readiness, req: &Request<Incoming>) -> Response<Body> {
     match req.uri().path() {
         "/metrics" => {
             app.metrics.observe_store(app.gate.store().breaker());
@@ -162,22 +254,19 @@ pub fn answer(app: &App, readiness: &Readiness, req: &Request<Incoming>) -> Resp
     }
 }
 
-/// One route's config and live numbers.
+/// One route's config and live numbers: the live view's figures (see
+/// [`live::figures`]) and the rest of its config.
 fn route_json(route: &RouteRt) -> serde_json::Value {
     let cfg = &route.cfg;
     let live = &route.live;
-    let waiting = live.waiting();
-    let rate = live.admit_rate();
-    json!({
-        "name": cfg.name,
+    let mut out = live::figures(route);
+    let config = json!({
         "match": {
             "host": cfg.matcher.host,
             "path_prefix": cfg.matcher.path_prefix,
             "case_insensitive": cfg.matcher.case_insensitive,
         },
-        "mode": cfg.mode.as_str(),
         "on_store_error": cfg.on_store_error.as_str(),
-        "capacity": route.capacity_now(),
         "adapt": cfg.adapt.as_ref().map(|a| json!({
             "min": a.min,
             "max": a.max,
@@ -202,13 +291,13 @@ fn route_json(route: &RouteRt) -> serde_json::Value {
         "abandon_after_s": cfg.abandon_after.as_secs(),
         "max_waiting": cfg.max_waiting,
         "waiting_status": cfg.waiting_status.as_u16(),
-        "waiting": waiting,
-        "active": live.active(),
-        "admit_rate": rate,
-        "eta_seconds": route::eta_seconds(waiting, rate),
         "max_inflight": cfg.max_inflight,
         "inflight_wait_ms": cfg.inflight_wait.as_millis() as u64,
         "inflight": live.turns().held(),
         "inflight_waiting": live.turns().waiting(),
-    })
+    });
+    if let (Some(out), serde_json::Value::Object(config)) = (out.as_object_mut(), config) {
+        out.extend(config);
+    }
+    out
 }
