@@ -237,6 +237,7 @@ pub async fn run_with_options(
             background.spawn(admin::live::keep(
                 admin.live.clone(),
                 app.settings.clone(),
+                app.gate.clone(),
                 clock,
                 stop_rx.clone(),
             ));

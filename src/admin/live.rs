@@ -15,6 +15,8 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 
 use crate::clock::Clock;
+use crate::gate::Gate;
+use crate::queue::QueueStore;
 use crate::response::{self, Body, Pieces};
 use crate::route::{self, RouteRt, Settings};
 
@@ -146,10 +148,13 @@ impl LiveView {
     }
 }
 
-/// Samples every [`EVERY`] until `stop` changes.
+/// Samples every [`EVERY`] until `stop` changes. Each route's live numbers
+/// are read from the store first: the admitter's last read may be half a
+/// second old, and a sample a second apart should show the line as it is.
 pub async fn keep(
     view: Arc<LiveView>,
     settings: Arc<ArcSwap<Settings>>,
+    gate: Gate,
     clock: Clock,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -160,7 +165,13 @@ pub async fn keep(
             _ = every.tick() => {}
             _ = stop.changed() => return,
         }
-        view.sample(&settings.load(), clock.now_us() / 1_000);
+        let settings = settings.load();
+        for route in &settings.routes {
+            if let Ok(stats) = gate.store().stats(route.name(), &route.limits).await {
+                route.live.note_stats(&stats);
+            }
+        }
+        view.sample(&settings, clock.now_us() / 1_000);
     }
 }
 
