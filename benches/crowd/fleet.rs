@@ -194,6 +194,21 @@ pub struct GateSpec {
     pub max_requests_per_session: Option<u64>,
     /// The sub-lines the route's line is split into (1: one line).
     pub shards: u32,
+    /// A capacity that adapts (DESIGN §9.1); `capacity` is then its start.
+    pub adapt: Option<AdaptSpec>,
+    /// The route's `exit_paths`.
+    pub exit_paths: Vec<String>,
+}
+
+/// The range an adaptive capacity moves in, its target and its window.
+#[derive(Clone, Debug)]
+pub struct AdaptSpec {
+    pub min: u64,
+    pub max: u64,
+    pub target_p95: Duration,
+    /// The error share's target in percent.
+    pub target_errors_pct: f64,
+    pub every: Duration,
 }
 
 impl GateSpec {
@@ -216,6 +231,8 @@ impl GateSpec {
             instances_expected: 1,
             max_requests_per_session: None,
             shards: 1,
+            adapt: None,
+            exit_paths: Vec::new(),
         }
     }
 
@@ -267,7 +284,27 @@ impl GateSpec {
         let _ = writeln!(y, "routes:");
         let _ = writeln!(y, "  - name: {}", self.route);
         let _ = writeln!(y, "    match: {{ path_prefix: {} }}", self.path);
-        let _ = writeln!(y, "    capacity: {}", self.capacity);
+        match &self.adapt {
+            None => {
+                let _ = writeln!(y, "    capacity: {}", self.capacity);
+            }
+            Some(a) => {
+                let _ = writeln!(
+                    y,
+                    "    capacity: {{ min: {}, max: {}, start: {}, \
+                     target: {{ p95: {}, errors: {}% }} }}",
+                    a.min,
+                    a.max,
+                    self.capacity,
+                    ms(a.target_p95),
+                    a.target_errors_pct
+                );
+                let _ = writeln!(y, "    adapt_every: {}", ms(a.every));
+            }
+        }
+        if !self.exit_paths.is_empty() {
+            let _ = writeln!(y, "    exit_paths: [{}]", self.exit_paths.join(", "));
+        }
         let _ = writeln!(y, "    max_admit_per_tick: {}", self.max_admit_per_tick);
         let _ = writeln!(y, "    tick: {}", ms(self.tick));
         let _ = writeln!(y, "    pass_ttl: {}", ms(self.pass_ttl));
@@ -344,6 +381,11 @@ impl Queuegate {
 
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Its admin listener's base URL.
+    pub fn admin_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.admin_port)
     }
 
     pub fn port(&self) -> u16 {

@@ -22,6 +22,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
@@ -169,6 +171,17 @@ pub struct CrowdPlan {
     pub ramp: Duration,
 }
 
+/// What [`crowd_varied`] varies that a [`CrowdPlan`] keeps the same for
+/// every request. The default varies nothing: [`crowd`].
+#[derive(Clone, Debug, Default)]
+pub struct Variation {
+    /// When above `plan.think`, each think time is drawn evenly from
+    /// `plan.think ..= think_max`.
+    pub think_max: Duration,
+    /// Seeds the draws: the same seed, the same think times per visitor.
+    pub seed: u64,
+}
+
 /// What the crowd saw.
 #[derive(Debug, Default)]
 pub struct CrowdLog {
@@ -179,6 +192,9 @@ pub struct CrowdLog {
     requests: Mutex<Vec<(Instant, Duration, bool)>>,
     /// Answers that were neither the origin's nor the line's (`busy`, …).
     other: AtomicU64,
+    /// Visitors still in line when the sale ended, and how long each had
+    /// waited by then.
+    in_line_at_end: Mutex<Vec<Duration>>,
 }
 
 impl CrowdLog {
@@ -197,10 +213,25 @@ impl CrowdLog {
     pub fn other(&self) -> u64 {
         self.other.load(Ordering::Relaxed)
     }
+
+    /// The visitors still in line when the sale ended: how long each had
+    /// waited (a wait that never ended in an admission).
+    pub fn in_line_at_end(&self) -> Vec<Duration> {
+        self.in_line_at_end.lock().unwrap().clone()
+    }
 }
 
 /// A crowd running `plan` until `until`; the tasks end by themselves.
 pub fn crowd(plan: CrowdPlan, until: Instant) -> (Arc<CrowdLog>, Vec<JoinHandle<()>>) {
+    crowd_varied(plan, Variation::default(), until)
+}
+
+/// [`crowd`], with what `variation` varies.
+pub fn crowd_varied(
+    plan: CrowdPlan,
+    variation: Variation,
+    until: Instant,
+) -> (Arc<CrowdLog>, Vec<JoinHandle<()>>) {
     let log = Arc::new(CrowdLog::default());
     *log.started.lock().unwrap() = Some(Instant::now());
     let client: Client<HttpConnector, Empty<Bytes>> =
@@ -209,11 +240,18 @@ pub fn crowd(plan: CrowdPlan, until: Instant) -> (Arc<CrowdLog>, Vec<JoinHandle<
         .map(|i| {
             let delay = plan.ramp.mul_f64(i as f64 / plan.visitors.max(1) as f64);
             let (plan, log, client) = (plan.clone(), log.clone(), client.clone());
+            let think_max = variation.think_max.max(plan.think);
+            let seed = variation
+                .seed
+                .wrapping_mul(1_000_003)
+                .wrapping_add(i as u64);
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
                 let mut visitor = CrowdVisitor {
                     client,
                     jar: HashMap::new(),
+                    think: (plan.think, think_max),
+                    rng: StdRng::seed_from_u64(seed),
                 };
                 visitor.run(&plan, &log, until).await;
             })
@@ -225,6 +263,9 @@ pub fn crowd(plan: CrowdPlan, until: Instant) -> (Arc<CrowdLog>, Vec<JoinHandle<
 struct CrowdVisitor {
     client: Client<HttpConnector, Empty<Bytes>>,
     jar: HashMap<String, String>,
+    /// The think time's bounds: drawn evenly between them.
+    think: (Duration, Duration),
+    rng: StdRng,
 }
 
 impl CrowdVisitor {
@@ -232,6 +273,7 @@ impl CrowdVisitor {
         let item = format!("{}{}/item", plan.gate, plan.prefix);
         let status = format!("{}/__queuegate/status?route={}", plan.gate, plan.route);
         let mut joined = Instant::now();
+        let mut in_line = false;
         while Instant::now() < until {
             let Some((code, own)) = self.get(&item, true).await else {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -240,22 +282,37 @@ impl CrowdVisitor {
             if code == StatusCode::OK && !own {
                 let now = Instant::now();
                 log.admissions.lock().unwrap().push((now, now - joined));
+                in_line = false;
                 self.browse(plan, log, until).await;
                 joined = Instant::now();
             } else if code.is_redirection() {
+                in_line = true;
                 self.wait_turn(&status, until).await;
             } else {
                 log.other.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
+        if in_line {
+            log.in_line_at_end.lock().unwrap().push(joined.elapsed());
+        }
+    }
+
+    /// The time before the next request: drawn from the think bounds.
+    fn think(&mut self) -> Duration {
+        let (low, high) = self.think;
+        if high <= low {
+            return low;
+        }
+        low + (high - low).mul_f64(self.rng.random::<f64>())
     }
 
     /// Makes the plan's requests, then leaves through the exit path.
     async fn browse(&mut self, plan: &CrowdPlan, log: &CrowdLog, until: Instant) {
         let item = format!("{}{}/item", plan.gate, plan.prefix);
         for _ in 1..plan.requests {
-            tokio::time::sleep(plan.think).await;
+            let think = self.think();
+            tokio::time::sleep(think).await;
             if Instant::now() >= until {
                 return;
             }
