@@ -232,6 +232,17 @@ impl Room {
     pub fn in_use(&self) -> bool {
         self.waiting > 0 || self.active as f64 >= self.capacity as f64 * USING_ROOM
     }
+
+    /// Whether a cut has not taken effect yet: more sessions are active
+    /// than the capacity allows, since lowering it ends none of them. The
+    /// origin still carries the load the cut was for, so the next window
+    /// says nothing about the new number; cutting again on it would stack
+    /// cuts until the sessions drain, far below what the origin holds (the
+    /// `sale` bench showed ten cuts in a row, 200 to 5, for an origin that
+    /// holds 40), and raising it would undo the cut before it acted.
+    pub fn settling(&self) -> bool {
+        self.active > self.capacity
+    }
 }
 
 /// The capacity after a window (DESIGN §9.1), or `None` to keep it:
@@ -240,18 +251,22 @@ impl Room {
 ///   least [`MIN_REQUESTS`] requests: × [`DECREASE`], not below `min`;
 /// - healthy (at least one request, both within target) while the route
 ///   uses its room: + max(1, 5 %), not above `max`;
-/// - otherwise unchanged.
+/// - otherwise unchanged; and unchanged while the active sessions are still
+///   above the capacity ([`Room::settling`]).
 ///
 /// A capacity outside the range (the range changed) is first brought into
 /// it. Lowering capacity ends nobody's session: the store admits nobody
 /// until the active count is below the new number.
 pub fn decide(adapt: &Adapt, room: Room, window: &WindowCounts) -> Option<Change> {
     let current = room.capacity.clamp(adapt.min, adapt.max);
+    let settling = room.settling();
     let p95 = window.p95();
     let errors = window.error_share();
     let slow = p95.is_some_and(|p| p > adapt.target_p95);
     let failing = errors > adapt.target_errors;
-    let (capacity, reason) = if window.requests >= MIN_REQUESTS && (slow || failing) {
+    let (capacity, reason) = if settling {
+        (current, "the range changed".to_owned())
+    } else if window.requests >= MIN_REQUESTS && (slow || failing) {
         let lower = ((current as f64 * DECREASE).floor() as u64).max(adapt.min);
         let why = match (slow, failing) {
             (true, true) => format!(
@@ -416,6 +431,32 @@ mod tests {
         assert_eq!(decide(&adapt(), full, &fast).unwrap().capacity, 105);
         // No requests: no evidence either way.
         assert_eq!(decide(&adapt(), busy(100), &WindowCounts::default()), None);
+    }
+
+    #[test]
+    fn nothing_changes_until_a_cut_has_taken_effect() {
+        let slow = window(50, 0, Duration::from_secs(2));
+        let draining = Room {
+            capacity: 70,
+            waiting: 30,
+            active: 100,
+        };
+        assert!(draining.settling());
+        assert_eq!(decide(&adapt(), draining, &slow), None);
+        let fast = window(100, 0, Duration::from_millis(50));
+        assert_eq!(decide(&adapt(), draining, &fast), None);
+        let drained = Room {
+            active: 70,
+            ..draining
+        };
+        assert_eq!(decide(&adapt(), drained, &slow).unwrap().capacity, 49);
+        // A range that moved applies at once, settling or not.
+        let moved = Room {
+            capacity: 5000,
+            waiting: 0,
+            active: 6000,
+        };
+        assert_eq!(decide(&adapt(), moved, &slow).unwrap().capacity, 1000);
     }
 
     #[test]

@@ -279,7 +279,9 @@ impl CrowdVisitor {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             };
-            if code == StatusCode::OK && !own {
+            // Not queuegate's answer: the origin's, so admitted (an
+            // erring origin is browsed all the same).
+            if !own {
                 let now = Instant::now();
                 log.admissions.lock().unwrap().push((now, now - joined));
                 in_line = false;
