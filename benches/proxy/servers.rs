@@ -99,43 +99,9 @@ http {{
 
 /// nginx as a keep-alive reverse proxy to the origin, one worker per CPU.
 pub fn start_nginx_proxy(nginx: &Path, root: &Path, origin: SocketAddr) -> Result<Server> {
-    let prefix = nginx_prefix(root, "nginx")?;
-    let port = free_port()?;
-    let config = format!(
-        r#"daemon off;
-master_process on;
-worker_processes auto;
-pid {prefix}/nginx.pid;
-error_log {prefix}/logs/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    keepalive_requests 100000;
-    keepalive_timeout 75s;
-    upstream origin {{
-        server {origin};
-        keepalive 64;
-    }}
-    server {{
-        listen 127.0.0.1:{port} backlog=4096;
-        location / {{
-            proxy_pass http://origin;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_set_header Host $host;
-            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-            proxy_set_header X-Forwarded-Proto $scheme;
-            proxy_set_header X-Forwarded-Host $host;
-        }}
-    }}
-}}
-"#,
-        prefix = prefix.display(),
-    );
-    let process = spawn_nginx(nginx, &prefix, "nginx", &config)?;
-    let server = ready(process, port)?;
-    check_bodies(&server, &[])?;
-    Ok(server)
+    let forwarded = "proxy_set_header X-Forwarded-Proto $scheme;
+            proxy_set_header X-Forwarded-Host $host;";
+    start_nginx_with(nginx, root, "nginx", origin, "", forwarded)
 }
 
 /// nginx as a keep-alive reverse proxy to the origin with a micro-cache:
@@ -149,9 +115,31 @@ pub fn start_nginx_cache(
     origin: SocketAddr,
     cache_dir: &Path,
 ) -> Result<Server> {
-    let prefix = nginx_prefix(root, "nginx-cache")?;
     // nginx's unprivileged workers write the cache files.
     fs::set_permissions(cache_dir, fs::Permissions::from_mode(0o777))?;
+    let http = format!(
+        "proxy_cache_path {} levels=1:2 keys_zone=micro:10m max_size=64m inactive=10s use_temp_path=off;",
+        cache_dir.display()
+    );
+    let location = "proxy_cache micro;
+            proxy_cache_valid 200 301 404 1s;
+            proxy_cache_lock on;
+            proxy_cache_lock_timeout 5s;";
+    start_nginx_with(nginx, root, "nginx-cache", origin, &http, location)
+}
+
+/// nginx named `name` proxying to the origin over keep-alive connections,
+/// one worker per CPU, with `http` added to its `http` block and `location`
+/// to its one location.
+fn start_nginx_with(
+    nginx: &Path,
+    root: &Path,
+    name: &str,
+    origin: SocketAddr,
+    http: &str,
+    location: &str,
+) -> Result<Server> {
+    let prefix = nginx_prefix(root, name)?;
     let port = free_port()?;
     let config = format!(
         r#"daemon off;
@@ -164,7 +152,7 @@ http {{
     access_log off;
     keepalive_requests 100000;
     keepalive_timeout 75s;
-    proxy_cache_path {cache} levels=1:2 keys_zone=micro:10m max_size=64m inactive=10s use_temp_path=off;
+    {http}
     upstream origin {{
         server {origin};
         keepalive 64;
@@ -177,18 +165,14 @@ http {{
             proxy_set_header Connection "";
             proxy_set_header Host $host;
             proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-            proxy_cache micro;
-            proxy_cache_valid 200 301 404 1s;
-            proxy_cache_lock on;
-            proxy_cache_lock_timeout 5s;
+            {location}
         }}
     }}
 }}
 "#,
         prefix = prefix.display(),
-        cache = cache_dir.display(),
     );
-    let process = spawn_nginx(nginx, &prefix, "nginx-cache", &config)?;
+    let process = spawn_nginx(nginx, &prefix, name, &config)?;
     let server = ready(process, port)?;
     check_bodies(&server, &[])?;
     Ok(server)
