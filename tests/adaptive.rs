@@ -256,3 +256,40 @@ async fn instances_on_one_redis_admit_by_one_capacity_and_keep_it_through_an_out
         task.abort();
     }
 }
+
+/// A request with a body is not counted in the origin's health: a client
+/// that sends its body slowly stretches the origin's time to answer, and
+/// could talk the capacity down for everyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_body_the_client_trickles_is_not_counted_in_the_origins_health() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let origin = ModelOrigin::start(100, Duration::from_millis(2)).await;
+    let rest = shop("10").replace("    adapt_every: 1s\n", "") + "    mode: passthrough\n";
+    let instance = Instance::start_memory(&origin.url(), &rest).await;
+    let gate = &instance.process;
+    let counted = || async {
+        let metrics = get(&gate.admin_url("/metrics")).await.1;
+        let metrics = String::from_utf8_lossy(&metrics).into_owned();
+        sample(
+            &metrics,
+            "queuegate_origin_response_seconds_count{route=\"shop\"}",
+        )
+    };
+    assert_eq!(counted().await, 0.0);
+
+    let mut slow = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
+    slow.write_all(b"POST /shop/cart HTTP/1.1\r\nHost: shop.test\r\nContent-Length: 4\r\n\r\nab")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    slow.write_all(b"cd").await.unwrap();
+    let mut answer = [0u8; 12];
+    slow.read_exact(&mut answer).await.unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 200", "the origin answered the post");
+    assert_eq!(counted().await, 0.0, "a request with a body is not counted");
+
+    let (parts, _) = get(&gate.url("/shop/item")).await;
+    assert_eq!(parts.status, 200);
+    assert_eq!(counted().await, 1.0, "a request without one is");
+}

@@ -237,15 +237,16 @@ impl App {
     }
 
     /// Forwards an admitted or ungated request, taking any origin command
-    /// and lane out of the answer; a route's request is counted in `tap`.
-    /// The request is handed to the upstream before this returns (see
-    /// [`Upstream::forward`]).
+    /// and lane out of the answer; a route's request without a body is
+    /// counted in `tap` (see [`HealthTap`]). The request is handed to the
+    /// upstream before this returns (see [`Upstream::forward`]).
     pub(super) fn forward(
         &self,
         mut req: Request<Incoming>,
         peer: &Peer,
         tap: Option<HealthTap>,
     ) -> impl Future<Output = Forwarded> + Send + '_ {
+        let tap = tap.filter(|_| http_body::Body::is_end_stream(req.body()));
         cookie::strip_own_cookies(req.headers_mut());
         let started = Instant::now();
         let remote = peer.addr;
@@ -291,7 +292,11 @@ impl App {
 }
 
 /// Where a route's forwarded request is counted: the route's health window
-/// (DESIGN §9.1) and its origin metrics.
+/// (DESIGN §9.1) and its origin metrics. Only requests without a body are:
+/// the origin answers a request once its body has come, so a client that
+/// sends its body slowly would stretch the time measured (or run it into a
+/// timeout) and, with a few admitted sessions, talk the capacity down for
+/// everyone.
 pub(super) struct HealthTap {
     live: Arc<RouteLive>,
     origin: RouteOrigin,
