@@ -689,7 +689,10 @@ mod tests {
             assert_eq!((scan.state, flagged(&scan)), (State::Off, None));
         }
         // At the limit, hyper reads it: so does the watch.
-        let most = format!("GET / HTTP/1.1\r\n{}\r\n", "X-A: 1\r\n".repeat(request::MAX_HEADERS));
+        let most = format!(
+            "GET / HTTP/1.1\r\n{}\r\n",
+            "X-A: 1\r\n".repeat(request::MAX_HEADERS)
+        );
         let scan = fed(&[most.as_bytes(), AMBIGUOUS]);
         assert_eq!(flagged(&scan).map(|h| h.request), Some(1));
     }

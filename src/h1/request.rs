@@ -212,7 +212,9 @@ impl Head<'_, '_> {
 /// A value's comma-separated elements, trimmed. A value that is not visible
 /// ASCII has none (hyper reads such a value as no tokens at all).
 fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
-    let visible = value.iter().all(|&b| b == b'\t' || (b' '..0x7f).contains(&b));
+    let visible = value
+        .iter()
+        .all(|&b| b == b'\t' || (b' '..0x7f).contains(&b));
     value
         .split(|&b| b == b',')
         .filter(move |_| visible)
@@ -271,8 +273,12 @@ mod tests {
 
     #[test]
     fn framing_follows_the_last_coding_and_a_single_length() {
-        let cases: &[(&[u8], Result<Option<Framing>, Refused>)] = &[
-            (b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", Ok(Some(Framing::Empty))),
+        type Case = (&'static [u8], Result<Option<Framing>, Refused>);
+        let cases: &[Case] = &[
+            (
+                b"GET / HTTP/1.1\r\nHost: a\r\n\r\n",
+                Ok(Some(Framing::Empty)),
+            ),
             (b"GET / HTTP/1.1\r\nHost: a\r\n", Ok(None)),
             (
                 b"PUT / HTTP/1.1\r\ncontent-LENGTH:  5 \r\n\r\n",
@@ -349,10 +355,16 @@ mod tests {
 
     #[test]
     fn limits_and_grammar_are_refused_with_hyper_statuses() {
-        let many = format!("GET / HTTP/1.1\r\n{}\r\n", "A: b\r\n".repeat(MAX_HEADERS + 1));
+        let many = format!(
+            "GET / HTTP/1.1\r\n{}\r\n",
+            "A: b\r\n".repeat(MAX_HEADERS + 1)
+        );
         let mut s = slots();
         let refused = parse(many.as_bytes(), &mut s).unwrap_err();
-        assert_eq!(refused.status(), http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+        assert_eq!(
+            refused.status(),
+            http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+        );
         let long = format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(MAX_TARGET));
         let mut s = slots();
         let refused = parse(long.as_bytes(), &mut s).unwrap_err();
