@@ -31,10 +31,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::h1 as codec;
 use crate::h1::chunked::{self, Step};
 use crate::h1::response::{self, Length};
 use crate::h1::write::{self, Encoder};
-use crate::h1::{self as codec, MAX_HEADERS};
 
 /// Why an exchange with the origin failed: the origin's failure (answered
 /// `502`), or the client's body (`ClientBody`).
@@ -770,7 +770,7 @@ impl Pooled {
         head_request: bool,
     ) -> Result<Option<Response<OriginBody>>, codec::Error> {
         loop {
-            let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut fields = response::fields();
             let Some(head) = response::parse(&self.conn.read, &mut fields)? else {
                 return Ok(None);
             };

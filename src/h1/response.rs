@@ -4,6 +4,8 @@
 //! `http::Response` made from it without copying its field values
 //! ([`Spans::response`]).
 
+use std::mem::MaybeUninit;
+
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::{Response, StatusCode, Version};
@@ -43,14 +45,21 @@ pub struct Framing {
     pub upgrade: bool,
 }
 
+/// Room for a head's fields, left uninitialised (`httparse` fills what it
+/// parses).
+pub fn fields<'b>() -> [MaybeUninit<httparse::Header<'b>>; MAX_HEADERS] {
+    [MaybeUninit::uninit(); MAX_HEADERS]
+}
+
 /// Parses the head at the start of `buf` into `fields`: `None` while it
 /// is incomplete.
 pub fn parse<'h, 'b>(
     buf: &'b [u8],
-    fields: &'h mut [httparse::Header<'b>],
+    fields: &'h mut [MaybeUninit<httparse::Header<'b>>],
 ) -> Result<Option<Head<'h, 'b>>, Error> {
-    let mut res = httparse::Response::new(fields);
-    let len = match httparse::ParserConfig::default().parse_response(&mut res, buf) {
+    let mut res = httparse::Response::new(&mut []);
+    let config = httparse::ParserConfig::default();
+    let len = match config.parse_response_with_uninit_headers(&mut res, buf, fields) {
         Ok(httparse::Status::Complete(len)) if len <= MAX_HEAD => len,
         Ok(httparse::Status::Complete(_)) => return Err(Error::TooLarge),
         Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => return Err(Error::TooLarge),
@@ -150,7 +159,14 @@ impl Head<'_, '_> {
     /// head was parsed from, to be taken from it once frozen.
     pub fn spans(&self, base: &[u8]) -> Spans {
         let start = base.as_ptr() as usize;
-        let at = |s: &[u8]| ((s.as_ptr() as usize).wrapping_sub(start), s.len());
+        // Heads are at most MAX_HEAD bytes: offsets fit in a u32.
+        let at = |s: &[u8]| {
+            let offset = (s.as_ptr() as usize).wrapping_sub(start);
+            (
+                u32::try_from(offset).unwrap_or(u32::MAX),
+                u32::try_from(s.len()).unwrap_or(0),
+            )
+        };
         let mut spans = Spans {
             status: self.status,
             version: self.version,
@@ -164,7 +180,12 @@ impl Head<'_, '_> {
         for (field, span) in self.fields.iter().zip(spans.fields.iter_mut()) {
             let (name, name_len) = at(field.name.as_bytes());
             let (value, value_len) = at(field.value);
-            *span = [name, name + name_len, value, value + value_len];
+            *span = [
+                name,
+                name.saturating_add(name_len),
+                value,
+                value.saturating_add(value_len),
+            ];
         }
         spans
     }
@@ -174,9 +195,9 @@ impl Head<'_, '_> {
 pub struct Spans {
     status: StatusCode,
     version: Version,
-    reason: Option<(usize, usize)>,
+    reason: Option<(u32, u32)>,
     count: usize,
-    fields: [[usize; 4]; MAX_HEADERS],
+    fields: [[u32; 4]; MAX_HEADERS],
 }
 
 impl Spans {
@@ -190,6 +211,7 @@ impl Spans {
         let headers = resp.headers_mut();
         headers.reserve(self.count);
         for &[ns, ne, vs, ve] in self.fields.get(..self.count).unwrap_or_default() {
+            let [ns, ne, vs, ve] = [ns, ne, vs, ve].map(|at| at as usize);
             let name = head.get(ns..ne).ok_or(Error::Field)?;
             let name = HeaderName::from_bytes(name).map_err(|_| Error::Field)?;
             let value = cut(head, vs, ve).ok_or(Error::Field)?;
@@ -197,7 +219,7 @@ impl Spans {
             headers.append(name, value);
         }
         if let Some((start, len)) = self.reason {
-            let reason = cut(head, start, start.saturating_add(len));
+            let reason = cut(head, start as usize, start.saturating_add(len) as usize);
             if let Some(Ok(reason)) = reason.map(hyper::ext::ReasonPhrase::try_from) {
                 resp.extensions_mut().insert(reason);
             }
@@ -216,7 +238,7 @@ mod tests {
     use super::*;
 
     fn framing(head: &str, head_request: bool) -> Result<Option<Framing>, Error> {
-        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut fields = fields();
         parse(head.as_bytes(), &mut fields)?
             .map(|h| h.framing(head_request))
             .transpose()
@@ -304,7 +326,7 @@ mod tests {
     #[test]
     fn values_are_slices_of_the_head() {
         let bytes = Bytes::from_static(b"HTTP/1.1 200 Fine\r\nX-A: one\r\nx-b:  two \r\n\r\nbody");
-        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut fields = fields();
         let head = parse(&bytes, &mut fields).unwrap().unwrap();
         let spans = head.spans(&bytes);
         let resp = spans.response(&bytes.slice(..head.len)).unwrap();
