@@ -20,7 +20,10 @@ use memchr::{memchr, memchr2};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-use crate::h1::request::{self, Framing, Refused};
+use crate::h1::{
+    self,
+    request::{self, Framing, Refused},
+};
 
 /// A request head that two HTTP parsers could frame differently.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -360,7 +363,7 @@ impl Scan {
             }
         }
         let index = self.heads;
-        let mut slots = request::slots();
+        let mut slots = h1::fields();
         match request::parse(bytes, &mut slots) {
             Ok(Some(head)) => {
                 self.heads += 1;
@@ -682,7 +685,7 @@ mod tests {
         let bad_name = b"GET / HTTP/1.1\r\nBad Name: 1\r\n\r\n";
         let many = format!(
             "GET / HTTP/1.1\r\n{}\r\n",
-            "X-A: 1\r\n".repeat(request::MAX_HEADERS + 1)
+            "X-A: 1\r\n".repeat(h1::MAX_HEADERS + 1)
         );
         for first in [&http10_chunked[..], bad_name, many.as_bytes()] {
             let scan = fed(&[first, AMBIGUOUS]);
@@ -691,7 +694,7 @@ mod tests {
         // At the limit, hyper reads it: so does the watch.
         let most = format!(
             "GET / HTTP/1.1\r\n{}\r\n",
-            "X-A: 1\r\n".repeat(request::MAX_HEADERS)
+            "X-A: 1\r\n".repeat(h1::MAX_HEADERS)
         );
         let scan = fed(&[most.as_bytes(), AMBIGUOUS]);
         assert_eq!(flagged(&scan).map(|h| h.request), Some(1));

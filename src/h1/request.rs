@@ -16,9 +16,7 @@ use std::mem::MaybeUninit;
 
 use http::{Method, Uri};
 
-/// hyper's limit on a request's header lines: a head with more is refused
-/// (`431`).
-pub const MAX_HEADERS: usize = 100;
+use super::{digits, ends_chunked, lists, MAX_HEADERS};
 
 /// hyper's limit on a request target's length (`414` past it).
 pub const MAX_TARGET: usize = (u16::MAX - 1) as usize;
@@ -144,12 +142,12 @@ pub fn framing(http10: bool, headers: &[httparse::Header<'_>]) -> Result<Framing
         let (name, value) = (header.name.as_bytes(), header.value);
         if name.eq_ignore_ascii_case(b"content-length") {
             lengths += 1;
-            match digits(value) {
+            match std::str::from_utf8(value).ok().and_then(digits) {
                 Some(n) if length.is_none_or(|first| first == n) => length = Some(n),
                 _ => readable = false,
             }
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            chunked = Some(last_coding_is_chunked(value));
+            chunked = Some(ends_chunked(value));
         }
     }
     match (lengths, chunked) {
@@ -182,11 +180,11 @@ impl Head<'_, '_> {
             if name.eq_ignore_ascii_case(b"connection") {
                 // Once one line asks to close, a later `keep-alive` does not
                 // undo it.
-                if closed || has_token(header.value, b"close") {
+                if closed || lists(header.value, "close") {
                     closed = true;
                     self.keep_alive = false;
                 } else if !self.keep_alive {
-                    self.keep_alive = has_token(header.value, b"keep-alive");
+                    self.keep_alive = lists(header.value, "keep-alive");
                 }
             } else if name.eq_ignore_ascii_case(b"expect") {
                 self.expect_continue = header.value.eq_ignore_ascii_case(b"100-continue");
@@ -209,65 +207,12 @@ impl Head<'_, '_> {
     }
 }
 
-/// A value's comma-separated elements, trimmed. A value that is not visible
-/// ASCII has none (hyper reads such a value as no tokens at all).
-fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
-    let visible = value
-        .iter()
-        .all(|&b| b == b'\t' || (b' '..0x7f).contains(&b));
-    value
-        .split(|&b| b == b',')
-        .filter(move |_| visible)
-        .map(trim)
-}
-
-fn has_token(value: &[u8], token: &[u8]) -> bool {
-    tokens(value).any(|t| t.eq_ignore_ascii_case(token))
-}
-
-/// Whether a Transfer-Encoding value's last coding is `chunked`.
-fn last_coding_is_chunked(value: &[u8]) -> bool {
-    tokens(value)
-        .last()
-        .is_some_and(|t| t.eq_ignore_ascii_case(b"chunked"))
-}
-
-fn trim(value: &[u8]) -> &[u8] {
-    let is_space = |b: &u8| matches!(b, b' ' | b'\t');
-    let start = value
-        .iter()
-        .position(|b| !is_space(b))
-        .unwrap_or(value.len());
-    let end = value
-        .iter()
-        .rposition(|b| !is_space(b))
-        .map_or(start, |i| i + 1);
-    &value[start..end]
-}
-
-/// A Content-Length: one decimal number, no sign, no spaces (httparse has
-/// trimmed the value).
-fn digits(value: &[u8]) -> Option<u64> {
-    if value.is_empty() {
-        return None;
-    }
-    value.iter().try_fold(0u64, |n, &b| {
-        let d = b.checked_sub(b'0').filter(|d| *d < 10)?;
-        n.checked_mul(10)?.checked_add(u64::from(d))
-    })
-}
-
-/// Header slots for [`parse`].
-pub fn slots<'b>() -> [MaybeUninit<httparse::Header<'b>>; MAX_HEADERS] {
-    [const { MaybeUninit::uninit() }; MAX_HEADERS]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn framed(head: &[u8]) -> Result<Option<Framing>, Refused> {
-        let mut s = slots();
+        let mut s = crate::h1::fields();
         parse(head, &mut s).map(|head| head.map(|h| h.framing))
     }
 
@@ -334,7 +279,7 @@ mod tests {
 
     #[test]
     fn connection_fields_are_read_as_hyper_reads_them() {
-        let mut s = slots();
+        let mut s = crate::h1::fields();
         let head = parse(
             b"GET / HTTP/1.0\r\nConnection: foo, Keep-Alive\r\nExpect: 100-Continue\r\nUpgrade: websocket\r\n\r\n",
             &mut s,
@@ -343,7 +288,7 @@ mod tests {
         .unwrap();
         assert!(head.keep_alive && head.expect_continue && head.http10);
         assert!(!head.wants_upgrade, "no upgrade on HTTP/1.0");
-        let mut s = slots();
+        let mut s = crate::h1::fields();
         let head = parse(
             b"GET / HTTP/1.1\r\nConnection: close\r\nConnection: keep-alive\r\nUpgrade: websocket\r\n\r\n",
             &mut s,
@@ -359,14 +304,14 @@ mod tests {
             "GET / HTTP/1.1\r\n{}\r\n",
             "A: b\r\n".repeat(MAX_HEADERS + 1)
         );
-        let mut s = slots();
+        let mut s = crate::h1::fields();
         let refused = parse(many.as_bytes(), &mut s).unwrap_err();
         assert_eq!(
             refused.status(),
             http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
         );
         let long = format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(MAX_TARGET));
-        let mut s = slots();
+        let mut s = crate::h1::fields();
         let refused = parse(long.as_bytes(), &mut s).unwrap_err();
         assert_eq!(refused.status(), http::StatusCode::URI_TOO_LONG);
         for bad in [
@@ -376,7 +321,7 @@ mod tests {
             b"GET  / HTTP/1.1\r\n\r\n",
             b"GET / HTTP/1.2\r\n\r\n",
         ] {
-            let mut s = slots();
+            let mut s = crate::h1::fields();
             let refused = parse(bad, &mut s).unwrap_err();
             assert_eq!(refused.status(), http::StatusCode::BAD_REQUEST);
         }
