@@ -342,20 +342,29 @@ mod tests {
     #[test]
     fn a_body_without_trailers_ends_at_its_last_chunk() {
         let input = b"3\r\nabc\r\n0\r\n\r\nHTTP/1.1";
-        for size in 1..=input.len() {
+        for split in 0..=input.len() {
             let mut decoder = Decoder::new();
-            let mut buf = BytesMut::from(&input[..]);
-            let _ = size;
+            let mut buf = BytesMut::from(&input[..split]);
+            let mut rest = &input[split..];
             let mut body = Vec::new();
             loop {
                 match decoder.decode(&mut buf).unwrap() {
                     Step::Data(d) => body.extend_from_slice(&d),
                     Step::End => break,
-                    other => panic!("{other:?}"),
+                    Step::More if !rest.is_empty() => {
+                        buf.extend_from_slice(rest);
+                        rest = &[];
+                    }
+                    other => panic!("{other:?} at {split}"),
                 }
             }
+            buf.extend_from_slice(rest);
             assert_eq!(body, b"abc");
-            assert_eq!(&buf[..], b"HTTP/1.1");
+            assert_eq!(
+                &buf[..],
+                b"HTTP/1.1",
+                "what follows the body stays, split at {split}"
+            );
         }
     }
 
