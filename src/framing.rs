@@ -11,7 +11,6 @@
 //! changed or held back, and only a head split across reads is copied aside.
 
 use std::io;
-use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -20,6 +19,11 @@ use std::task::{Context, Poll};
 use memchr::{memchr, memchr2};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
+
+use crate::h1::{
+    self,
+    request::{self, Framing, Refused},
+};
 
 /// A request head that two HTTP parsers could frame differently.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -246,10 +250,6 @@ enum Head {
     Stopped,
 }
 
-/// hyper's limit on a request's header lines (`max_headers` is not set):
-/// a head with more is refused (431).
-const MAX_HEADERS: usize = 100;
-
 /// The request line and blank line that begin HTTP/2's connection preface
 /// (RFC 9113 §3.4); `SM` and a blank line follow.
 const H2_PREFACE_HEAD: &[u8] = b"PRI * HTTP/2.0\r\n\r\n";
@@ -362,21 +362,32 @@ impl Scan {
                 return Head::Partial;
             }
         }
-        let mut headers = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
-        let mut req = httparse::Request::new(&mut []);
-        match req.parse_with_uninit_headers(bytes, &mut headers) {
-            Ok(httparse::Status::Complete(len)) => {
-                // `version` is set once the head is complete.
-                let http10 = req.version == Some(0);
-                self.on_head(http10, req.headers);
-                if self.state == State::Off {
-                    Head::Stopped
-                } else {
-                    Head::Complete(len)
-                }
+        let index = self.heads;
+        let mut slots = h1::fields();
+        match request::parse(bytes, &mut slots) {
+            Ok(Some(head)) => {
+                self.heads += 1;
+                // An `Upgrade` request or `CONNECT` is followed like any
+                // other: only the server knows whether the protocol switched
+                // (`switched`).
+                self.state = match head.framing {
+                    Framing::Empty => State::Head,
+                    Framing::Length(n) => State::Length(n),
+                    Framing::Chunked => State::Chunked(Chunk::Start),
+                };
+                Head::Complete(head.len)
             }
-            Ok(httparse::Status::Partial) => Head::Partial,
-            // hyper answers it 400 or 431 and closes the connection.
+            Ok(None) => Head::Partial,
+            Err(Refused::Ambiguous(reason)) => {
+                self.heads += 1;
+                let _ = self.watch.0.ambiguous.set(AmbiguousHead {
+                    request: index,
+                    reason,
+                });
+                self.stop();
+                Head::Stopped
+            }
+            // hyper answers it 400, 414 or 431 and closes the connection.
             Err(_) => {
                 self.stop();
                 Head::Stopped
@@ -423,55 +434,6 @@ impl Scan {
         if std::mem::take(&mut frames.ends_block) {
             self.watch.set_header_block(None);
         }
-    }
-
-    /// Sets the framing of a complete head's body from its header lines,
-    /// as hyper reads them (`http10`: the head is HTTP/1.0).
-    fn on_head(&mut self, http10: bool, headers: &[httparse::Header<'_>]) {
-        let index = self.heads;
-        self.heads += 1;
-        let (mut lengths, mut length, mut chunked) = (0u32, None, None);
-        let mut readable = true;
-        for header in headers {
-            // httparse has trimmed the value.
-            let (name, value) = (header.name.as_bytes(), header.value);
-            if name.eq_ignore_ascii_case(b"content-length") {
-                // Counted even when unreadable: hyper ignores one that
-                // follows Transfer-Encoding without reading it.
-                lengths += 1;
-                match digits(value) {
-                    Some(n) if length.is_none_or(|first| first == n) => length = Some(n),
-                    _ => readable = false,
-                }
-            } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-                let last = value.rsplit(|&b| b == b',').next().unwrap_or_default();
-                chunked = Some(trim(last).eq_ignore_ascii_case(b"chunked"));
-            }
-        }
-        let reason = match (lengths, chunked) {
-            (2.., _) => Some("more than one Content-Length"),
-            (1, Some(_)) => Some("both Content-Length and Transfer-Encoding"),
-            _ => None,
-        };
-        if let Some(reason) = reason {
-            let _ = self.watch.0.ambiguous.set(AmbiguousHead {
-                request: index,
-                reason,
-            });
-            return self.stop();
-        }
-        // An `Upgrade` request or `CONNECT` is followed like any other: only
-        // the server knows whether the protocol switched (`switched`).
-        self.state = match (chunked, length) {
-            _ if !readable => State::Off,
-            // hyper refuses Transfer-Encoding on HTTP/1.0.
-            (Some(_), _) if http10 => State::Off,
-            (Some(true), _) => State::Chunked(Chunk::Start),
-            // hyper refuses a request whose last coding is not chunked.
-            (Some(false), _) => State::Off,
-            (None, Some(n)) if n > 0 => State::Length(n),
-            (None, _) => State::Head,
-        };
     }
 
     fn stop(&mut self) {
@@ -548,29 +510,6 @@ fn head_end(buf: &[u8], from: usize) -> Option<usize> {
         }
     }
     None
-}
-
-fn trim(value: &[u8]) -> &[u8] {
-    let is_space = |b: &u8| matches!(b, b' ' | b'\t');
-    let start = value
-        .iter()
-        .position(|b| !is_space(b))
-        .unwrap_or(value.len());
-    let end = value
-        .iter()
-        .rposition(|b| !is_space(b))
-        .map_or(start, |i| i + 1);
-    &value[start..end]
-}
-
-fn digits(value: &[u8]) -> Option<u64> {
-    if value.is_empty() {
-        return None;
-    }
-    value.iter().try_fold(0u64, |n, &b| {
-        let d = b.checked_sub(b'0').filter(|d| *d < 10)?;
-        n.checked_mul(10)?.checked_add(u64::from(d))
-    })
 }
 
 /// One hex digit of a chunk size.
@@ -746,14 +685,17 @@ mod tests {
         let bad_name = b"GET / HTTP/1.1\r\nBad Name: 1\r\n\r\n";
         let many = format!(
             "GET / HTTP/1.1\r\n{}\r\n",
-            "X-A: 1\r\n".repeat(MAX_HEADERS + 1)
+            "X-A: 1\r\n".repeat(h1::MAX_HEADERS + 1)
         );
         for first in [&http10_chunked[..], bad_name, many.as_bytes()] {
             let scan = fed(&[first, AMBIGUOUS]);
             assert_eq!((scan.state, flagged(&scan)), (State::Off, None));
         }
         // At the limit, hyper reads it: so does the watch.
-        let most = format!("GET / HTTP/1.1\r\n{}\r\n", "X-A: 1\r\n".repeat(MAX_HEADERS));
+        let most = format!(
+            "GET / HTTP/1.1\r\n{}\r\n",
+            "X-A: 1\r\n".repeat(h1::MAX_HEADERS)
+        );
         let scan = fed(&[most.as_bytes(), AMBIGUOUS]);
         assert_eq!(flagged(&scan).map(|h| h.request), Some(1));
     }

@@ -71,6 +71,11 @@
 //! - `response`: the one body type and every response queuegate makes.
 //! - `upstream`: the per-worker pools of HTTP/1.1 connections to the origin,
 //!   driven by the requests that use them.
+//! - `h1`: the HTTP/1.1 codec, byte work only: an origin's response head
+//!   read once into a borrowed view and its body's framing (`response`),
+//!   the chunked coding (`chunked`), request heads written into a
+//!   connection's buffer (`write`), a client's
+//!   request head and its framing rules (`request`).
 //! - `inflight`: a route's turns at the origin (`Turns`, DESIGN §9.2): the
 //!   cap on its requests in flight, resized by reloads, and the `Turn` one
 //!   request holds.
@@ -94,6 +99,7 @@ pub mod demo;
 pub mod file_watch;
 pub mod framing;
 pub mod gate;
+pub mod h1;
 pub mod health;
 pub mod host;
 pub mod inflight;

@@ -32,7 +32,9 @@ use crate::client_ip;
 use crate::config;
 use crate::metrics::{ConnectionMetrics, Protocol};
 use crate::response::{Body, RequestError};
-use crate::upstream::{self, Handed, Origin, Outgoing, Pool, Pooled, Sent, UpstreamBody};
+use crate::upstream::{
+    self, Handed, Origin, OriginBody, Outgoing, Pool, Pooled, Sent, UpstreamBody,
+};
 
 /// Headers that describe one connection, not the message (RFC 9110
 /// §7.6.1), with `HTTP2-Settings`, which only an `h2c` upgrade reads (RFC
@@ -582,7 +584,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Heard<T> {
 /// connections (see [`Tunnel::run`]), once `connection` (the origin's) has
 /// handed its socket over.
 fn switch_protocols(
-    resp: Response<Incoming>,
+    resp: Response<OriginBody>,
     connection: Pooled,
     client_upgrade: hyper::upgrade::OnUpgrade,
     tunnel: Tunnel,
@@ -648,27 +650,10 @@ impl Resend {
 }
 
 /// Whether an exchange failed the way one does on a connection the origin
-/// had closed while it was idle: closed before the answer began, or reset.
+/// had closed while it was idle: closed or reset before any byte of the
+/// answer came.
 fn stale(err: &upstream::Error) -> bool {
-    let upstream::Error::Http(err) = err else {
-        return false;
-    };
-    if err.is_incomplete_message() || err.is_canceled() || err.is_closed() {
-        return true;
-    }
-    let mut source = std::error::Error::source(err);
-    while let Some(cause) = source {
-        if let Some(io) = cause.downcast_ref::<io::Error>() {
-            return matches!(
-                io.kind(),
-                io::ErrorKind::ConnectionReset
-                    | io::ErrorKind::ConnectionAborted
-                    | io::ErrorKind::BrokenPipe
-            );
-        }
-        source = cause.source();
-    }
-    false
+    matches!(err, upstream::Error::Http(err) if err.unanswered())
 }
 
 /// Rejects the requests that are never forwarded, whatever their path:

@@ -45,7 +45,7 @@ pub enum Body {
 #[derive(Debug)]
 pub struct Resumed {
     read: VecDeque<Frame<Bytes>>,
-    failed: Option<hyper::Error>,
+    failed: Option<upstream::Error>,
     /// The failure is given after one pending poll (see `poll_frame`).
     flushed: bool,
     rest: Body,
@@ -55,7 +55,7 @@ impl Resumed {
     fn poll_frame(
         &mut self,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, upstream::Error>>> {
         if let Some(frame) = self.read.pop_front() {
             return Poll::Ready(Some(Ok(frame)));
         }
@@ -96,7 +96,11 @@ impl Body {
 
     /// The frames `read` of an origin's body, then `failed` if reading it
     /// failed, else the rest of it, `rest` (see [`Resumed`]).
-    pub fn resumed(read: VecDeque<Frame<Bytes>>, failed: Option<hyper::Error>, rest: Body) -> Body {
+    pub fn resumed(
+        read: VecDeque<Frame<Bytes>>,
+        failed: Option<upstream::Error>,
+        rest: Body,
+    ) -> Body {
         Body::Resumed(Box::new(Resumed {
             read,
             failed,
@@ -108,12 +112,12 @@ impl Body {
 
 impl http_body::Body for Body {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = upstream::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, upstream::Error>>> {
         match self.get_mut() {
             Body::Empty => Poll::Ready(None),
             Body::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),

@@ -17,7 +17,7 @@ pub const SMALL_BODY: &str =
 /// The size of the `/large` static file.
 pub const LARGE_LEN: usize = 16 * 1024;
 /// The gated route's name, and so its cookie `qg_bench`.
-const ROUTE: &str = "bench";
+pub const ROUTE: &str = "bench";
 const KEY_ENV: &str = "QUEUEGATE_KEY_BENCH";
 
 /// A running server with its address.
@@ -200,84 +200,21 @@ pub fn start_queuegate_with(
     origin: SocketAddr,
     route: Option<&str>,
 ) -> Result<(Server, Option<String>)> {
-    let gated = route.is_some();
-    let extra = route.unwrap_or_default();
-    ensure!(
-        binary.is_file(),
-        "queuegate binary not found at {}; build it with `cargo build --release`",
-        binary.display()
-    );
-    let dir = root.join(if gated {
-        "queuegate"
-    } else {
-        "queuegate-plain"
-    });
-    fs::create_dir_all(&dir)?;
-    let keygen = Command::new(binary)
-        .arg("keygen")
-        .output()
-        .context("running `queuegate keygen`")?;
-    let key = String::from_utf8(keygen.stdout)?.trim().to_string();
-    if !keygen.status.success() || key.is_empty() {
-        bail!(
-            "`queuegate keygen` failed ({}): {}",
-            keygen.status,
-            String::from_utf8_lossy(&keygen.stderr)
-        );
-    }
-    let port = free_port()?;
-    // Two instances may run side by side: each gets its own admin port.
-    let admin_port = free_port()?;
-    let routes = if gated {
-        format!(
-            r#"routes:
+    let Some(extra) = route else {
+        let server = start_queuegate_config(binary, root, "queuegate-plain", origin, "")?;
+        check_bodies(&server, &[])?;
+        return Ok((server, None));
+    };
+    let routes = format!(
+        r#"routes:
   - name: {ROUTE}
     match: {{ path_prefix: / }}
     capacity: 100000
     pass_ttl: 1h
     session_ttl: 2h
 {extra}"#
-        )
-    } else {
-        String::new()
-    };
-    let config = format!(
-        r#"listen:
-  - addr: 127.0.0.1:{port}
-admin:
-  addr: 127.0.0.1:{admin_port}
-limits:
-  drain_timeout: 1s
-upstream:
-  url: http://{origin}
-  pool: {{ max_idle_per_host: 512 }}
-store:
-  backend: memory
-keys:
-  - {{ id: bench, env: {KEY_ENV} }}
-{routes}"#
     );
-    let conf = dir.join("queuegate.yaml");
-    fs::write(&conf, config)?;
-    let log = dir.join("queuegate.log");
-    let child = Command::new(binary)
-        .arg("run")
-        .arg("-c")
-        .arg(&conf)
-        .env(KEY_ENV, &key)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(File::create(&log)?)
-        .stderr(File::create(dir.join("queuegate.err"))?)
-        .spawn()
-        .with_context(|| format!("starting {}", binary.display()))?;
-    let process = Process::new("queuegate", child, vec![log, dir.join("queuegate.err")]);
-    let server = ready(process, port)?;
-    if !gated {
-        check_bodies(&server, &[])?;
-        return Ok((server, None));
-    }
-
+    let server = start_queuegate_config(binary, root, "queuegate", origin, &routes)?;
     let cookie_name = format!("qg_{ROUTE}");
     let first = http::get(server.addr, "/small", &[])?;
     let pass = first.cookie(&cookie_name).with_context(|| {
@@ -309,6 +246,111 @@ keys:
     let cookie = format!("{cookie_name}={pass}");
     check_bodies(&server, &[format!("Cookie: {cookie}")])?;
     Ok((server, Some(cookie)))
+}
+
+/// nginx answering `GET path` from memory with `body` as `application/json`
+/// (and `Cache-Control: no-store`), one worker per CPU: what an answer
+/// queuegate makes itself would cost as a static one.
+#[allow(dead_code)] // for the status polls bench
+pub fn start_nginx_static(nginx: &Path, root: &Path, path: &str, body: &str) -> Result<Server> {
+    ensure!(
+        !body.contains('\'') && !body.contains('\\'),
+        "the static body must need no escaping in nginx's config: {body}"
+    );
+    let prefix = nginx_prefix(root, "nginx-static")?;
+    let port = free_port()?;
+    let config = format!(
+        r#"daemon off;
+master_process on;
+worker_processes auto;
+pid {prefix}/nginx.pid;
+error_log {prefix}/logs/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    keepalive_requests 100000;
+    keepalive_timeout 75s;
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location = {path} {{
+            default_type application/json;
+            add_header Cache-Control "no-store";
+            return 200 '{body}';
+        }}
+        location / {{ return 404; }}
+    }}
+}}
+"#,
+        prefix = prefix.display(),
+    );
+    let process = spawn_nginx(nginx, &prefix, "nginx-static", &config)?;
+    ready(process, port)
+}
+
+/// queuegate in front of the origin, in `root/<name>`, with `routes` (YAML
+/// from `routes:` on, or nothing) and the memory store; its route's key is
+/// `bench`.
+pub fn start_queuegate_config(
+    binary: &Path,
+    root: &Path,
+    name: &str,
+    origin: SocketAddr,
+    routes: &str,
+) -> Result<Server> {
+    ensure!(
+        binary.is_file(),
+        "queuegate binary not found at {}; build it with `cargo build --release`",
+        binary.display()
+    );
+    let dir = root.join(name);
+    fs::create_dir_all(&dir)?;
+    let keygen = Command::new(binary)
+        .arg("keygen")
+        .output()
+        .context("running `queuegate keygen`")?;
+    let key = String::from_utf8(keygen.stdout)?.trim().to_string();
+    if !keygen.status.success() || key.is_empty() {
+        bail!(
+            "`queuegate keygen` failed ({}): {}",
+            keygen.status,
+            String::from_utf8_lossy(&keygen.stderr)
+        );
+    }
+    let port = free_port()?;
+    // Two instances may run side by side: each gets its own admin port.
+    let admin_port = free_port()?;
+    let config = format!(
+        r#"listen:
+  - addr: 127.0.0.1:{port}
+admin:
+  addr: 127.0.0.1:{admin_port}
+limits:
+  drain_timeout: 1s
+upstream:
+  url: http://{origin}
+  pool: {{ max_idle_per_host: 512 }}
+store:
+  backend: memory
+keys:
+  - {{ id: bench, env: {KEY_ENV} }}
+{routes}"#
+    );
+    let conf = dir.join("queuegate.yaml");
+    fs::write(&conf, config)?;
+    let log = dir.join("queuegate.log");
+    let child = Command::new(binary)
+        .arg("run")
+        .arg("-c")
+        .arg(&conf)
+        .env(KEY_ENV, &key)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(File::create(&log)?)
+        .stderr(File::create(dir.join("queuegate.err"))?)
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))?;
+    let process = Process::new("queuegate", child, vec![log, dir.join("queuegate.err")]);
+    ready(process, port)
 }
 
 fn ready(mut process: Process, port: u16) -> Result<Server> {

@@ -1,0 +1,330 @@
+//! An origin's response head, parsed once with `httparse` into a borrowed
+//! view ([`Head`]), the framing of the body that follows it (RFC 9112
+//! §6.3, as hyper's client reads it: [`Head::framing`]), and the
+//! `http::Response` made from it without copying its field values
+//! ([`Spans::response`]).
+
+use std::mem::MaybeUninit;
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
+use http::{Response, StatusCode, Version};
+
+use super::{content_length, ends_chunked, lists, Error, MAX_HEAD, MAX_HEADERS};
+
+/// A complete response head, borrowed from the read buffer.
+pub struct Head<'h, 'b> {
+    /// How many bytes of the buffer it takes.
+    pub len: usize,
+    pub status: StatusCode,
+    pub version: Version,
+    pub reason: &'b str,
+    pub fields: &'h [httparse::Header<'b>],
+}
+
+/// How the body after a head is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Length {
+    /// No body (HEAD, 1xx, 204, 304, `Content-Length: 0`).
+    Empty,
+    /// `Content-Length`.
+    Known(u64),
+    /// `Transfer-Encoding` ending in `chunked`.
+    Chunked,
+    /// Until the origin closes the connection.
+    Close,
+}
+
+/// What a head says about its body and its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Framing {
+    pub length: Length,
+    /// The connection may carry another exchange after this one.
+    pub keep_alive: bool,
+    /// A `101`: the connection is the origin's to hand over.
+    pub upgrade: bool,
+}
+
+/// Parses the head at the start of `buf` into `fields`: `None` while it
+/// is incomplete.
+pub fn parse<'h, 'b>(
+    buf: &'b [u8],
+    fields: &'h mut [MaybeUninit<httparse::Header<'b>>],
+) -> Result<Option<Head<'h, 'b>>, Error> {
+    let mut res = httparse::Response::new(&mut []);
+    let config = httparse::ParserConfig::default();
+    let len = match config.parse_response_with_uninit_headers(&mut res, buf, fields) {
+        Ok(httparse::Status::Complete(len)) if len <= MAX_HEAD => len,
+        Ok(httparse::Status::Complete(_)) => return Err(Error::TooLarge),
+        Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => return Err(Error::TooLarge),
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(err) => return Err(Error::Head(err)),
+    };
+    let code = res.code.unwrap_or(0);
+    let status = StatusCode::from_u16(code).map_err(|_| Error::Status)?;
+    let version = match res.version {
+        Some(1) => Version::HTTP_11,
+        _ => Version::HTTP_10,
+    };
+    Ok(Some(Head {
+        len,
+        status,
+        version,
+        reason: res.reason.unwrap_or(""),
+        fields: res.headers,
+    }))
+}
+
+impl Head<'_, '_> {
+    /// A `1xx` other than `101`: skipped, the final answer follows.
+    pub fn informational(&self) -> bool {
+        matches!(self.status.as_u16(), 100 | 102..=199)
+    }
+
+    fn named(&self, name: &'static str) -> impl Iterator<Item = &[u8]> + '_ {
+        self.fields
+            .iter()
+            .filter(move |f| f.name.eq_ignore_ascii_case(name))
+            .map(|f| f.value)
+    }
+
+    /// Whether the connection stays open after this answer: HTTP/1.1
+    /// unless a `Connection` field says `close`; HTTP/1.0 only with
+    /// `keep-alive` (and no `close`).
+    fn keep_alive(&self) -> bool {
+        let mut keep_alive = self.version == Version::HTTP_11;
+        let mut closed = false;
+        for value in self.named("connection") {
+            if closed || lists(value, "close") {
+                closed = true;
+                keep_alive = false;
+            } else if !keep_alive {
+                keep_alive = lists(value, "keep-alive");
+            }
+        }
+        keep_alive
+    }
+
+    /// The framing of the body after this head, in answer to a `HEAD`
+    /// request if `head_request`; an error for a head whose length could
+    /// be read two ways or not at all.
+    pub fn framing(&self, head_request: bool) -> Result<Framing, Error> {
+        let keep_alive = self.keep_alive();
+        let framing = |length| Framing {
+            length,
+            keep_alive,
+            upgrade: false,
+        };
+        match self.status.as_u16() {
+            101 => {
+                return Ok(Framing {
+                    length: Length::Empty,
+                    keep_alive: false,
+                    upgrade: true,
+                })
+            }
+            100..=199 | 204 | 304 => return Ok(framing(Length::Empty)),
+            _ if head_request => return Ok(framing(Length::Empty)),
+            _ => {}
+        }
+        if let Some(last) = self.named("transfer-encoding").last() {
+            if self.version == Version::HTTP_10 {
+                return Err(Error::TransferEncoding);
+            }
+            let chunked = ends_chunked(last);
+            return Ok(framing(if chunked {
+                Length::Chunked
+            } else {
+                Length::Close
+            }));
+        }
+        let length = content_length(self.named("content-length"))?;
+        Ok(framing(match length {
+            None => Length::Close,
+            Some(0) => Length::Empty,
+            Some(n) if n <= u64::MAX - 2 => Length::Known(n),
+            Some(_) => return Err(Error::TooLarge),
+        }))
+    }
+
+    /// Where each field's name and value are in `base`, the buffer this
+    /// head was parsed from, to be taken from it once frozen.
+    pub fn spans(&self, base: &[u8]) -> Spans {
+        let start = base.as_ptr() as usize;
+        // Heads are at most MAX_HEAD bytes: offsets fit in a u32.
+        let at = |s: &[u8]| {
+            let offset = (s.as_ptr() as usize).wrapping_sub(start);
+            (
+                u32::try_from(offset).unwrap_or(u32::MAX),
+                u32::try_from(s.len()).unwrap_or(0),
+            )
+        };
+        let mut spans = Spans {
+            status: self.status,
+            version: self.version,
+            reason: None,
+            count: self.fields.len(),
+            fields: [[0; 4]; MAX_HEADERS],
+        };
+        if Some(self.reason) != self.status.canonical_reason() {
+            spans.reason = Some(at(self.reason.as_bytes()));
+        }
+        for (field, span) in self.fields.iter().zip(spans.fields.iter_mut()) {
+            let (name, name_len) = at(field.name.as_bytes());
+            let (value, value_len) = at(field.value);
+            *span = [
+                name,
+                name.saturating_add(name_len),
+                value,
+                value.saturating_add(value_len),
+            ];
+        }
+        spans
+    }
+}
+
+/// A parsed head's parts, as offsets into its bytes (see [`Head::spans`]).
+pub struct Spans {
+    status: StatusCode,
+    version: Version,
+    reason: Option<(u32, u32)>,
+    count: usize,
+    fields: [[u32; 4]; MAX_HEADERS],
+}
+
+impl Spans {
+    /// The response the head in `head` (the bytes it was parsed from)
+    /// says, its field values slices of `head`; a reason phrase other than
+    /// the status code's own kept as hyper keeps it (and gives it on).
+    pub fn response(&self, head: &Bytes) -> Result<Response<()>, Error> {
+        let mut resp = Response::new(());
+        *resp.status_mut() = self.status;
+        *resp.version_mut() = self.version;
+        let headers = resp.headers_mut();
+        headers.reserve(self.count);
+        for &[ns, ne, vs, ve] in self.fields.get(..self.count).unwrap_or_default() {
+            let [ns, ne, vs, ve] = [ns, ne, vs, ve].map(|at| at as usize);
+            let name = head.get(ns..ne).ok_or(Error::Field)?;
+            let name = HeaderName::from_bytes(name).map_err(|_| Error::Field)?;
+            let value = cut(head, vs, ve).ok_or(Error::Field)?;
+            let value = HeaderValue::from_maybe_shared(value).map_err(|_| Error::Field)?;
+            headers.append(name, value);
+        }
+        if let Some((start, len)) = self.reason {
+            let reason = cut(head, start as usize, start.saturating_add(len) as usize);
+            if let Some(Ok(reason)) = reason.map(hyper::ext::ReasonPhrase::try_from) {
+                resp.extensions_mut().insert(reason);
+            }
+        }
+        Ok(resp)
+    }
+}
+
+/// `head[start..end]`, if it is within.
+fn cut(head: &Bytes, start: usize, end: usize) -> Option<Bytes> {
+    (start <= end && end <= head.len()).then(|| head.slice(start..end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn framing(head: &str, head_request: bool) -> Result<Option<Framing>, Error> {
+        let mut fields = crate::h1::fields();
+        parse(head.as_bytes(), &mut fields)?
+            .map(|h| h.framing(head_request))
+            .transpose()
+    }
+
+    fn length(head: &str) -> Result<Length, Error> {
+        Ok(framing(head, false)?
+            .map(|f| f.length)
+            .unwrap_or(Length::Empty))
+    }
+
+    #[test]
+    fn lengths_as_rfc_9112_reads_them() {
+        assert_eq!(
+            length("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"),
+            Ok(Length::Known(5))
+        );
+        assert_eq!(
+            length("HTTP/1.1 200 OK\r\ncontent-length: 5, 5\r\nContent-Length: 5\r\n\r\n"),
+            Ok(Length::Known(5))
+        );
+        assert_eq!(
+            length("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n"),
+            Err(Error::ContentLength)
+        );
+        assert_eq!(
+            length("HTTP/1.1 200 OK\r\nContent-Length: +5\r\n\r\n"),
+            Err(Error::ContentLength)
+        );
+        assert_eq!(
+            length("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"),
+            Ok(Length::Empty)
+        );
+        assert_eq!(
+            length(
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 5\r\n\r\n"
+            ),
+            Ok(Length::Chunked)
+        );
+        assert_eq!(
+            length("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n"),
+            Ok(Length::Close)
+        );
+        assert_eq!(
+            length("HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            Err(Error::TransferEncoding)
+        );
+        assert_eq!(
+            length("HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n"),
+            Ok(Length::Empty)
+        );
+        assert_eq!(length("HTTP/1.1 200 OK\r\n\r\n"), Ok(Length::Close));
+        assert_eq!(
+            length("HTTP/1.1 200 OK\r\nContent-Length: 18446744073709551615\r\n\r\n"),
+            Err(Error::TooLarge)
+        );
+        assert_eq!(length("HTTP/1.1 099 Low\r\n\r\n"), Err(Error::Status));
+    }
+
+    #[test]
+    fn connections_kept_as_hyper_keeps_them() {
+        let keep = |head: &str| framing(head, false).ok().flatten().map(|f| f.keep_alive);
+        assert_eq!(
+            keep("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"),
+            Some(true)
+        );
+        assert_eq!(
+            keep("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"),
+            Some(false)
+        );
+        assert_eq!(
+            keep("HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n"),
+            Some(false)
+        );
+        assert_eq!(
+            keep("HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\nContent-Length: 0\r\n\r\n"),
+            Some(true)
+        );
+        assert_eq!(
+            keep("HTTP/1.1 200 OK\r\nConnection: close\r\nConnection: keep-alive\r\n\r\n"),
+            Some(false)
+        );
+    }
+
+    #[test]
+    fn values_are_slices_of_the_head() {
+        let bytes = Bytes::from_static(b"HTTP/1.1 200 Fine\r\nX-A: one\r\nx-b:  two \r\n\r\nbody");
+        let mut fields = crate::h1::fields();
+        let head = parse(&bytes, &mut fields).unwrap().unwrap();
+        let spans = head.spans(&bytes);
+        let resp = spans.response(&bytes.slice(..head.len)).unwrap();
+        assert_eq!(resp.headers()["x-a"], "one");
+        assert_eq!(resp.headers()["x-b"], "two");
+        let reason = resp.extensions().get::<hyper::ext::ReasonPhrase>().unwrap();
+        assert_eq!(reason.as_bytes(), b"Fine");
+    }
+}

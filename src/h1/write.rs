@@ -1,0 +1,227 @@
+//! Writing a request head straight into a connection's write buffer, with
+//! its body's framing chosen as hyper's client chooses it: the fields as
+//! the `HeaderMap` holds them (lower-case names, in its order), a valid
+//! `Content-Length` kept, `Transfer-Encoding` made to end in `chunked`, a
+//! length set from the body's exact size, else `chunked` (none at all for
+//! `GET`, `HEAD` and `CONNECT`).
+
+use bytes::{BufMut, BytesMut};
+use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Uri, Version};
+
+use super::content_length;
+
+/// How the body after a written head is framed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Encoder {
+    /// This many bytes, then the body ends (more are not sent).
+    Length(u64),
+    /// Chunks; the trailer fields the request declared in `Trailer`, the
+    /// only ones sent after the last chunk (none: no trailers sent).
+    Chunked(Vec<HeaderName>),
+}
+
+/// The body a head is written for: `None` when it has ended already,
+/// else its exact size if known.
+pub type BodySize = Option<Option<u64>>;
+
+/// Writes the head of a request into `dst`, after setting the framing
+/// fields in `headers` as hyper does; the body's encoder.
+pub fn request(
+    dst: &mut BytesMut,
+    method: &Method,
+    uri: &Uri,
+    version: Version,
+    headers: &mut HeaderMap,
+    body: BodySize,
+) -> Encoder {
+    let encoder = set_length(method, version, headers, body);
+    dst.reserve(32 + headers.len() * 30);
+    dst.put_slice(method.as_str().as_bytes());
+    dst.put_u8(b' ');
+    if uri.scheme().is_none() && uri.authority().is_none() {
+        dst.put_slice(uri.path().as_bytes());
+        if let Some(query) = uri.query() {
+            dst.put_u8(b'?');
+            dst.put_slice(query.as_bytes());
+        }
+    } else {
+        dst.put_slice(uri.to_string().as_bytes());
+    }
+    dst.put_slice(match version {
+        Version::HTTP_10 => b" HTTP/1.0\r\n",
+        _ => b" HTTP/1.1\r\n",
+    });
+    for (name, value) in headers.iter() {
+        dst.put_slice(name.as_str().as_bytes());
+        dst.put_slice(b": ");
+        dst.put_slice(value.as_bytes());
+        dst.put_slice(b"\r\n");
+    }
+    dst.put_slice(b"\r\n");
+    encoder
+}
+
+/// hyper's `Client::set_length`: the body's encoder, `headers` changed to
+/// say it.
+fn set_length(
+    method: &Method,
+    version: Version,
+    headers: &mut HeaderMap,
+    body: BodySize,
+) -> Encoder {
+    let Some(size) = body else {
+        headers.remove(header::TRANSFER_ENCODING);
+        return Encoder::Length(0);
+    };
+    let existing = content_length(
+        headers
+            .get_all(header::CONTENT_LENGTH)
+            .iter()
+            .map(HeaderValue::as_bytes),
+    )
+    .ok()
+    .flatten();
+    if version != Version::HTTP_11 {
+        headers.remove(header::TRANSFER_ENCODING);
+        return match (existing, size) {
+            (Some(len), _) => Encoder::Length(len),
+            (None, Some(len)) => content_length_set(headers, len),
+            (None, None) => Encoder::Length(0),
+        };
+    }
+    let mut remove_length = false;
+    let encoder = match headers.entry(header::TRANSFER_ENCODING) {
+        Entry::Occupied(mut te) => {
+            remove_length = true;
+            let chunked = te.iter().next_back().is_some_and(|last| {
+                last.to_str()
+                    .ok()
+                    .and_then(|s| s.rsplit(',').next())
+                    .is_some_and(|e| e.trim().eq_ignore_ascii_case("chunked"))
+            });
+            if !chunked {
+                if let Some(last) = te.iter_mut().next_back() {
+                    let mut value = BytesMut::with_capacity(last.len() + 9);
+                    value.put_slice(last.as_bytes());
+                    value.put_slice(b", chunked");
+                    if let Ok(value) = HeaderValue::from_maybe_shared(value.freeze()) {
+                        *last = value;
+                    }
+                }
+            }
+            Some(Encoder::Chunked(Vec::new()))
+        }
+        Entry::Vacant(te) => match (existing, size) {
+            (Some(len), _) => Some(Encoder::Length(len)),
+            (None, None) if matches!(*method, Method::GET | Method::HEAD | Method::CONNECT) => {
+                Some(Encoder::Length(0))
+            }
+            (None, None) => {
+                te.insert(HeaderValue::from_static("chunked"));
+                remove_length = true;
+                Some(Encoder::Chunked(Vec::new()))
+            }
+            (None, Some(_)) => None,
+        },
+    };
+    match encoder {
+        Some(Encoder::Chunked(_)) => {
+            if remove_length {
+                headers.remove(header::CONTENT_LENGTH);
+            }
+            Encoder::Chunked(declared_trailers(headers))
+        }
+        Some(encoder) => {
+            if remove_length {
+                headers.remove(header::CONTENT_LENGTH);
+            }
+            encoder
+        }
+        None => content_length_set(headers, size.unwrap_or(0)),
+    }
+}
+
+fn content_length_set(headers: &mut HeaderMap, len: u64) -> Encoder {
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    Encoder::Length(len)
+}
+
+/// The field names the request's `Trailer` fields declare.
+fn declared_trailers(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::TRAILER)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .filter_map(|s| HeaderName::from_bytes(s.trim().as_bytes()).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(
+        method: Method,
+        fields: &[(&'static str, &'static str)],
+        body: BodySize,
+    ) -> (String, Encoder) {
+        let mut headers = HeaderMap::new();
+        for (name, value) in fields {
+            headers.append(*name, HeaderValue::from_static(value));
+        }
+        let mut dst = BytesMut::new();
+        let uri = Uri::from_static("/a?b=c");
+        let encoder = request(
+            &mut dst,
+            &method,
+            &uri,
+            Version::HTTP_11,
+            &mut headers,
+            body,
+        );
+        (String::from_utf8(dst.to_vec()).unwrap(), encoder)
+    }
+
+    #[test]
+    fn framing_chosen_as_hyper_chooses_it() {
+        let (h, e) = head(Method::GET, &[("host", "a")], None);
+        assert_eq!(h, "GET /a?b=c HTTP/1.1\r\nhost: a\r\n\r\n");
+        assert_eq!(e, Encoder::Length(0));
+        let (h, e) = head(
+            Method::POST,
+            &[("content-length", "3"), ("host", "a")],
+            Some(Some(3)),
+        );
+        assert_eq!(
+            h,
+            "POST /a?b=c HTTP/1.1\r\ncontent-length: 3\r\nhost: a\r\n\r\n"
+        );
+        assert_eq!(e, Encoder::Length(3));
+        let (h, e) = head(Method::POST, &[("host", "a")], Some(Some(3)));
+        assert_eq!(
+            h,
+            "POST /a?b=c HTTP/1.1\r\nhost: a\r\ncontent-length: 3\r\n\r\n"
+        );
+        assert_eq!(e, Encoder::Length(3));
+        let (h, e) = head(
+            Method::POST,
+            &[("host", "a"), ("trailer", "x-sum")],
+            Some(None),
+        );
+        assert_eq!(h, "POST /a?b=c HTTP/1.1\r\nhost: a\r\ntrailer: x-sum\r\ntransfer-encoding: chunked\r\n\r\n");
+        assert_eq!(e, Encoder::Chunked(vec![HeaderName::from_static("x-sum")]));
+        let (_, e) = head(Method::GET, &[("host", "a")], Some(None));
+        assert_eq!(e, Encoder::Length(0));
+        let (h, _) = head(
+            Method::PUT,
+            &[("transfer-encoding", "gzip"), ("content-length", "3")],
+            Some(None),
+        );
+        assert_eq!(
+            h,
+            "PUT /a?b=c HTTP/1.1\r\ntransfer-encoding: gzip, chunked\r\n\r\n"
+        );
+    }
+}
