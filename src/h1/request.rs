@@ -10,7 +10,7 @@
 //! [`Head::uri`], separately, because only the request road needs it.
 //!
 //! It reads no body and keeps no state between heads: following a body's
-//! bytes is the caller's (the framing watch, `crate::framing`).
+//! bytes is the caller's (the framing watch).
 
 use std::mem::MaybeUninit;
 
