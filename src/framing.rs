@@ -120,6 +120,12 @@ impl<IO> Watched<IO> {
         self.scan.watch.clone()
     }
 
+    /// Stops following the stream: an HTTP/1 connection's heads are
+    /// parsed by the server's own engine.
+    pub fn stop_following(&mut self) {
+        self.scan.stop();
+    }
+
     /// The stream underneath.
     pub fn get_ref(&self) -> &IO {
         &self.io

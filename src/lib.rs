@@ -71,6 +71,9 @@
 //! - `response`: the one body type and every response queuegate makes.
 //! - `upstream`: the per-worker pools of HTTP/1.1 connections to the origin,
 //!   driven by the requests that use them.
+//! - `client_body`: a client's request body whichever protocol brought it
+//!   (HTTP/1's fed by `connection`'s engine, HTTP/2's hyper's), and the
+//!   socket an HTTP/1 connection hands over after a `101`.
 //! - `h1`: the HTTP/1.1 codec, byte work only: an origin's response head
 //!   read once into a borrowed view and its body's framing (`response`),
 //!   the chunked coding (`chunked`), request heads written into a
@@ -90,6 +93,7 @@ pub mod admission;
 pub mod admitter;
 pub mod cache;
 pub mod cli;
+pub mod client_body;
 pub mod client_ip;
 pub mod clock;
 pub mod config;

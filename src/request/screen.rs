@@ -3,8 +3,8 @@
 //! reading of its path is placed: queuegate's own paths, bypassed, ungated
 //! or a gated route, or refused (DESIGN §8.1, §9.6).
 
+use crate::client_body::ClientBody;
 use http::Request;
-use hyper::body::Incoming;
 
 use crate::config::AmbiguousPaths;
 use crate::framing::AmbiguousHead;
@@ -39,7 +39,7 @@ impl App {
     /// raw head was ambiguous with an [`AmbiguousHead`] extension; the header
     /// check catches what reaches the service some other way. Any invite is
     /// taken out of `req`'s target, whatever the target turns out to be.
-    pub(super) fn screen(&self, s: &Settings, req: &mut Request<Incoming>) -> Target {
+    pub(super) fn screen(&self, s: &Settings, req: &mut Request<ClientBody>) -> Target {
         let framing = match req.extensions().get::<AmbiguousHead>() {
             Some(head) => Err(RequestError::AmbiguousFraming(head.reason)),
             None => proxy::check_request(req),
