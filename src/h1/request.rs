@@ -10,7 +10,7 @@
 //! [`Head::uri`], separately, because only the request road needs it.
 //!
 //! It reads no body and keeps no state between heads: following a body's
-//! bytes is the caller's (the framing watch).
+//! bytes is the caller's (the HTTP/1 engine of `connection`).
 
 use std::mem::MaybeUninit;
 
