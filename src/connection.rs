@@ -1,22 +1,24 @@
-//! A client connection's stream, and the HTTP/1 driver (`serve_h1`).
+//! A client connection's stream, and the HTTP/1 driver (`serve_h1`) with
+//! its engine (`engine`: heads parsed once, bodies fed as the request road
+//! asks, answers written by hyper's server rules).
 //!
 //! Parking of idle HTTP/1 keep-alive connections: once a connection has
-//! nothing in flight and no bytes moved for a while, hyper's connection (its
-//! read and write buffers, cached headers and state) is ended without the
-//! client seeing anything, only the socket is kept, and a fresh hyper
-//! connection picks the socket up again when the client sends more, first
-//! replaying what hyper had already read. nginx frees a keep-alive
-//! connection's request buffers the same way.
+//! nothing in flight and no bytes moved for a while, the engine's serving
+//! stretch ends (its read and write buffers and state dropped) without the
+//! client seeing anything, only the socket is kept, with what had been read
+//! of a next head, and a fresh stretch picks the socket up again when the
+//! client sends more. nginx frees a keep-alive connection's request buffers
+//! the same way.
 //!
 //! The connection's stream also keeps its timing: a request head must be
 //! complete within `limits.header_timeout` of the connection going idle
-//! (the deadline hyper's header timer would keep, kept here with one timer
-//! per connection instead of one per request), an idle connection is
-//! closed after `limits.idle_timeout` (parked or not), and a write the client
-//! accepts no bytes of for `limits.send_timeout` fails the connection (the
-//! watchdog sits on the stream, so it covers HTTP/1, HTTP/2 and tunnels).
-//! It counts requests whose answer the client gave up on before it came, so
-//! the server can close an HTTP/2 connection that resets streams in a flood.
+//! (one timer per serving stretch, not one per request), an idle connection
+//! is closed after `limits.idle_timeout` (parked or not), and a write the
+//! client accepts no bytes of for `limits.send_timeout` fails the connection
+//! (the watchdog sits on the stream, so it covers HTTP/1, HTTP/2 and
+//! tunnels). It counts requests whose answer the client gave up on before
+//! it came, so the server can close an HTTP/2 connection that resets
+//! streams in a flood.
 
 use std::future::Future;
 use std::io;
@@ -102,11 +104,11 @@ pub struct Activity {
     requests: AtomicU64,
     /// Bytes were read or written since the last look.
     moved: AtomicBool,
-    /// Bytes were read since the current hyper connection began.
+    /// Bytes were read since the current serving stretch began.
     read_lately: AtomicBool,
     /// The last write or flush could not complete.
     write_blocked: AtomicBool,
-    /// The bytes read so far end at a request boundary.
+    /// The engine is between requests (waiting for a head).
     between_requests: AtomicBool,
     /// When the connection last had nothing in flight: the next request
     /// head is due within the head timeout of this.
@@ -173,14 +175,13 @@ impl Activity {
         self.requests.load(Ordering::Relaxed)
     }
 
-    /// Whether hyper is between requests with everything written, and
+    /// Whether the engine is between requests with everything written, and
     /// nothing moved since the last look (which this look resets).
     ///
-    /// hyper ends an idle connection silently only once it has answered a
-    /// request (before that it would finish reading a head it has begun,
-    /// and answer it with `Connection: close`), or while it has read
-    /// nothing at all: `requests_before` is the count when the current
-    /// hyper connection began.
+    /// An idle connection is parked only once it has answered a request,
+    /// or while its serving stretch has read nothing at all (as hyper ended
+    /// one silently): `requests_before` is the count when the current
+    /// serving stretch began.
     fn may_park(&self, requests_before: u64) -> bool {
         let quiet = !self.moved.swap(false, Ordering::Relaxed);
         let requests = self.requests();
@@ -198,9 +199,9 @@ impl Activity {
     }
 
     /// When the next request head is due, if one is being waited for:
-    /// nothing in flight and nothing left to write. hyper begins reading a
-    /// head only then, so this is the deadline hyper's own header timer
-    /// would keep, without a timer made and dropped for every request.
+    /// nothing in flight and nothing left to write. The engine begins
+    /// reading a head only then, so this is the deadline a per-request
+    /// header timer would keep, without a timer made for every request.
     fn head_due(&self, head_timeout: Duration) -> Option<Instant> {
         if self.write_blocked.load(Ordering::Relaxed) {
             return None;
@@ -306,9 +307,9 @@ impl<B: HttpBody + Unpin> HttpBody for Tracked<B> {
     }
 }
 
-/// An accepted stream as hyper sees it: bytes to replay first (what an
-/// earlier hyper connection or the version check had read), then the
-/// watched stream; reads and writes are noted in the connection's activity.
+/// An accepted stream: bytes to replay first (what an earlier serving
+/// stretch or the version check had read), then the watched stream; reads
+/// and writes are noted in the connection's activity.
 pub struct Parkable<S> {
     replay: Bytes,
     io: Watched<S>,
@@ -383,7 +384,7 @@ impl<S: Socket> Parkable<S> {
     }
 
     /// Reads the first bytes to tell an HTTP/2 prior-knowledge preface from
-    /// HTTP/1, within `timeout`; they are replayed to hyper. `None` when the
+    /// HTTP/1, within `timeout`; they are replayed to whichever serves it. `None` when the
     /// client closed, failed or said nothing in time.
     pub async fn sniff_h2(&mut self, timeout: Duration) -> Option<bool> {
         const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -403,7 +404,7 @@ impl<S: Socket> Parkable<S> {
         h2
     }
 
-    /// Shuts the socket down, as hyper does when it ends a connection.
+    /// Shuts the socket down, as a server does when it ends a connection.
     async fn close(mut self) {
         let _ = tokio::time::timeout(Duration::from_secs(1), self.shutdown()).await;
     }
@@ -495,8 +496,8 @@ pub struct Http1 {
     pub parking: Parking,
     /// A request head must end within this many bytes (`431` past it).
     pub head_limit: usize,
-    /// A request head must arrive within this of when it began (hyper's
-    /// timer), or, begun before a park, of the connection going idle.
+    /// A request head must arrive within this of the connection going
+    /// idle (parked or not).
     pub head_timeout: Duration,
     /// A connection with nothing in flight is closed after this long.
     pub idle_timeout: Duration,
@@ -569,7 +570,7 @@ fn look(
 }
 
 /// Parks an idle HTTP/1 connection down to its socket, `read_buf` (what
-/// hyper had read) kept for the next hyper connection to replay, until the
+/// the engine had read) kept for the next serving stretch, until the
 /// client sends more (`Some`), or the server drains or the connection's
 /// deadline passes (closed, `None`).
 async fn park<S: Socket>(
@@ -580,7 +581,7 @@ async fn park<S: Socket>(
     drain: &mut watch::Receiver<bool>,
     remote: SocketAddr,
 ) -> Option<Parkable<S>> {
-    // Copied out: the frozen buffer would keep hyper's whole allocation.
+    // Copied out: the frozen buffer would keep the engine's whole allocation.
     let unread = std::mem::take(&mut io.replay);
     io.replay = if read_buf.is_empty() {
         unread

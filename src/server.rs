@@ -1,6 +1,6 @@
 //! Accept loops: the connection limit, the TLS handshake on TLS listeners,
-//! hyper's HTTP/1.1 (parked when idle, see `connection`) and HTTP/2 (by ALPN or
-//! prior knowledge) connections, header limits, idle and HTTP/2 limits
+//! HTTP/1.1 connections on queuegate's own engine (parked when idle, see
+//! `connection`) and hyper's HTTP/2 (by ALPN or prior knowledge) connections, header limits, idle and HTTP/2 limits
 //! (streams, pings, header blocks, reset floods), and the graceful drain,
 //! which ends whatever is left (tunnels included) at its deadline.
 
@@ -457,7 +457,7 @@ impl Connections {
             }
         };
         // Counted until the connection ends; one upgraded ends here when
-        // hyper hands its socket over, and is counted as a tunnel instead.
+        // its socket is handed over, and is counted as a tunnel instead.
         let _open = shared.app.metrics.connections().open(if h2 {
             Protocol::Http2
         } else {

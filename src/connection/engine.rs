@@ -131,10 +131,22 @@ pub(super) async fn serve_until_idle<S: Socket, Svc: Service>(
         draining: *drain.borrow_and_update(),
     };
     drop(replay);
+    // One timer for the stretch, for both the look at whether to park and
+    // the request head's deadline, polled only when it fires; one wait for
+    // the drain.
+    let next_look = Instant::now() + http1.parking.after;
+    let mut waits = Waits {
+        timer: WhenWoken::new(tokio::time::sleep_until(earliest(
+            next_look,
+            activity.head_due(http1.head_timeout),
+        ))),
+        next_look,
+        drained: WhenWoken::new(drain.changed()),
+    };
     loop {
         activity.between_requests.store(true, Ordering::Relaxed);
         let next = engine
-            .next_head(http1, activity, requests_before, drain)
+            .next_head(http1, activity, requests_before, &mut waits)
             .await;
         activity.between_requests.store(false, Ordering::Relaxed);
         let parsed = match next {
@@ -154,7 +166,7 @@ pub(super) async fn serve_until_idle<S: Socket, Svc: Service>(
                 return Stretch::Over;
             }
         };
-        match engine.serve(parsed, service, drain).await {
+        match engine.serve(parsed, service, &mut waits.drained).await {
             Served::Again => {}
             Served::Close => {
                 engine.io.close().await;
@@ -168,6 +180,15 @@ pub(super) async fn serve_until_idle<S: Socket, Svc: Service>(
             }
         }
     }
+}
+
+/// What a serving stretch waits on besides its socket.
+struct Waits<D> {
+    timer: WhenWoken<tokio::time::Sleep>,
+    /// When the timer next looks at whether to park.
+    next_look: Instant,
+    /// The server's drain; not polled again once it has fired.
+    drained: WhenWoken<D>,
 }
 
 /// What waiting for a request head found.
@@ -189,13 +210,8 @@ impl<S: Socket> Engine<S> {
         http1: &Http1,
         activity: &Activity,
         requests_before: u64,
-        drain: &mut watch::Receiver<bool>,
+        waits: &mut Waits<impl Future>,
     ) -> Next {
-        let mut next_look = Instant::now() + http1.parking.after;
-        let mut timer = pin!(tokio::time::sleep_until(earliest(
-            next_look,
-            activity.head_due(http1.head_timeout),
-        )));
         loop {
             let blank = self
                 .read
@@ -222,17 +238,18 @@ impl<S: Socket> Engine<S> {
                     Ok(0) | Err(_) => return Next::Close,
                     Ok(_) => {}
                 },
-                _ = WhenWoken::new(drain.changed()), if !self.draining => {
+                _ = &mut waits.drained, if !self.draining => {
                     self.draining = true;
                 }
-                () = &mut timer => {
-                    match look(http1, activity, requests_before, self.draining, &mut next_look) {
+                () = &mut waits.timer => {
+                    let next_look = &mut waits.next_look;
+                    match look(http1, activity, requests_before, self.draining, next_look) {
                         Look::HeadLate => return Next::Close,
                         Look::Park if self.write.is_empty() => return Next::Park,
                         Look::Park | Look::Serve => {}
                     }
-                    let next = earliest(next_look, activity.head_due(http1.head_timeout));
-                    timer.as_mut().reset(next);
+                    let next = earliest(*next_look, activity.head_due(http1.head_timeout));
+                    waits.timer.inner_mut().reset(next);
                 }
             }
         }
@@ -298,7 +315,7 @@ impl<S: Socket> Engine<S> {
         &mut self,
         parsed: Parsed,
         service: &Svc,
-        drain: &mut watch::Receiver<bool>,
+        drained: &mut WhenWoken<impl Future>,
     ) -> Served {
         let Parsed {
             req,
@@ -322,7 +339,6 @@ impl<S: Socket> Engine<S> {
         let method = req.method().clone();
         let http10 = req.version() == Version::HTTP_10;
         let mut answering = pin!(service.call(req));
-        let mut drained = WhenWoken::new(drain.changed());
         let resp = poll_fn(|cx| {
             if !self.draining && drained.poll_unpin(cx).is_ready() {
                 self.draining = true;
@@ -333,7 +349,6 @@ impl<S: Socket> Engine<S> {
             answering.as_mut().poll(cx).map(Some)
         })
         .await;
-        drop(drained);
         let Some(resp) = resp else {
             return Served::Gone;
         };

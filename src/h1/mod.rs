@@ -8,11 +8,13 @@
 //! bytes and a head hyper refuses is refused here too. On the client's
 //! side it owns reading a request head once into a borrowed view and the
 //! framing rules of its body (`request`): what hyper's server refuses, and
-//! what two parsers could frame differently.
+//! what two parsers could frame differently; and writing an answer's head
+//! by hyper's server rules (`answer`).
 //!
 //! It does not own sockets, buffers' refilling, pools, timeouts or what a
 //! request or an answer says beyond its framing: `upstream` drives the
-//! connections, `proxy` rewrites what is forwarded.
+//! origin's connections, `connection` the clients', `proxy` rewrites what
+//! is forwarded.
 
 use std::mem::MaybeUninit;
 
