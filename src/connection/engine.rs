@@ -343,10 +343,15 @@ impl<S: Socket> Engine<S> {
             if !self.draining && drained.poll_unpin(cx).is_ready() {
                 self.draining = true;
             }
+            // The answer first: one ready at once needs no look at the
+            // socket (as hyper looks only while the service is pending).
+            if let Poll::Ready(resp) = answering.as_mut().poll(cx) {
+                return Poll::Ready(Some(resp));
+            }
             if self.pump(cx, &mut reader, true).is_err() {
                 return Poll::Ready(None);
             }
-            answering.as_mut().poll(cx).map(Some)
+            Poll::Pending
         })
         .await;
         let Some(resp) = resp else {
@@ -416,19 +421,26 @@ impl<S: Socket> Engine<S> {
             Sends::Chunked(_) | Sends::Close => None,
         };
         let mut body = body;
+        // The request's body is fed, and the client's close noticed,
+        // whenever the answer waits.
         poll_fn(|cx| loop {
-            if self.pump(cx, reader, false).is_err() {
-                return Poll::Ready(Err(()));
-            }
             if self.write.len() >= WRITE_HIGH {
                 match self.poll_write_out(cx) {
                     Poll::Ready(Ok(())) => {}
                     Poll::Ready(Err(())) => return Poll::Ready(Err(())),
-                    Poll::Pending => return Poll::Pending,
+                    Poll::Pending => {
+                        return match self.pump(cx, reader, false) {
+                            Ok(()) => Poll::Pending,
+                            Err(()) => Poll::Ready(Err(())),
+                        }
+                    }
                 }
             }
             let frame = match Pin::new(&mut body).poll_frame(cx) {
                 Poll::Pending => {
+                    if self.pump(cx, reader, false).is_err() {
+                        return Poll::Ready(Err(()));
+                    }
                     // Nothing more yet: what is made goes out (an event
                     // stream's pieces each as it comes).
                     ready!(self.poll_write_out(cx))?;
