@@ -1,28 +1,30 @@
-//! A client connection's stream, and the HTTP/1 driver (`serve_h1`).
+//! A client connection's stream, and the HTTP/1 driver (`serve_h1`) with
+//! its engine (`engine`: heads parsed once, bodies fed as the request road
+//! asks, answers written by hyper's server rules).
 //!
 //! Parking of idle HTTP/1 keep-alive connections: once a connection has
-//! nothing in flight and no bytes moved for a while, hyper's connection (its
-//! read and write buffers, cached headers and state) is ended without the
-//! client seeing anything, only the socket is kept, and a fresh hyper
-//! connection picks the socket up again when the client sends more, first
-//! replaying what hyper had already read. nginx frees a keep-alive
-//! connection's request buffers the same way.
+//! nothing in flight and no bytes moved for a while, the engine's serving
+//! stretch ends (its read and write buffers and state dropped) without the
+//! client seeing anything, only the socket is kept, with what had been read
+//! of a next head, and a fresh stretch picks the socket up again when the
+//! client sends more. nginx frees a keep-alive connection's request buffers
+//! the same way.
 //!
 //! The connection's stream also keeps its timing: a request head must be
 //! complete within `limits.header_timeout` of the connection going idle
-//! (the deadline hyper's header timer would keep, kept here with one timer
-//! per connection instead of one per request), an idle connection is
-//! closed after `limits.idle_timeout` (parked or not), and a write the client
-//! accepts no bytes of for `limits.send_timeout` fails the connection (the
-//! watchdog sits on the stream, so it covers HTTP/1, HTTP/2 and tunnels).
-//! It counts requests whose answer the client gave up on before it came, so
-//! the server can close an HTTP/2 connection that resets streams in a flood.
+//! (one timer per serving stretch, not one per request), an idle connection
+//! is closed after `limits.idle_timeout` (parked or not), and a write the
+//! client accepts no bytes of for `limits.send_timeout` fails the connection
+//! (the watchdog sits on the stream, so it covers HTTP/1, HTTP/2 and
+//! tunnels). It counts requests whose answer the client gave up on before
+//! it came, so the server can close an HTTP/2 connection that resets
+//! streams in a flood.
 
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
@@ -30,17 +32,18 @@ use std::time::Duration;
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::task::AtomicWaker;
 use http_body::{Body as HttpBody, Frame, SizeHint};
-use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::HttpService;
-use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 use tokio::time::{Instant, Sleep};
 
-use crate::framing::{FramingWatch, Watched};
+use crate::framing::Watched;
 use crate::metrics::ConnectionMetrics;
+
+mod engine;
+
+pub use engine::Service;
+use engine::Stretch;
 
 /// How long an HTTP/1 connection stays quiet (nothing in flight, no bytes
 /// read or written) before it is parked: between this and twice this.
@@ -97,18 +100,16 @@ impl Default for Parking {
 pub struct Activity {
     /// Requests handed to the service whose response body is not yet done.
     in_flight: AtomicU32,
-    /// Counts the requests handed to the service.
-    framing: FramingWatch,
+    /// Requests handed to the service.
+    requests: AtomicU64,
     /// Bytes were read or written since the last look.
     moved: AtomicBool,
-    /// Bytes were read since the current hyper connection began.
+    /// Bytes were read since the current serving stretch began.
     read_lately: AtomicBool,
     /// The last write or flush could not complete.
     write_blocked: AtomicBool,
-    /// The bytes read so far end at a request boundary.
+    /// The engine is between requests (waiting for a head).
     between_requests: AtomicBool,
-    /// hyper is being ended to park: its shutdown must not reach the socket.
-    parking: AtomicBool,
     /// When the connection last had nothing in flight: the next request
     /// head is due within the head timeout of this.
     idle_since: Mutex<Instant>,
@@ -121,15 +122,14 @@ pub struct Activity {
 }
 
 impl Activity {
-    fn new(framing: FramingWatch) -> Activity {
+    fn new() -> Activity {
         Activity {
             in_flight: AtomicU32::new(0),
-            framing,
+            requests: AtomicU64::new(0),
             moved: AtomicBool::new(false),
             read_lately: AtomicBool::new(false),
             write_blocked: AtomicBool::new(false),
             between_requests: AtomicBool::new(true),
-            parking: AtomicBool::new(false),
             idle_since: Mutex::new(Instant::now()),
             answered: AtomicU32::new(0),
             cancelled: AtomicU32::new(0),
@@ -164,25 +164,24 @@ impl Activity {
         }
     }
 
-    /// Call when the service is handed a request (after the framing watch
-    /// has counted it); the guard ends it.
+    /// Call when the service is handed a request; the guard ends it.
     pub fn request(self: &Arc<Self>) -> InFlight {
+        self.requests.fetch_add(1, Ordering::Relaxed);
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         InFlight(self.clone())
     }
 
     fn requests(&self) -> u64 {
-        self.framing.requests()
+        self.requests.load(Ordering::Relaxed)
     }
 
-    /// Whether hyper is between requests with everything written, and
+    /// Whether the engine is between requests with everything written, and
     /// nothing moved since the last look (which this look resets).
     ///
-    /// hyper ends an idle connection silently only once it has answered a
-    /// request (before that it would finish reading a head it has begun,
-    /// and answer it with `Connection: close`), or while it has read
-    /// nothing at all: `requests_before` is the count when the current
-    /// hyper connection began.
+    /// An idle connection is parked only once it has answered a request,
+    /// or while its serving stretch has read nothing at all (as hyper ended
+    /// one silently): `requests_before` is the count when the current
+    /// serving stretch began.
     fn may_park(&self, requests_before: u64) -> bool {
         let quiet = !self.moved.swap(false, Ordering::Relaxed);
         let requests = self.requests();
@@ -200,9 +199,9 @@ impl Activity {
     }
 
     /// When the next request head is due, if one is being waited for:
-    /// nothing in flight and nothing left to write. hyper begins reading a
-    /// head only then, so this is the deadline hyper's own header timer
-    /// would keep, without a timer made and dropped for every request.
+    /// nothing in flight and nothing left to write. The engine begins
+    /// reading a head only then, so this is the deadline a per-request
+    /// header timer would keep, without a timer made for every request.
     fn head_due(&self, head_timeout: Duration) -> Option<Instant> {
         if self.write_blocked.load(Ordering::Relaxed) {
             return None;
@@ -308,9 +307,9 @@ impl<B: HttpBody + Unpin> HttpBody for Tracked<B> {
     }
 }
 
-/// An accepted stream as hyper sees it: bytes to replay first (what an
-/// earlier hyper connection or the version check had read), then the
-/// watched stream; reads and writes are noted in the connection's activity.
+/// An accepted stream: bytes to replay first (what an earlier serving
+/// stretch or the version check had read), then the watched stream; reads
+/// and writes are noted in the connection's activity.
 pub struct Parkable<S> {
     replay: Bytes,
     io: Watched<S>,
@@ -366,7 +365,7 @@ impl SendWatch {
 impl<S: Socket> Parkable<S> {
     /// `send_timeout`: how long a write may stay blocked (see [`SendWatch`]).
     pub fn new(io: Watched<S>, send_timeout: Duration) -> Parkable<S> {
-        let activity = Arc::new(Activity::new(io.watch()));
+        let activity = Arc::new(Activity::new());
         Parkable {
             replay: Bytes::new(),
             io,
@@ -385,7 +384,7 @@ impl<S: Socket> Parkable<S> {
     }
 
     /// Reads the first bytes to tell an HTTP/2 prior-knowledge preface from
-    /// HTTP/1, within `timeout`; they are replayed to hyper. `None` when the
+    /// HTTP/1, within `timeout`; they are replayed to whichever serves it. `None` when the
     /// client closed, failed or said nothing in time.
     pub async fn sniff_h2(&mut self, timeout: Duration) -> Option<bool> {
         const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -405,9 +404,8 @@ impl<S: Socket> Parkable<S> {
         h2
     }
 
-    /// Shuts the socket down, as hyper does when it ends a connection.
+    /// Shuts the socket down, as a server does when it ends a connection.
     async fn close(mut self) {
-        self.activity.parking.store(false, Ordering::Relaxed);
         let _ = tokio::time::timeout(Duration::from_secs(1), self.shutdown()).await;
     }
 }
@@ -436,9 +434,6 @@ impl<S: AsyncRead + Unpin> AsyncRead for Parkable<S> {
                 this.activity.moved.store(true, Ordering::Relaxed);
                 this.activity.read_lately.store(true, Ordering::Relaxed);
             }
-            this.activity
-                .between_requests
-                .store(this.io.between_requests(), Ordering::Relaxed);
         }
         polled
     }
@@ -489,10 +484,6 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Parkable<S> {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if self.activity.parking.load(Ordering::Relaxed) {
-            // hyper flushed what it had buffered before asking for this.
-            return Poll::Ready(Ok(()));
-        }
         let this = &mut *self;
         let polled = Pin::new(&mut this.io).poll_shutdown(cx);
         this.send.check(cx, polled)
@@ -502,10 +493,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Parkable<S> {
 /// What every HTTP/1 connection of a server shares.
 #[derive(Clone, Debug)]
 pub struct Http1 {
-    pub builder: http1::Builder,
     pub parking: Parking,
-    /// A request head must arrive within this of when it began (hyper's
-    /// timer), or, begun before a park, of the connection going idle.
+    /// A request head must end within this many bytes (`431` past it).
+    pub head_limit: usize,
+    /// A request head must arrive within this of the connection going
+    /// idle (parked or not).
     pub head_timeout: Duration,
     /// A connection with nothing in flight is closed after this long.
     pub idle_timeout: Duration,
@@ -514,28 +506,23 @@ pub struct Http1 {
 }
 
 /// Serves an HTTP/1 connection until it ends, parking it whenever it is
-/// idle. `make_service` is called for each stretch between parks; `drain`
-/// turns true when the server drains.
-pub async fn serve_h1<S, Svc, B>(
+/// idle; `drain` turns true when the server drains.
+pub async fn serve_h1<S: Socket, Svc: Service>(
     http1: &Http1,
     mut io: Parkable<S>,
-    make_service: impl Fn() -> Svc,
+    service: &Svc,
     mut drain: watch::Receiver<bool>,
     remote: SocketAddr,
-) where
-    S: Socket,
-    Svc: HttpService<Incoming, ResBody = B> + Unpin + Send + 'static,
-    Svc::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    Svc::Future: Send,
-    B: HttpBody + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+) {
+    io.io.stop_following();
     let activity = io.activity();
     loop {
-        let Some((parked, read_buf)) =
-            serve_until_idle(http1, io, &make_service, &activity, &mut drain, remote).await
-        else {
+        // Boxed: parked, the connection's task keeps only a pointer's worth.
+        let stretch = Box::pin(engine::serve_until_idle(
+            http1, io, service, &activity, &mut drain, remote,
+        ))
+        .await;
+        let Stretch::Park(parked, read_buf) = stretch else {
             return;
         };
         let Some(resumed) = park(http1, parked, read_buf, &activity, &mut drain, remote).await
@@ -544,87 +531,6 @@ pub async fn serve_h1<S, Svc, B>(
         };
         io = resumed;
     }
-}
-
-/// Serves one stretch of an HTTP/1 connection with a fresh hyper connection,
-/// until it ends (`None`) or goes idle: then hyper is ended and the socket
-/// handed back with what hyper had read of it.
-async fn serve_until_idle<S, Svc, B>(
-    http1: &Http1,
-    io: Parkable<S>,
-    make_service: &impl Fn() -> Svc,
-    activity: &Activity,
-    drain: &mut watch::Receiver<bool>,
-    remote: SocketAddr,
-) -> Option<(Parkable<S>, Bytes)>
-where
-    S: Socket,
-    Svc: HttpService<Incoming, ResBody = B> + Unpin + Send + 'static,
-    Svc::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    Svc::Future: Send,
-    B: HttpBody + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let parking = &http1.parking;
-    let requests_before = activity.requests();
-    activity.read_lately.store(false, Ordering::Relaxed);
-    // Boxed: parked, the connection's task keeps only a pointer's worth.
-    let mut conn = Box::pin(
-        http1
-            .builder
-            .serve_connection(TokioIo::new(io), make_service())
-            .with_upgrades(),
-    );
-    let mut draining = *drain.borrow_and_update();
-    if draining {
-        conn.as_mut().graceful_shutdown();
-    }
-    let mut park = false;
-    // One timer for both the look at whether to park and the request
-    // head's deadline (hyper's own header timer is off: it would make
-    // and drop a timer for every request). Polled only when it fires.
-    let mut next_look = Instant::now() + parking.after;
-    let mut timer = WhenWoken::new(tokio::time::sleep_until(earliest(
-        next_look,
-        activity.head_due(http1.head_timeout),
-    )));
-    let ended = loop {
-        tokio::select! {
-            ended = conn.as_mut() => break ended,
-            _ = WhenWoken::new(drain.changed()), if !draining => {
-                draining = true;
-                conn.as_mut().graceful_shutdown();
-            }
-            () = &mut timer, if !park => {
-                match look(http1, activity, requests_before, draining, &mut next_look) {
-                    Look::HeadLate => {
-                        tracing::debug!(%remote, "no request head in time: closing");
-                        return None;
-                    }
-                    Look::Park => {
-                        park = true;
-                        activity.parking.store(true, Ordering::Relaxed);
-                        // Idle, hyper closes without writing anything.
-                        conn.as_mut().graceful_shutdown();
-                    }
-                    Look::Serve => {}
-                }
-                let next = earliest(next_look, activity.head_due(http1.head_timeout));
-                timer.inner_mut().reset(next);
-            }
-        }
-    };
-    // Its timer would go on waking a parked connection.
-    drop(timer);
-    if let Err(err) = ended {
-        tracing::debug!(%remote, error = %err, "connection ended with an error");
-        return None;
-    }
-    if !park {
-        return None;
-    }
-    take_back(Pin::into_inner(conn).into_parts(), draining).await
 }
 
 /// What a serving stretch's timer found.
@@ -663,29 +569,8 @@ fn look(
     Look::Serve
 }
 
-/// The socket of a hyper connection ended to be parked, and what hyper had
-/// read of it; `None`, the socket closed, when the server drains.
-async fn take_back<S: Socket, Svc>(
-    parts: Option<http1::Parts<TokioIo<Parkable<S>>, Svc>>,
-    draining: bool,
-) -> Option<(Parkable<S>, Bytes)> {
-    // `None`: upgraded (cannot happen while idle, but then it is over).
-    let http1::Parts {
-        io: stream,
-        read_buf,
-        ..
-    } = parts?;
-    let io = stream.into_inner();
-    io.activity.parking.store(false, Ordering::Relaxed);
-    if draining {
-        io.close().await;
-        return None;
-    }
-    Some((io, read_buf))
-}
-
 /// Parks an idle HTTP/1 connection down to its socket, `read_buf` (what
-/// hyper had read) kept for the next hyper connection to replay, until the
+/// the engine had read) kept for the next serving stretch, until the
 /// client sends more (`Some`), or the server drains or the connection's
 /// deadline passes (closed, `None`).
 async fn park<S: Socket>(
@@ -696,7 +581,7 @@ async fn park<S: Socket>(
     drain: &mut watch::Receiver<bool>,
     remote: SocketAddr,
 ) -> Option<Parkable<S>> {
-    // Copied out: the frozen buffer would keep hyper's whole allocation.
+    // Copied out: the frozen buffer would keep the engine's whole allocation.
     let unread = std::mem::take(&mut io.replay);
     io.replay = if read_buf.is_empty() {
         unread

@@ -1,14 +1,19 @@
 //! Smuggling watch on accepted connections: follows the HTTP/1 request heads
-//! in the bytes hyper reads, parsed with hyper's own parser (`httparse`, so
-//! a head reads exactly as hyper reads it; chunked bodies are followed the
-//! way hyper's decoder takes them), and reports a head whose framing is
-//! ambiguous (Content-Length with Transfer-Encoding, or Content-Length
-//! repeated), which hyper resolves silently before the service sees the
-//! headers. A request that asks for `Upgrade` leaves the watch on until the
-//! server says a `101` actually switched the protocol. On HTTP/2 it follows
-//! the frame headers only, to report since when a header block has been open
-//! (its deadline is the server's). It only reports: the stream is never
-//! changed or held back, and only a head split across reads is copied aside.
+//! in the bytes read, parsed with the same parser as hyper's (`httparse`,
+//! through `h1::request`; chunked bodies are followed the way hyper's
+//! decoder takes them), and reports a head whose framing is ambiguous
+//! (Content-Length with Transfer-Encoding, or Content-Length repeated). A
+//! request that asks for `Upgrade` leaves the watch on until a `101` is said
+//! to have switched the protocol. On HTTP/2 it follows the frame headers
+//! only, to report since when a header block has been open (its deadline is
+//! the server's). It only reports: the stream is never changed or held
+//! back, and only a head split across reads is copied aside.
+//!
+//! The server uses it for HTTP/2: an HTTP/1 connection is served by
+//! `connection`'s engine, which parses each head once and refuses ambiguous
+//! framing itself, so the server stops following it
+//! ([`Watched::stop_following`]) as soon as the connection is known to be
+//! HTTP/1.
 
 use std::io;
 use std::pin::Pin;
@@ -118,6 +123,12 @@ impl<IO> Watched<IO> {
     /// The handle the connection's service reads.
     pub fn watch(&self) -> FramingWatch {
         self.scan.watch.clone()
+    }
+
+    /// Stops following the stream: an HTTP/1 connection's heads are
+    /// parsed by the server's own engine.
+    pub fn stop_following(&mut self) {
+        self.scan.stop();
     }
 
     /// The stream underneath.

@@ -9,7 +9,8 @@
 //! [`run_file`]).
 //!
 //! - `demo`: the embedded demo origin, with queuegate in front of it.
-//! - `server`: accept loops, connection limit, HTTP/1.1 and HTTP/2, drain.
+//! - `server`: accept loops, connection limit, HTTP/1.1 (on `connection`'s
+//!   engine) and HTTP/2 (hyper's), drain.
 //! - `admin`: the admin listener: /metrics, /healthz, /readyz, /routes, the
 //!   live view for the day of the sale (`page`, its figures and their
 //!   15-minute rings pushed on /events by `live`) and the route controls
@@ -17,13 +18,16 @@
 //! - `reload`: live config reload (file watch, SIGHUP).
 //! - `connection`: a client connection's stream (its timeouts, send watchdog
 //!   and what it has in flight, for every protocol) and the HTTP/1 driver,
-//!   which parks idle keep-alive connections down to their socket.
+//!   which parks idle keep-alive connections down to their socket, with its
+//!   engine (`engine`): request heads parsed once, bodies fed as they are
+//!   asked for, answers written, upgrades handed over.
 //! - `request`: shared state (`App`, `Conn`) and one road for a request
 //!   (`App::handle`): screened (`screen`: framing, invite, host, path
 //!   readings, bypass, route), an invite redeemed (`invite`), counted,
 //!   decided and forwarded under its session or held back (`session`),
 //!   forwarded and the origin's lane recorded (`forward`).
-//! - `framing`: watches raw HTTP/1 heads for ambiguous framing hyper would resolve.
+//! - `framing`: watches an HTTP/2 connection's frames for open header
+//!   blocks (and can follow raw HTTP/1 heads for framing hyper would resolve).
 //! - `admitter`: the per-route tick loop.
 //! - `waiting`: the waiting page (rendered by `page`), status JSON, its event
 //!   stream (`events`) and leave; the `return` path (`return_to`).
@@ -71,11 +75,15 @@
 //! - `response`: the one body type and every response queuegate makes.
 //! - `upstream`: the per-worker pools of HTTP/1.1 connections to the origin,
 //!   driven by the requests that use them.
+//! - `client_body`: a client's request body whichever protocol brought it
+//!   (HTTP/1's fed by `connection`'s engine, HTTP/2's hyper's), and the
+//!   socket an HTTP/1 connection hands over after a `101`.
 //! - `h1`: the HTTP/1.1 codec, byte work only: an origin's response head
 //!   read once into a borrowed view and its body's framing (`response`),
 //!   the chunked coding (`chunked`), request heads written into a
 //!   connection's buffer (`write`), a client's
-//!   request head and its framing rules (`request`).
+//!   request head and its framing rules (`request`), answers' heads
+//!   written by hyper's server rules (`answer`).
 //! - `inflight`: a route's turns at the origin (`Turns`, DESIGN §9.2): the
 //!   cap on its requests in flight, resized by reloads, and the `Turn` one
 //!   request holds.
@@ -90,6 +98,7 @@ pub mod admission;
 pub mod admitter;
 pub mod cache;
 pub mod cli;
+pub mod client_body;
 pub mod client_ip;
 pub mod clock;
 pub mod config;

@@ -16,11 +16,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::client_body::{self, ClientBody};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Scheme};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -278,7 +278,7 @@ impl Upstream {
     /// body, as nginx does.
     pub fn forward<'a>(
         &'a self,
-        mut req: Request<Incoming>,
+        mut req: Request<ClientBody>,
         peer: &Peer,
         withheld: &'static [HeaderName],
     ) -> impl Future<Output = Result<Response<Body>, RequestError>> + Send + 'a {
@@ -288,7 +288,7 @@ impl Upstream {
                 connections: self.connections.clone(),
                 lease: peer.lease.clone(),
             };
-            (hyper::upgrade::on(&mut req), tunnel)
+            (ClientUpgrade::of(&mut req), tunnel)
         });
         let prepared = self.rewrite(req, peer, upgrade, withheld);
         let worker = peer.worker;
@@ -362,11 +362,11 @@ impl Upstream {
     /// set.
     fn rewrite(
         &self,
-        mut req: Request<Incoming>,
+        mut req: Request<ClientBody>,
         peer: &Peer,
         upgrade: bool,
         withheld: &[HeaderName],
-    ) -> Result<Request<Incoming>, RequestError> {
+    ) -> Result<Request<ClientBody>, RequestError> {
         let original_host = original_host(&req);
         let path = req
             .uri()
@@ -484,12 +484,12 @@ impl Tunnel {
     /// Joins both upgraded connections until either side closes, the
     /// tunnel stays silent for the lease's idle timeout, or the drain
     /// deadline comes; counted as a tunnel meanwhile.
-    async fn run(self, client: hyper::upgrade::Upgraded, mut origin: Handed) {
+    async fn run(self, client: Box<dyn client_body::Io>, mut origin: Handed) {
         let _open = self.connections.open(Protocol::Tunnel);
         let heard = Arc::new(AtomicU64::new(0));
         let started = Instant::now();
         let mut client = Heard {
-            io: TokioIo::new(client),
+            io: client,
             started,
             heard: heard.clone(),
         };
@@ -586,15 +586,15 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Heard<T> {
 fn switch_protocols(
     resp: Response<OriginBody>,
     connection: Pooled,
-    client_upgrade: hyper::upgrade::OnUpgrade,
+    client_upgrade: ClientUpgrade,
     tunnel: Tunnel,
 ) -> Response<Body> {
     tokio::spawn(async move {
-        let (client, origin) = tokio::join!(client_upgrade, connection.upgraded());
+        let (client, origin) = tokio::join!(client_upgrade.upgraded(), connection.upgraded());
         let (client, origin) = match (client, origin) {
-            (Ok(client), Some(origin)) => (client, origin),
-            (Err(err), _) => {
-                tracing::debug!(error = %err, "upgrade did not complete");
+            (Some(client), Some(origin)) => (client, origin),
+            (None, _) => {
+                tracing::debug!("the client's upgrade did not complete");
                 return;
             }
             (_, None) => {
@@ -611,6 +611,40 @@ fn switch_protocols(
         .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     parts.headers.insert(header::UPGRADE, WEBSOCKET);
     Response::from_parts(parts, Body::Empty)
+}
+
+/// Where the client's connection comes from once it is answered `101`:
+/// queuegate's HTTP/1 engine hands it over through the request's
+/// [`client_body::OnUpgrade`]; hyper (HTTP/2) through its own.
+enum ClientUpgrade {
+    H1(client_body::OnUpgrade),
+    Hyper(hyper::upgrade::OnUpgrade),
+}
+
+impl ClientUpgrade {
+    fn of(req: &mut Request<ClientBody>) -> ClientUpgrade {
+        match req.extensions_mut().remove::<client_body::OnUpgrade>() {
+            Some(on) => ClientUpgrade::H1(on),
+            None => ClientUpgrade::Hyper(hyper::upgrade::on(req)),
+        }
+    }
+
+    /// The client's connection, once handed over.
+    async fn upgraded(self) -> Option<Box<dyn client_body::Io>> {
+        match self {
+            ClientUpgrade::H1(on) => {
+                let io: Box<dyn client_body::Io> = Box::new(on.upgraded().await?);
+                Some(io)
+            }
+            ClientUpgrade::Hyper(on) => match on.await {
+                Ok(upgraded) => Some(Box::new(TokioIo::new(upgraded))),
+                Err(err) => {
+                    tracing::debug!(error = %err, "upgrade did not complete");
+                    None
+                }
+            },
+        }
+    }
 }
 
 /// What it takes to send a request again: kept only for an idempotent

@@ -210,7 +210,7 @@ pub enum RequestError {
     /// short), found while it was relayed to the origin: the client's
     /// error, never counted as the origin's.
     #[error("request body unreadable: {}", Causes(.0))]
-    BadBody(#[source] hyper::Error),
+    BadBody(#[source] crate::client_body::Error),
     /// The origin answered `101` to switch to a protocol queuegate did not
     /// ask it for (only a WebSocket handshake is forwarded as one, DESIGN
     /// §9.5): no tunnel is made, and the origin's connection is closed.

@@ -1,6 +1,6 @@
 //! Accept loops: the connection limit, the TLS handshake on TLS listeners,
-//! hyper's HTTP/1.1 (parked when idle, see `connection`) and HTTP/2 (by ALPN or
-//! prior knowledge) connections, header limits, idle and HTTP/2 limits
+//! HTTP/1.1 connections on queuegate's own engine (parked when idle, see
+//! `connection`) and hyper's HTTP/2 (by ALPN or prior knowledge) connections, header limits, idle and HTTP/2 limits
 //! (streams, pings, header blocks, reset floods), and the graceful drain,
 //! which ends whatever is left (tunnels included) at its deadline.
 
@@ -11,15 +11,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::body::Incoming;
-use hyper::server::conn::{http1, http2};
+use hyper::server::conn::http2;
 use hyper::service::service_fn;
-use hyper::{Method, Request, StatusCode};
+use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::client_body::ClientBody;
 use crate::config::{Config, ServerLimits};
 use crate::connection::{self, Activity, Http1, Parkable, Parking, Socket, Tracked, WhenWoken};
 use crate::framing::{FramingWatch, Watched};
@@ -28,7 +29,7 @@ use crate::proxy::{Lease, Peer};
 use crate::request::{App, Conn};
 use crate::tls;
 
-/// hyper refuses a read buffer smaller than this.
+/// The smallest cap on an HTTP/1 request head (hyper's smallest read buffer).
 const MIN_BUF_SIZE: usize = 8192;
 
 /// HTTP/2 streams a client may have open at once.
@@ -138,8 +139,8 @@ pub async fn serve_parking(
     let shared = Shared {
         app: app.clone(),
         http1: Arc::new(Http1 {
-            builder: http1_builder(limits),
             parking,
+            head_limit: h1_buf_size(limits),
             head_timeout: limits.header_timeout,
             idle_timeout: limits.idle_timeout,
             connections: app.metrics.connections().clone(),
@@ -403,24 +404,9 @@ impl Workers {
     }
 }
 
-/// hyper's HTTP/1 read-buffer cap: a request head must end within it.
+/// The HTTP/1 read-buffer cap: a request head must end within it.
 fn h1_buf_size(limits: &ServerLimits) -> usize {
     limits.max_header_bytes.max(MIN_BUF_SIZE)
-}
-
-fn http1_builder(limits: &ServerLimits) -> http1::Builder {
-    let mut builder = http1::Builder::new();
-    // No timer: the head timeout is kept by `connection::serve_h1`, with one
-    // timer per connection rather than one made and dropped per request.
-    // Without writev, hyper copies a body chunk after the head it has just
-    // written and sends both with one write: fewer instructions per
-    // proxied request than queueing both for a vectored write (callgrind,
-    // benches/README.md).
-    builder
-        .header_read_timeout(None)
-        .writev(false)
-        .max_buf_size(h1_buf_size(limits));
-    builder
 }
 
 fn http2_builder(limits: &ServerLimits) -> http2::Builder<TokioExecutor> {
@@ -471,7 +457,7 @@ impl Connections {
             }
         };
         // Counted until the connection ends; one upgraded ends here when
-        // hyper hands its socket over, and is counted as a tunnel instead.
+        // its socket is handed over, and is counted as a tunnel instead.
         let _open = shared.app.metrics.connections().open(if h2 {
             Protocol::Http2
         } else {
@@ -484,37 +470,27 @@ impl Connections {
             shared.app,
             Peer::new(remote, tls).on_worker(worker).with_lease(lease),
         ));
-        let watch = framing.clone();
         let service_activity = activity.clone();
-        let service = service_fn(move |mut req: Request<Incoming>| {
-            if let Some(head) = watch.next_request() {
-                req.extensions_mut().insert(head);
-            }
-            let connect = req.method() == Method::CONNECT;
+        let answer = move |req: Request<ClientBody>| {
             let in_flight = service_activity.request();
             let answering = service_activity.answering();
-            let watch = watch.clone();
             let conn = conn.clone();
-            // Boxed: hyper keeps a slot the size of the service's future
-            // for the life of the connection, so an unboxed future of a few
-            // kilobytes would stay allocated on every idle keep-alive
-            // connection. Boxed, it lives only while the request does.
+            // Boxed: the connection keeps a slot the size of this future
+            // only while the request is served, not for its whole life.
             Box::pin(async move {
                 let resp = conn.app.handle(req, &conn).await;
                 answering.answered();
-                // hyper hands the socket over after these (RFC 9110 §15.2.2,
-                // §9.3.6): what follows is no longer HTTP/1.
-                let status = resp.status();
-                if status == StatusCode::SWITCHING_PROTOCOLS || (connect && status.is_success()) {
-                    watch.switched();
-                }
-                Ok::<_, Infallible>(resp.map(|body| Tracked::new(body, in_flight)))
+                resp.map(|body| Tracked::new(body, in_flight))
             })
-        });
+        };
         if !h2 {
-            connection::serve_h1(&shared.http1, stream, || service.clone(), drain, remote).await;
+            connection::serve_h1(&shared.http1, stream, &answer, drain, remote).await;
             return;
         }
+        let service = service_fn(move |req: Request<Incoming>| {
+            let answered = answer(req.map(ClientBody::h2));
+            async move { Ok::<_, Infallible>(answered.await) }
+        });
         // Boxed: HTTP/2's connection future is large, and unboxed it would
         // set the size of every HTTP/1 connection's task too.
         Box::pin(serve_h2(

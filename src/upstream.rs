@@ -22,10 +22,10 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use crate::client_body::ClientBody;
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderName, Method, Request, Response};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -52,7 +52,7 @@ pub enum Error {
     /// malformed chunk, a body cut short): the client's error, not the
     /// origin's. The connection it was relayed on is closed.
     #[error("the request body could not be read")]
-    ClientBody(#[source] hyper::Error),
+    ClientBody(#[source] crate::client_body::Error),
 }
 
 /// How an HTTP/1.1 exchange with the origin failed.
@@ -109,7 +109,7 @@ impl From<HttpError> for Error {
 /// origin (see [`Error::ClientBody`]).
 #[derive(Debug, thiserror::Error)]
 #[error("reading the request body failed")]
-pub struct BodyError(#[source] hyper::Error);
+pub struct BodyError(#[source] crate::client_body::Error);
 
 /// The body of a request sent to the origin: the client's, streamed, or
 /// none (a request sent again after a pooled connection turned out closed).
@@ -117,7 +117,7 @@ pub struct BodyError(#[source] hyper::Error);
 pub enum Outgoing {
     /// The client's body, its trailers without the fields `withheld`.
     Client {
-        body: Incoming,
+        body: ClientBody,
         withheld: &'static [HeaderName],
     },
     Empty,

@@ -8,14 +8,20 @@
 //! bytes and a head hyper refuses is refused here too. On the client's
 //! side it owns reading a request head once into a borrowed view and the
 //! framing rules of its body (`request`): what hyper's server refuses, and
-//! what two parsers could frame differently.
+//! what two parsers could frame differently; and writing an answer's head
+//! by hyper's server rules (`answer`).
 //!
 //! It does not own sockets, buffers' refilling, pools, timeouts or what a
 //! request or an answer says beyond its framing: `upstream` drives the
-//! connections, `proxy` rewrites what is forwarded.
+//! origin's connections, `connection` the clients', `proxy` rewrites what
+//! is forwarded.
 
 use std::mem::MaybeUninit;
 
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+
+pub mod answer;
 pub mod chunked;
 pub mod request;
 pub mod response;
@@ -110,4 +116,63 @@ pub(crate) fn digits(v: &str) -> Option<u64> {
             None
         }
     })
+}
+
+/// Where a slice of a head is in `base`, the buffer it was parsed from:
+/// its offset and length (heads are at most [`MAX_HEAD`] bytes, so both
+/// fit in a u32).
+fn span(base: &[u8], s: &[u8]) -> (u32, u32) {
+    let offset = (s.as_ptr() as usize).wrapping_sub(base.as_ptr() as usize);
+    (
+        u32::try_from(offset).unwrap_or(u32::MAX),
+        u32::try_from(s.len()).unwrap_or(0),
+    )
+}
+
+/// A parsed head's fields, as offsets into its bytes, to be taken from
+/// them once frozen without copying their values.
+pub struct FieldSpans {
+    count: usize,
+    fields: [[u32; 4]; MAX_HEADERS],
+}
+
+impl FieldSpans {
+    /// Where each of `fields` (parsed from `base`) is in `base`.
+    pub fn of(fields: &[httparse::Header<'_>], base: &[u8]) -> FieldSpans {
+        let mut spans = FieldSpans {
+            count: fields.len(),
+            fields: [[0; 4]; MAX_HEADERS],
+        };
+        for (field, at) in fields.iter().zip(spans.fields.iter_mut()) {
+            let (name, name_len) = span(base, field.name.as_bytes());
+            let (value, value_len) = span(base, field.value);
+            *at = [
+                name,
+                name.saturating_add(name_len),
+                value,
+                value.saturating_add(value_len),
+            ];
+        }
+        spans
+    }
+
+    /// The fields, appended to `headers`, their values slices of `head`
+    /// (the bytes they were parsed from, frozen).
+    pub fn append_to(&self, head: &Bytes, headers: &mut HeaderMap) -> Result<(), Error> {
+        headers.reserve(self.count);
+        for &[ns, ne, vs, ve] in self.fields.get(..self.count).unwrap_or_default() {
+            let [ns, ne, vs, ve] = [ns, ne, vs, ve].map(|at| at as usize);
+            let name = head.get(ns..ne).ok_or(Error::Field)?;
+            let name = HeaderName::from_bytes(name).map_err(|_| Error::Field)?;
+            let value = cut(head, vs, ve).ok_or(Error::Field)?;
+            let value = HeaderValue::from_maybe_shared(value).map_err(|_| Error::Field)?;
+            headers.append(name, value);
+        }
+        Ok(())
+    }
+}
+
+/// `head[start..end]`, if it is within.
+fn cut(head: &Bytes, start: usize, end: usize) -> Option<Bytes> {
+    (start <= end && end <= head.len()).then(|| head.slice(start..end))
 }

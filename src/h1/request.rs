@@ -10,7 +10,7 @@
 //! [`Head::uri`], separately, because only the request road needs it.
 //!
 //! It reads no body and keeps no state between heads: following a body's
-//! bytes is the caller's (the framing watch).
+//! bytes is the caller's (the HTTP/1 engine of `connection`).
 
 use std::mem::MaybeUninit;
 
@@ -50,6 +50,9 @@ pub struct Head<'b, 'h> {
     pub keep_alive: bool,
     /// An HTTP/1.1 request with `Upgrade` (or `CONNECT`).
     pub wants_upgrade: bool,
+    /// Its framing two parsers could read differently, and why (only from
+    /// [`parse_head`]; `framing` is then `Empty`).
+    pub ambiguous: Option<&'static str>,
 }
 
 /// Why a head is refused; every refusal ends the connection.
@@ -96,6 +99,22 @@ pub fn parse<'b, 'h>(
     bytes: &'b [u8],
     headers: &'h mut [MaybeUninit<httparse::Header<'b>>; MAX_HEADERS],
 ) -> Result<Option<Head<'b, 'h>>, Refused> {
+    match parse_head(bytes, headers)? {
+        Some(Head {
+            ambiguous: Some(reason),
+            ..
+        }) => Err(Refused::Ambiguous(reason)),
+        head => Ok(head),
+    }
+}
+
+/// [`parse`], except that a head whose framing is ambiguous is given, with
+/// [`Head::ambiguous`] saying why, for the server to refuse on the request
+/// road (where every refusal of a request queuegate reads is answered).
+pub fn parse_head<'b, 'h>(
+    bytes: &'b [u8],
+    headers: &'h mut [MaybeUninit<httparse::Header<'b>>; MAX_HEADERS],
+) -> Result<Option<Head<'b, 'h>>, Refused> {
     let mut req = httparse::Request::new(&mut []);
     let len = match req.parse_with_uninit_headers(bytes, headers) {
         Ok(httparse::Status::Complete(len)) => len,
@@ -115,7 +134,10 @@ pub fn parse<'b, 'h>(
         return Err(Refused::TooLarge);
     }
     let http10 = version == 0;
-    let framing = framing(http10, headers)?;
+    let (framing, ambiguous) = match framing(http10, headers) {
+        Err(Refused::Ambiguous(reason)) => (Framing::Empty, Some(reason)),
+        framing => (framing?, None),
+    };
     let mut head = Head {
         method,
         target,
@@ -126,6 +148,7 @@ pub fn parse<'b, 'h>(
         expect_continue: false,
         keep_alive: !http10,
         wants_upgrade: method == "CONNECT",
+        ambiguous,
     };
     head.read_connection_fields();
     Ok(Some(head))

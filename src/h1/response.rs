@@ -7,10 +7,9 @@
 use std::mem::MaybeUninit;
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue};
 use http::{Response, StatusCode, Version};
 
-use super::{content_length, ends_chunked, lists, Error, MAX_HEAD, MAX_HEADERS};
+use super::{content_length, cut, ends_chunked, lists, span, Error, FieldSpans, MAX_HEAD};
 
 /// A complete response head, borrowed from the read buffer.
 pub struct Head<'h, 'b> {
@@ -150,36 +149,14 @@ impl Head<'_, '_> {
     /// Where each field's name and value are in `base`, the buffer this
     /// head was parsed from, to be taken from it once frozen.
     pub fn spans(&self, base: &[u8]) -> Spans {
-        let start = base.as_ptr() as usize;
-        // Heads are at most MAX_HEAD bytes: offsets fit in a u32.
-        let at = |s: &[u8]| {
-            let offset = (s.as_ptr() as usize).wrapping_sub(start);
-            (
-                u32::try_from(offset).unwrap_or(u32::MAX),
-                u32::try_from(s.len()).unwrap_or(0),
-            )
-        };
-        let mut spans = Spans {
+        let reason = (Some(self.reason) != self.status.canonical_reason())
+            .then(|| span(base, self.reason.as_bytes()));
+        Spans {
             status: self.status,
             version: self.version,
-            reason: None,
-            count: self.fields.len(),
-            fields: [[0; 4]; MAX_HEADERS],
-        };
-        if Some(self.reason) != self.status.canonical_reason() {
-            spans.reason = Some(at(self.reason.as_bytes()));
+            reason,
+            fields: FieldSpans::of(self.fields, base),
         }
-        for (field, span) in self.fields.iter().zip(spans.fields.iter_mut()) {
-            let (name, name_len) = at(field.name.as_bytes());
-            let (value, value_len) = at(field.value);
-            *span = [
-                name,
-                name.saturating_add(name_len),
-                value,
-                value.saturating_add(value_len),
-            ];
-        }
-        spans
     }
 }
 
@@ -188,8 +165,7 @@ pub struct Spans {
     status: StatusCode,
     version: Version,
     reason: Option<(u32, u32)>,
-    count: usize,
-    fields: [[u32; 4]; MAX_HEADERS],
+    fields: FieldSpans,
 }
 
 impl Spans {
@@ -200,16 +176,7 @@ impl Spans {
         let mut resp = Response::new(());
         *resp.status_mut() = self.status;
         *resp.version_mut() = self.version;
-        let headers = resp.headers_mut();
-        headers.reserve(self.count);
-        for &[ns, ne, vs, ve] in self.fields.get(..self.count).unwrap_or_default() {
-            let [ns, ne, vs, ve] = [ns, ne, vs, ve].map(|at| at as usize);
-            let name = head.get(ns..ne).ok_or(Error::Field)?;
-            let name = HeaderName::from_bytes(name).map_err(|_| Error::Field)?;
-            let value = cut(head, vs, ve).ok_or(Error::Field)?;
-            let value = HeaderValue::from_maybe_shared(value).map_err(|_| Error::Field)?;
-            headers.append(name, value);
-        }
+        self.fields.append_to(head, resp.headers_mut())?;
         if let Some((start, len)) = self.reason {
             let reason = cut(head, start as usize, start.saturating_add(len) as usize);
             if let Some(Ok(reason)) = reason.map(hyper::ext::ReasonPhrase::try_from) {
@@ -218,11 +185,6 @@ impl Spans {
         }
         Ok(resp)
     }
-}
-
-/// `head[start..end]`, if it is within.
-fn cut(head: &Bytes, start: usize, end: usize) -> Option<Bytes> {
-    (start <= end && end <= head.len()).then(|| head.slice(start..end))
 }
 
 #[cfg(test)]

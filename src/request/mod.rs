@@ -18,9 +18,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::client_body::ClientBody;
 use arc_swap::ArcSwap;
 use http::{Request, Response};
-use hyper::body::Incoming;
 
 use crate::admission::KeyRing;
 use crate::cache::Caches;
@@ -135,7 +135,7 @@ impl App {
     /// for the route it matched. A request dropped before it is answered
     /// (its client went away) is counted as `client_gone` instead (see
     /// `Unanswered`).
-    pub async fn handle(&self, mut req: Request<Incoming>, conn: &Conn) -> Response<Body> {
+    pub async fn handle(&self, mut req: Request<ClientBody>, conn: &Conn) -> Response<Body> {
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
         let s = self.settings.load();
         let mut unanswered = Unanswered::request(&self.metrics);
@@ -206,7 +206,7 @@ impl App {
     async fn reserved(
         &self,
         s: &Settings,
-        req: Request<Incoming>,
+        req: Request<ClientBody>,
         conn: &Conn,
         invite: Option<&str>,
     ) -> Response<Body> {
@@ -228,7 +228,7 @@ impl App {
         &self,
         s: &Arc<Settings>,
         index: usize,
-        req: Request<Incoming>,
+        req: Request<ClientBody>,
         conn: &Conn,
         invite: Option<String>,
         exit: bool,

@@ -3,11 +3,10 @@
 //! reading of its path is placed: queuegate's own paths, bypassed, ungated
 //! or a gated route, or refused (DESIGN §8.1, §9.6).
 
+use crate::client_body::ClientBody;
 use http::Request;
-use hyper::body::Incoming;
 
 use crate::config::AmbiguousPaths;
-use crate::framing::AmbiguousHead;
 use crate::proxy;
 use crate::response::RequestError;
 use crate::route::Settings;
@@ -35,16 +34,12 @@ pub(super) enum Target {
 }
 
 impl App {
-    /// Where `req` goes under settings `s`. The server marks a request whose
-    /// raw head was ambiguous with an [`AmbiguousHead`] extension; the header
-    /// check catches what reaches the service some other way. Any invite is
-    /// taken out of `req`'s target, whatever the target turns out to be.
-    pub(super) fn screen(&self, s: &Settings, req: &mut Request<Incoming>) -> Target {
-        let framing = match req.extensions().get::<AmbiguousHead>() {
-            Some(head) => Err(RequestError::AmbiguousFraming(head.reason)),
-            None => proxy::check_request(req),
-        };
-        if let Err(err) = framing {
+    /// Where `req` goes under settings `s`. A head whose framing is
+    /// ambiguous reaches here with its fields as sent, for the header check
+    /// to refuse. Any invite is taken out of `req`'s target, whatever the
+    /// target turns out to be.
+    pub(super) fn screen(&self, s: &Settings, req: &mut Request<ClientBody>) -> Target {
+        if let Err(err) = proxy::check_request(req) {
             return Target::Refused(err);
         }
         // An invite is the gate's alone (DESIGN §8.5): taken out of the

@@ -8,9 +8,9 @@ pub mod events;
 pub mod page;
 pub mod return_to;
 
+use crate::client_body::ClientBody;
 use http::header::{HeaderMap, HeaderValue, ACCEPT, ACCEPT_LANGUAGE, SET_COOKIE};
 use http::{Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use rand::Rng;
 use serde_json::json;
 
@@ -95,7 +95,7 @@ fn poll_cap_ms(route: &RouteRt) -> u64 {
 /// The waiting page's query for a request to `route` held back: it brings
 /// the visitor back to the page asked for; `start` is the place to show at
 /// once, if known.
-fn page_query(route: &RouteRt, req: &Request<Incoming>, start: Option<u64>) -> WaitingQuery {
+fn page_query(route: &RouteRt, req: &Request<ClientBody>, start: Option<u64>) -> WaitingQuery {
     WaitingQuery {
         route: route.name().to_owned(),
         return_path: req
@@ -120,7 +120,7 @@ fn status_url(s: &Settings, route: &str) -> String {
 pub fn held_back(
     s: &Settings,
     route: &RouteRt,
-    req: &Request<Incoming>,
+    req: &Request<ClientBody>,
     decision: Decision,
 ) -> Response<Body> {
     let set_cookie = match &decision {
@@ -150,7 +150,7 @@ pub fn held_back(
 /// forwarded: a navigation goes to the waiting page, where the visitor comes
 /// through the line again; an app gets `"state":"used_up"` and the status URL.
 /// The caller clears the pass cookie.
-pub fn used_up(s: &Settings, route: &RouteRt, req: &Request<Incoming>) -> Response<Body> {
+pub fn used_up(s: &Settings, route: &RouteRt, req: &Request<ClientBody>) -> Response<Body> {
     if is_navigation(req.method(), req.headers()) {
         let query = page_query(route, req, None);
         return response::redirect("used-up", &query.to_url(&waiting_path(s)));
@@ -225,7 +225,7 @@ fn fill_decision(
 pub async fn serve(
     gate: &Gate,
     s: &Settings,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
     who: Requester<'_>,
     cookies: &CookieMemo,
     streams: &Streams,
@@ -247,7 +247,7 @@ pub async fn serve(
     }
 }
 
-fn query_param<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
+fn query_param<'a>(req: &'a Request<ClientBody>, name: &str) -> Option<&'a str> {
     req.uri()
         .query()?
         .split('&')
@@ -259,7 +259,7 @@ fn query_param<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
 async fn waiting_page(
     gate: &Gate,
     s: &Settings,
-    req: &Request<Incoming>,
+    req: &Request<ClientBody>,
     who: Requester<'_>,
     cookies: &CookieMemo,
 ) -> Response<Body> {
@@ -338,7 +338,7 @@ fn render_page(
     gate: &Gate,
     s: &Settings,
     route: &RouteRt,
-    req: &Request<Incoming>,
+    req: &Request<ClientBody>,
     query: &WaitingQuery,
     shown: &Shown,
 ) -> String {
@@ -423,7 +423,10 @@ fn page_query_value(path: &str) -> String {
 
 /// What a status request or event stream is about: the route it names,
 /// the sanitized `return` path, and the route's index if it exists.
-fn status_target<'r>(s: &Settings, req: &'r Request<Incoming>) -> (&'r str, String, Option<usize>) {
+fn status_target<'r>(
+    s: &Settings,
+    req: &'r Request<ClientBody>,
+) -> (&'r str, String, Option<usize>) {
     let route_name = query_param(req, "route").unwrap_or("");
     let return_path =
         return_to::sanitize(&WaitingQuery::parse(req.uri().query().unwrap_or("")).return_path);
@@ -434,7 +437,7 @@ fn status_target<'r>(s: &Settings, req: &'r Request<Incoming>) -> (&'r str, Stri
 async fn status(
     gate: &Gate,
     s: &Settings,
-    req: &Request<Incoming>,
+    req: &Request<ClientBody>,
     who: Requester<'_>,
     cookies: &CookieMemo,
 ) -> Response<Body> {
@@ -511,7 +514,7 @@ fn status_json(
 async fn leave(
     gate: &Gate,
     s: &Settings,
-    req: &Request<Incoming>,
+    req: &Request<ClientBody>,
     tls: bool,
     cookies: &CookieMemo,
 ) -> Response<Body> {

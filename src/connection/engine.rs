@@ -1,0 +1,674 @@
+//! The HTTP/1 engine: one serving stretch of a client connection, with
+//! the connection's own read and write buffers. A request head is read
+//! into the read buffer and parsed once (`h1::request::parse_head`), the
+//! `http::Request` made from it without copying its field values; its body
+//! is fed to the request from the buffer and the socket only as the request
+//! road asks for it (`client_body::Feed`), `100 Continue` written when it
+//! is first asked for and no answer has begun; the answer's head is
+//! written by hyper's server rules (`h1::answer`) and its body streamed
+//! by the framing chosen, flushed whenever the body has nothing more yet.
+//! Requests are served one after another; bytes after a head stay in the
+//! buffer for the next. A body the answer left unread is drained from what
+//! has arrived, else the connection closes (as hyper does).
+
+use std::cell::Cell;
+use std::future::{poll_fn, Future};
+use std::io;
+use std::pin::{pin, Pin};
+use std::sync::atomic::Ordering;
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use bytes::{Buf, Bytes, BytesMut};
+use futures_util::FutureExt;
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body::{Body as HttpBody, Frame};
+use tokio::io::{AsyncReadExt, AsyncWrite};
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+
+use super::{earliest, look, Activity, Http1, Look, Parkable, Socket, WhenWoken};
+use crate::client_body::{self, ClientBody, Feed, OnUpgrade, Upgraded, Want};
+use crate::h1::answer::{self, Asked, Sends};
+use crate::h1::chunked::{self, Decoder, Step};
+use crate::h1::request::{self, Framing, Refused};
+use crate::h1::{self, FieldSpans};
+
+/// Answer bytes buffered beyond this are written out before more are made.
+const WRITE_HIGH: usize = 64 * 1024;
+/// The read buffer's first size, and how much room a read asks for.
+const READ_ROOM: usize = 8 * 1024;
+
+/// What a connection's requests are answered by.
+pub trait Service {
+    type Body: HttpBody<Data = Bytes> + Unpin;
+    type Future: Future<Output = Response<Self::Body>>;
+    fn call(&self, req: Request<ClientBody>) -> Self::Future;
+}
+
+impl<F, Fut, B> Service for F
+where
+    F: Fn(Request<ClientBody>) -> Fut,
+    Fut: Future<Output = Response<B>>,
+    B: HttpBody<Data = Bytes> + Unpin,
+{
+    type Body = B;
+    type Future = Fut;
+    fn call(&self, req: Request<ClientBody>) -> Fut {
+        self(req)
+    }
+}
+
+/// How a serving stretch ended.
+pub(super) enum Stretch<S> {
+    /// Idle: the socket to park, and what was read of it.
+    Park(Parkable<S>, Bytes),
+    /// The connection is over (closed, or handed to a tunnel).
+    Over,
+}
+
+/// A connection being served: its socket and buffers.
+struct Engine<S> {
+    io: Parkable<S>,
+    read: BytesMut,
+    write: BytesMut,
+    /// The server drains: the next answer closes the connection.
+    draining: bool,
+}
+
+/// A request head read, and what the engine keeps of it.
+struct Parsed {
+    req: Request<()>,
+    framing: Framing,
+    expect_continue: bool,
+    keep_alive: bool,
+    upgrade: bool,
+}
+
+/// A request body being read from the connection for its request.
+struct Reader {
+    feed: Feed,
+    left: Left,
+    expect_continue: bool,
+    /// Failed: the connection cannot be read further.
+    broken: bool,
+}
+
+enum Left {
+    Length(u64),
+    Chunked(Box<Decoder>),
+    Done,
+}
+
+/// How answering a request ended.
+enum Served {
+    /// The connection may serve the next request.
+    Again,
+    /// Written out: the connection closes.
+    Close,
+    /// Over without more (broken, or its socket handed over).
+    Gone,
+    /// A `101` written: the socket is the tunnel's.
+    Upgrade(oneshot::Sender<Upgraded>),
+}
+
+/// Serves one stretch of an HTTP/1 connection until it ends or goes idle.
+pub(super) async fn serve_until_idle<S: Socket, Svc: Service>(
+    http1: &Http1,
+    mut io: Parkable<S>,
+    service: &Svc,
+    activity: &Activity,
+    drain: &mut watch::Receiver<bool>,
+    remote: std::net::SocketAddr,
+) -> Stretch<S> {
+    let requests_before = activity.requests();
+    activity.read_lately.store(false, Ordering::Relaxed);
+    let replay = std::mem::take(&mut io.replay);
+    let mut engine = Engine {
+        io,
+        read: BytesMut::from(&replay[..]),
+        write: BytesMut::new(),
+        draining: *drain.borrow_and_update(),
+    };
+    drop(replay);
+    // One timer for the stretch, for both the look at whether to park and
+    // the request head's deadline, polled only when it fires; one wait for
+    // the drain.
+    let next_look = Instant::now() + http1.parking.after;
+    let mut waits = Waits {
+        timer: WhenWoken::new(tokio::time::sleep_until(earliest(
+            next_look,
+            activity.head_due(http1.head_timeout),
+        ))),
+        next_look,
+        drained: WhenWoken::new(drain.changed()),
+    };
+    loop {
+        activity.between_requests.store(true, Ordering::Relaxed);
+        let next = engine
+            .next_head(http1, activity, requests_before, &mut waits)
+            .await;
+        activity.between_requests.store(false, Ordering::Relaxed);
+        let parsed = match next {
+            Next::Head(parsed) => parsed,
+            Next::Park => {
+                let Engine { io, read, .. } = engine;
+                return Stretch::Park(io, read.freeze());
+            }
+            Next::Close => {
+                tracing::debug!(%remote, "connection closed or no request head in time");
+                engine.io.close().await;
+                return Stretch::Over;
+            }
+            Next::Refused(refused) => {
+                tracing::debug!(%remote, error = %refused, "request head refused");
+                engine.refuse(refused.status()).await;
+                return Stretch::Over;
+            }
+        };
+        match engine.serve(parsed, service, &mut waits.drained).await {
+            Served::Again => {}
+            Served::Close => {
+                engine.io.close().await;
+                return Stretch::Over;
+            }
+            Served::Gone => return Stretch::Over,
+            Served::Upgrade(tx) => {
+                let Engine { io, read, .. } = engine;
+                let _ = tx.send(Upgraded::new(read.freeze(), Box::new(io)));
+                return Stretch::Over;
+            }
+        }
+    }
+}
+
+/// What a serving stretch waits on besides its socket.
+struct Waits<D> {
+    timer: WhenWoken<tokio::time::Sleep>,
+    /// When the timer next looks at whether to park.
+    next_look: Instant,
+    /// The server's drain; not polled again once it has fired.
+    drained: WhenWoken<D>,
+}
+
+/// What waiting for a request head found.
+// Moved once per request: boxing the head would cost an allocation each.
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    Head(Parsed),
+    Park,
+    Close,
+    Refused(Refused),
+}
+
+impl<S: Socket> Engine<S> {
+    /// Reads until a request head is complete (or refused), keeping the
+    /// head deadline, parking when idle long enough, closing an idle
+    /// connection when the server drains.
+    async fn next_head(
+        &mut self,
+        http1: &Http1,
+        activity: &Activity,
+        requests_before: u64,
+        waits: &mut Waits<impl Future>,
+    ) -> Next {
+        loop {
+            let blank = self
+                .read
+                .iter()
+                .take_while(|b| matches!(b, b'\r' | b'\n'))
+                .count();
+            self.read.advance(blank);
+            if !self.read.is_empty() {
+                match self.take_head() {
+                    Ok(Some(parsed)) => return Next::Head(parsed),
+                    Ok(None) if self.read.len() >= http1.head_limit => {
+                        return Next::Refused(Refused::TooLarge)
+                    }
+                    Ok(None) => {}
+                    Err(refused) => return Next::Refused(refused),
+                }
+            }
+            if self.draining && self.read.is_empty() {
+                return Next::Close;
+            }
+            self.read.reserve(READ_ROOM);
+            tokio::select! {
+                read = self.io.read_buf(&mut self.read) => match read {
+                    Ok(0) | Err(_) => return Next::Close,
+                    Ok(_) => {}
+                },
+                _ = &mut waits.drained, if !self.draining => {
+                    self.draining = true;
+                }
+                () = &mut waits.timer => {
+                    let next_look = &mut waits.next_look;
+                    match look(http1, activity, requests_before, self.draining, next_look) {
+                        Look::HeadLate => return Next::Close,
+                        Look::Park if self.write.is_empty() => return Next::Park,
+                        Look::Park | Look::Serve => {}
+                    }
+                    let next = earliest(*next_look, activity.head_due(http1.head_timeout));
+                    waits.timer.inner_mut().reset(next);
+                }
+            }
+        }
+    }
+
+    /// Parses the head at the start of the read buffer, once, and takes it
+    /// out of the buffer as the request it says.
+    fn take_head(&mut self) -> Result<Option<Parsed>, Refused> {
+        let mut slots = h1::fields();
+        let Some(head) = request::parse_head(&self.read, &mut slots)? else {
+            return Ok(None);
+        };
+        let method = head.method()?;
+        let uri = head.uri()?;
+        let spans = FieldSpans::of(head.headers, &self.read);
+        let mut req = Request::new(());
+        *req.method_mut() = method;
+        *req.uri_mut() = uri;
+        *req.version_mut() = if head.http10 {
+            Version::HTTP_10
+        } else {
+            Version::HTTP_11
+        };
+        // An ambiguous head is refused on the request road, which reads
+        // its fields; nothing after it is read.
+        let ambiguous = head.ambiguous.is_some();
+        let parsed = Parsed {
+            framing: head.framing,
+            expect_continue: head.expect_continue,
+            keep_alive: head.keep_alive && !ambiguous,
+            upgrade: head.wants_upgrade && !ambiguous,
+            req,
+        };
+        let len = head.len;
+        let bytes = self.read.split_to(len).freeze();
+        let mut parsed = parsed;
+        spans
+            .append_to(&bytes, parsed.req.headers_mut())
+            .map_err(|_| Refused::Malformed(httparse::Error::HeaderValue))?;
+        Ok(Some(parsed))
+    }
+
+    /// Answers a refused head as hyper does (no body, `connection:
+    /// close`), then closes.
+    async fn refuse(mut self, status: StatusCode) {
+        let mut resp = Response::new(());
+        *resp.status_mut() = status;
+        let (mut parts, ()) = resp.into_parts();
+        let asked = Asked {
+            method: &Method::GET,
+            http10: false,
+            keep_alive: false,
+        };
+        answer::head(&mut self.write, &mut parts, asked, None, &date());
+        if poll_fn(|cx| self.poll_write_out(cx)).await.is_ok() {
+            self.io.close().await;
+        }
+    }
+
+    /// Serves one request: hands it to `service`, feeding its body, and
+    /// writes the answer.
+    async fn serve<Svc: Service>(
+        &mut self,
+        parsed: Parsed,
+        service: &Svc,
+        drained: &mut WhenWoken<impl Future>,
+    ) -> Served {
+        let Parsed {
+            req,
+            framing,
+            expect_continue,
+            keep_alive,
+            upgrade,
+        } = parsed;
+        let (body, mut reader) = match framing {
+            Framing::Empty => (ClientBody::empty(), None),
+            Framing::Length(n) => Reader::new(Some(n), Left::Length(n), expect_continue),
+            Framing::Chunked => Reader::new(None, Left::Chunked(Box::default()), expect_continue),
+        };
+        let mut req = req.map(|()| body);
+        let connect = req.method() == Method::CONNECT;
+        let upgrade = (upgrade && !connect).then(|| {
+            let (on, tx) = OnUpgrade::new();
+            req.extensions_mut().insert(on);
+            tx
+        });
+        let method = req.method().clone();
+        let http10 = req.version() == Version::HTTP_10;
+        let mut answering = pin!(service.call(req));
+        let resp = poll_fn(|cx| {
+            if !self.draining && drained.poll_unpin(cx).is_ready() {
+                self.draining = true;
+            }
+            // The answer first: one ready at once needs no look at the
+            // socket (as hyper looks only while the service is pending).
+            if let Poll::Ready(resp) = answering.as_mut().poll(cx) {
+                return Poll::Ready(Some(resp));
+            }
+            if self.pump(cx, &mut reader, true).is_err() {
+                return Poll::Ready(None);
+            }
+            Poll::Pending
+        })
+        .await;
+        let Some(resp) = resp else {
+            return Served::Gone;
+        };
+        let broken = reader.as_ref().is_some_and(|r| r.broken);
+        let asked = Asked {
+            method: &method,
+            http10,
+            keep_alive: keep_alive && !self.draining && !broken,
+        };
+        let (mut parts, body) = resp.into_parts();
+        let size = if body.is_end_stream() {
+            None
+        } else {
+            Some(body.size_hint().exact())
+        };
+        let written = answer::head(&mut self.write, &mut parts, asked, size, &date());
+        if parts.status == StatusCode::SWITCHING_PROTOCOLS {
+            drop(body);
+            if poll_fn(|cx| self.poll_write_out(cx)).await.is_err() {
+                return Served::Gone;
+            }
+            return match upgrade {
+                Some(tx) => Served::Upgrade(tx),
+                None => Served::Close,
+            };
+        }
+        drop(upgrade);
+        let sent = self.send_body(body, written.sends, &mut reader).await;
+        self.finish(sent, written.last, reader).await
+    }
+
+    /// After the answer: written out, and the request's body drained from
+    /// what has arrived (else the connection closes).
+    async fn finish(&mut self, sent: Result<(), ()>, last: bool, reader: Option<Reader>) -> Served {
+        if sent.is_err() || poll_fn(|cx| self.poll_write_out(cx)).await.is_err() {
+            return Served::Gone;
+        }
+        let mut drained = true;
+        if let Some(mut reader) = reader {
+            drained = reader.drain(&mut self.read).is_ok_and(|done| done);
+            if !drained && !reader.broken {
+                // One look at what the socket has, as hyper takes.
+                self.read.reserve(READ_ROOM);
+                if let Some(Ok(n)) = self.io.read_buf(&mut self.read).now_or_never() {
+                    drained = n > 0 && reader.drain(&mut self.read).is_ok_and(|done| done);
+                }
+            }
+        }
+        if last || !drained {
+            return Served::Close;
+        }
+        Served::Again
+    }
+
+    /// Streams the answer's body by its framing.
+    async fn send_body<B: HttpBody<Data = Bytes> + Unpin>(
+        &mut self,
+        body: B,
+        sends: Sends,
+        reader: &mut Option<Reader>,
+    ) -> Result<(), ()> {
+        let mut left = match sends {
+            Sends::Length(0) => return Ok(()),
+            Sends::Length(n) => Some(n),
+            Sends::Chunked(_) | Sends::Close => None,
+        };
+        let mut body = body;
+        // The request's body is fed, and the client's close noticed,
+        // whenever the answer waits.
+        poll_fn(|cx| loop {
+            if self.write.len() >= WRITE_HIGH {
+                match self.poll_write_out(cx) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(())) => return Poll::Ready(Err(())),
+                    Poll::Pending => {
+                        return match self.pump(cx, reader, false) {
+                            Ok(()) => Poll::Pending,
+                            Err(()) => Poll::Ready(Err(())),
+                        }
+                    }
+                }
+            }
+            let frame = match Pin::new(&mut body).poll_frame(cx) {
+                Poll::Pending => {
+                    if self.pump(cx, reader, false).is_err() {
+                        return Poll::Ready(Err(()));
+                    }
+                    // Nothing more yet: what is made goes out (an event
+                    // stream's pieces each as it comes).
+                    ready!(self.poll_write_out(cx))?;
+                    return Poll::Pending;
+                }
+                Poll::Ready(frame) => frame,
+            };
+            match frame {
+                Some(Ok(frame)) => {
+                    if encode(&mut self.write, &sends, &mut left, frame) {
+                        return Poll::Ready(Ok(()));
+                    }
+                }
+                Some(Err(_)) => return Poll::Ready(Err(())),
+                None => {
+                    if let Sends::Chunked(_) = sends {
+                        self.write.extend_from_slice(chunked::LAST);
+                    }
+                    // A body shorter than its length breaks the message.
+                    return Poll::Ready(if left.is_some_and(|l| l > 0) {
+                        Err(())
+                    } else {
+                        Ok(())
+                    });
+                }
+            }
+        })
+        .await
+    }
+
+    /// Feeds the request's body what it asks for, writes what is buffered
+    /// (a `100 Continue`), and while nothing is being read notices the
+    /// client closing; an error when the connection is over. `waiting`:
+    /// no answer has begun.
+    fn pump(
+        &mut self,
+        cx: &mut Context<'_>,
+        reader: &mut Option<Reader>,
+        waiting: bool,
+    ) -> Result<(), ()> {
+        if let Some(r) = reader.as_mut().filter(|r| !r.done()) {
+            while r.feed.want(cx) == Want::Frame {
+                if r.expect_continue {
+                    r.expect_continue = false;
+                    if waiting {
+                        self.write
+                            .extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+                    }
+                }
+                if r.step(&mut self.read) {
+                    continue;
+                }
+                self.read.reserve(READ_ROOM);
+                match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read) {
+                    Poll::Pending => break,
+                    Poll::Ready(Ok(0)) => {
+                        r.fail(client_body::Error::Io(io::ErrorKind::UnexpectedEof.into()))
+                    }
+                    Poll::Ready(Ok(_)) => {}
+                    Poll::Ready(Err(err)) => r.fail(client_body::Error::Io(err)),
+                }
+            }
+        } else if self.read.is_empty() && reader.as_ref().is_none_or(|r| !r.broken) {
+            // hyper's `mid_message_detect_eof`.
+            self.read.reserve(READ_ROOM);
+            match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Err(()),
+                Poll::Ready(Ok(_)) | Poll::Pending => {}
+            }
+        }
+        if waiting && !self.write.is_empty() {
+            if let Poll::Ready(Err(())) = self.poll_write_out(cx) {
+                return Err(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes out the write buffer and flushes.
+    fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ()>> {
+        while !self.write.is_empty() {
+            match ready!(Pin::new(&mut self.io).poll_write(cx, &self.write)) {
+                Ok(0) | Err(_) => return Poll::Ready(Err(())),
+                Ok(n) => self.write.advance(n),
+            }
+        }
+        self.write.clear();
+        Poll::Ready(ready!(Pin::new(&mut self.io).poll_flush(cx)).map_err(|_| ()))
+    }
+}
+
+/// Encodes a frame of the answer's body into `dst`; `true` once a body
+/// of known length is complete (the rest is not sent).
+fn encode(dst: &mut BytesMut, sends: &Sends, left: &mut Option<u64>, frame: Frame<Bytes>) -> bool {
+    match frame.into_data() {
+        Ok(data) => match (sends, left) {
+            (Sends::Chunked(_), _) => {
+                if !data.is_empty() {
+                    chunked::chunk(dst, &data);
+                }
+                false
+            }
+            (_, Some(left)) => {
+                let n = usize::try_from(*left).unwrap_or(usize::MAX).min(data.len());
+                dst.extend_from_slice(&data[..n]);
+                *left -= n as u64;
+                *left == 0
+            }
+            (_, None) => {
+                dst.extend_from_slice(&data);
+                false
+            }
+        },
+        Err(frame) => {
+            if let (Sends::Chunked(declared), Ok(trailers)) = (sends, frame.into_trailers()) {
+                if !chunked::last_with_trailers(dst, &trailers, declared) {
+                    dst.extend_from_slice(chunked::LAST);
+                }
+                // The body ends with its trailers.
+                *left = Some(0);
+                return true;
+            }
+            false
+        }
+    }
+}
+
+impl Reader {
+    fn new(length: Option<u64>, left: Left, expect_continue: bool) -> (ClientBody, Option<Reader>) {
+        let (body, feed) = ClientBody::h1(length);
+        let reader = Reader {
+            feed,
+            left,
+            expect_continue,
+            broken: false,
+        };
+        (body, Some(reader))
+    }
+
+    fn done(&self) -> bool {
+        self.broken || matches!(self.left, Left::Done)
+    }
+
+    fn fail(&mut self, err: client_body::Error) {
+        self.broken = true;
+        self.left = Left::Done;
+        self.feed.send(Err(err), true);
+    }
+
+    /// Hands the body its next frame from `read`: `false` when more bytes
+    /// are needed first.
+    fn step(&mut self, read: &mut BytesMut) -> bool {
+        match self.next(read) {
+            Ok(Some((frame, last))) => {
+                self.feed.send(Ok(frame), last);
+                true
+            }
+            Ok(None) => self.done(),
+            Err(err) => {
+                self.fail(client_body::Error::Framing(err));
+                true
+            }
+        }
+    }
+
+    /// The next frame in `read`, and whether it is the last.
+    fn next(&mut self, read: &mut BytesMut) -> Result<Option<(Frame<Bytes>, bool)>, h1::Error> {
+        match &mut self.left {
+            Left::Done => Ok(None),
+            Left::Length(left) => {
+                if read.is_empty() {
+                    return Ok(None);
+                }
+                let n = usize::try_from(*left).unwrap_or(usize::MAX).min(read.len());
+                *left -= n as u64;
+                let last = *left == 0;
+                if last {
+                    self.left = Left::Done;
+                }
+                Ok(Some((Frame::data(read.split_to(n).freeze()), last)))
+            }
+            Left::Chunked(decoder) => match decoder.decode(read)? {
+                Step::Data(data) => Ok(Some((Frame::data(data), false))),
+                Step::Trailers(trailers) => {
+                    self.left = Left::Done;
+                    Ok(Some((Frame::trailers(trailers), true)))
+                }
+                Step::End => {
+                    self.left = Left::Done;
+                    self.feed.end();
+                    Ok(None)
+                }
+                Step::More => Ok(None),
+            },
+        }
+    }
+
+    /// Reads what is left of the body out of `read`, for nobody: whether
+    /// it has ended.
+    fn drain(&mut self, read: &mut BytesMut) -> Result<bool, h1::Error> {
+        while !self.done() {
+            if self.next(read)?.is_none() {
+                break;
+            }
+        }
+        Ok(self.done() && !self.broken)
+    }
+}
+
+thread_local! {
+    /// The `date` of answers made in the same second.
+    static DATE: Cell<(u64, [u8; 29])> = const { Cell::new((u64::MAX, [0; 29])) };
+}
+
+/// The `date` field's value now, formatted once a second per thread.
+fn date() -> [u8; 29] {
+    let now = SystemTime::now();
+    let secs = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_secs();
+    DATE.with(|cached| {
+        let (at, value) = cached.get();
+        if at == secs {
+            return value;
+        }
+        let value = answer::date(now);
+        cached.set((secs, value));
+        value
+    })
+}
