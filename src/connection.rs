@@ -37,7 +37,6 @@ use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 use tokio::time::{Instant, Sleep};
 
-use crate::framing::Watched;
 use crate::metrics::ConnectionMetrics;
 
 mod engine;
@@ -308,11 +307,11 @@ impl<B: HttpBody + Unpin> HttpBody for Tracked<B> {
 }
 
 /// An accepted stream: bytes to replay first (what an earlier serving
-/// stretch or the version check had read), then the watched stream; reads
+/// stretch or the version check had read), then the stream; reads
 /// and writes are noted in the connection's activity.
 pub struct Parkable<S> {
     replay: Bytes,
-    io: Watched<S>,
+    io: S,
     activity: Arc<Activity>,
     send: SendWatch,
 }
@@ -364,7 +363,7 @@ impl SendWatch {
 
 impl<S: Socket> Parkable<S> {
     /// `send_timeout`: how long a write may stay blocked (see [`SendWatch`]).
-    pub fn new(io: Watched<S>, send_timeout: Duration) -> Parkable<S> {
+    pub fn new(io: S, send_timeout: Duration) -> Parkable<S> {
         let activity = Arc::new(Activity::new());
         Parkable {
             replay: Bytes::new(),
@@ -514,7 +513,6 @@ pub async fn serve_h1<S: Socket, Svc: Service>(
     mut drain: watch::Receiver<bool>,
     remote: SocketAddr,
 ) {
-    io.io.stop_following();
     let activity = io.activity();
     loop {
         // Boxed: parked, the connection's task keeps only a pointer's worth.
@@ -600,7 +598,7 @@ async fn park<S: Socket>(
         activity.since() + http1.idle_timeout
     };
     let woken = tokio::select! {
-        ready = io.io.get_ref().tcp().readable() => ready.is_ok(),
+        ready = io.io.tcp().readable() => ready.is_ok(),
         _ = drain.changed() => false,
         () = tokio::time::sleep_until(deadline) => false,
     };

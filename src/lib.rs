@@ -26,8 +26,8 @@
 //!   readings, bypass, route), an invite redeemed (`invite`), counted,
 //!   decided and forwarded under its session or held back (`session`),
 //!   forwarded and the origin's lane recorded (`forward`).
-//! - `framing`: watches an HTTP/2 connection's frames for open header
-//!   blocks (and can follow raw HTTP/1 heads for framing hyper would resolve).
+//! - `h2_watch`: follows an HTTP/2 connection's frame headers to report
+//!   since when a header block has been open.
 //! - `admitter`: the per-route tick loop.
 //! - `waiting`: the waiting page (rendered by `page`), status JSON, its event
 //!   stream (`events`) and leave; the `return` path (`return_to`).
@@ -106,9 +106,9 @@ pub mod connection;
 pub mod cookie;
 pub mod demo;
 pub mod file_watch;
-pub mod framing;
 pub mod gate;
 pub mod h1;
+pub mod h2_watch;
 pub mod health;
 pub mod host;
 pub mod inflight;

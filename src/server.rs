@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use crate::client_body::ClientBody;
 use crate::config::{Config, ServerLimits};
 use crate::connection::{self, Activity, Http1, Parkable, Parking, Socket, Tracked, WhenWoken};
-use crate::framing::{FramingWatch, Watched};
+use crate::h2_watch::{self, HeaderBlocks};
 use crate::metrics::Protocol;
 use crate::proxy::{Lease, Peer};
 use crate::request::{App, Conn};
@@ -150,7 +150,6 @@ pub async fn serve_parking(
             head_timeout: limits.header_timeout,
             idle_timeout: limits.idle_timeout,
         }),
-        h1_buf_size: h1_buf_size(limits),
         handshake_timeout: limits.header_timeout,
         send_timeout: limits.send_timeout,
         tunnel_idle_timeout: limits.tunnel_idle_timeout,
@@ -227,7 +226,6 @@ struct Shared {
     app: Arc<App>,
     http1: Arc<Http1>,
     http2: Arc<Http2>,
-    h1_buf_size: usize,
     /// A TLS handshake must finish within this (the request-head timeout).
     handshake_timeout: Duration,
     /// `limits.send_timeout`: how long a write to a client may stay blocked.
@@ -444,11 +442,7 @@ impl Connections {
         drain: watch::Receiver<bool>,
         lease: Lease,
     ) {
-        // hyper resolves ambiguous framing before the service sees the
-        // headers; the watch reports it per request from the raw bytes.
         let Connections { shared, worker } = self;
-        let stream = Watched::new(stream, shared.h1_buf_size);
-        let framing = stream.watch();
         let mut stream = Parkable::new(stream, shared.send_timeout);
         let h2 = h2 || {
             match stream.sniff_h2(shared.handshake_timeout).await {
@@ -491,6 +485,10 @@ impl Connections {
             let answered = answer(req.map(ClientBody::h2));
             async move { Ok::<_, Infallible>(answered.await) }
         });
+        // Watched from the preface on (replayed when it was sniffed), for
+        // the header blocks' deadline.
+        let stream = h2_watch::Watched::new(stream);
+        let header_blocks = stream.header_blocks();
         // Boxed: HTTP/2's connection future is large, and unboxed it would
         // set the size of every HTTP/1 connection's task too.
         Box::pin(serve_h2(
@@ -499,7 +497,7 @@ impl Connections {
             service,
             H2Watch {
                 activity,
-                framing,
+                header_blocks,
                 drain,
             },
             remote,
@@ -513,7 +511,7 @@ struct H2Watch {
     /// Streams in flight, since when none is, and reset floods.
     activity: Arc<Activity>,
     /// Since when a header block has been open.
-    framing: FramingWatch,
+    header_blocks: HeaderBlocks,
     /// Turns true when the server drains.
     drain: watch::Receiver<bool>,
 }
@@ -537,7 +535,7 @@ impl Http2 {
 
     /// Whether the connection is over at `now`.
     fn over(&self, watch: &H2Watch, now: Instant) -> Option<H2End> {
-        if let Some(since) = watch.framing.header_block_since() {
+        if let Some(since) = watch.header_blocks.header_block_since() {
             if now >= since + self.head_timeout {
                 return Some(H2End::SlowHeaders);
             }
