@@ -31,6 +31,9 @@ pub mod write;
 /// chunked body (hyper's default).
 pub const MAX_HEADERS: usize = 100;
 
+/// Fields a message may gain between being parsed and being written on.
+const ADDED_FIELDS: usize = 8;
+
 /// A head not complete within this many buffered bytes is refused
 /// (hyper's default read buffer limit: 8 KiB plus 4 KiB per header).
 pub const MAX_HEAD: usize = 8192 + 4096 * 100;
@@ -159,7 +162,10 @@ impl FieldSpans {
     /// The fields, appended to `headers`, their values slices of `head`
     /// (the bytes they were parsed from, frozen).
     pub fn append_to(&self, head: &Bytes, headers: &mut HeaderMap) -> Result<(), Error> {
-        headers.reserve(self.count);
+        // Room for the fields queuegate adds on the way (the forwarding
+        // headers of a request, `date` or `x-queuegate` on an answer), so
+        // the map is not grown and rehashed once per message.
+        headers.reserve(self.count + ADDED_FIELDS);
         for &[ns, ne, vs, ve] in self.fields.get(..self.count).unwrap_or_default() {
             let [ns, ne, vs, ve] = [ns, ne, vs, ve].map(|at| at as usize);
             let name = head.get(ns..ne).ok_or(Error::Field)?;
