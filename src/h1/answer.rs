@@ -328,41 +328,33 @@ fn joined<'a>(dst: &mut BytesMut, name: &str, values: impl Iterator<Item = &'a H
 }
 
 /// `time` as an HTTP date (IMF-fixdate, RFC 9110 §5.6.7), the form of the
-/// `date` field: `Sun, 06 Nov 1994 08:49:37 GMT`.
+/// `date` field: `Sun, 06 Nov 1994 08:49:37 GMT`. The calendar is the
+/// `time` crate's; only the fixed layout is written here.
 pub fn date(time: SystemTime) -> [u8; 29] {
-    const DAYS: [&[u8; 3]; 7] = [b"Thu", b"Fri", b"Sat", b"Sun", b"Mon", b"Tue", b"Wed"];
+    const DAYS: [&[u8; 3]; 7] = [b"Mon", b"Tue", b"Wed", b"Thu", b"Fri", b"Sat", b"Sun"];
     const MONTHS: [&[u8; 3]; 12] = [
         b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov",
         b"Dec",
     ];
-    let secs = time.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let days = secs / 86_400;
-    let rem = secs % 86_400;
-    // Days to a civil date (Howard Hinnant's algorithm), from 1970-01-01.
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
+    // Before 1970 (a clock set wrong) reads as the epoch.
+    let time = time.max(UNIX_EPOCH);
+    let at = time::OffsetDateTime::from(time);
+    let (hour, minute, second) = at.to_hms();
     let mut out = *b"Thu, 01 Jan 1970 00:00:00 GMT";
-    let digits = |out: &mut [u8], n: u64| {
+    let digits = |out: &mut [u8], n: u32| {
         let mut n = n;
         for b in out.iter_mut().rev() {
             *b = b'0' + (n % 10) as u8;
             n /= 10;
         }
     };
-    out[..3].copy_from_slice(DAYS[(days % 7) as usize]);
-    digits(&mut out[5..7], day);
-    out[8..11].copy_from_slice(MONTHS[(month - 1) as usize % 12]);
-    digits(&mut out[12..16], year);
-    digits(&mut out[17..19], rem / 3600);
-    digits(&mut out[20..22], rem % 3600 / 60);
-    digits(&mut out[23..25], rem % 60);
+    out[..3].copy_from_slice(DAYS[usize::from(at.weekday().number_days_from_monday())]);
+    digits(&mut out[5..7], u32::from(at.day()));
+    out[8..11].copy_from_slice(MONTHS[usize::from(u8::from(at.month()) - 1)]);
+    digits(&mut out[12..16], at.year().unsigned_abs());
+    digits(&mut out[17..19], u32::from(hour));
+    digits(&mut out[20..22], u32::from(minute));
+    digits(&mut out[23..25], u32::from(second));
     out
 }
 
