@@ -831,3 +831,51 @@ async fn connect_is_refused_and_never_forwarded() {
         "the origin saw a CONNECT"
     );
 }
+
+/// Blank lines before a pipelined request are CRLF or LF, as httparse (and
+/// so hyper) skips them: a lone CR is not one. The bytes after it are
+/// refused and never forwarded, so a front proxy that reads them otherwise
+/// cannot slip a request past what it saw.
+#[tokio::test]
+async fn a_lone_cr_before_a_pipelined_request_is_refused_not_forwarded() {
+    let (origin, seen) = recording_origin().await;
+    let gate = spawn_gate_with(proxy_config(&origin.url()), ring("k1")).await;
+    for (gap, forwarded) in [
+        (&b"\r"[..], &["/first"][..]),
+        (b"\r\n\r\n", &["/first", "/second"]),
+        (b"\n", &["/first", "/second"]),
+    ] {
+        seen.lock().unwrap().clear();
+        let request = [
+            &b"GET /first HTTP/1.1\r\nHost: gate.test\r\n\r\n"[..],
+            gap,
+            b"GET /second HTTP/1.1\r\nHost: gate.test\r\nConnection: close\r\n\r\n",
+        ]
+        .concat();
+        let mut stream = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
+        stream.write_all(&request).await.unwrap();
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out))
+            .await
+            .expect("queuegate answers and closes within 10 s")
+            .unwrap();
+        let text = String::from_utf8_lossy(&out);
+        let statuses: Vec<&str> = text
+            .match_indices("HTTP/1.1 ")
+            .map(|(at, _)| &text[at + 9..at + 12])
+            .collect();
+        let targets: Vec<String> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|s| s.target.clone())
+            .collect();
+        assert_eq!(targets, forwarded, "gap {gap:?}: {text:?}");
+        let want = if forwarded.len() == 2 {
+            ["200", "200"]
+        } else {
+            ["200", "400"]
+        };
+        assert_eq!(statuses, want, "gap {gap:?}: {text:?}");
+    }
+}

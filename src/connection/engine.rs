@@ -213,12 +213,8 @@ impl<S: Socket> Engine<S> {
         waits: &mut Waits<impl Future>,
     ) -> Next {
         loop {
-            let blank = self
-                .read
-                .iter()
-                .take_while(|b| matches!(b, b'\r' | b'\n'))
-                .count();
-            self.read.advance(blank);
+            // Blank lines before a head are httparse's to skip, as it skips
+            // them for hyper: CRLF or LF, never a lone CR.
             if !self.read.is_empty() {
                 match self.take_head() {
                     Ok(Some(parsed)) => return Next::Head(parsed),
