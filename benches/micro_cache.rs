@@ -50,20 +50,11 @@ const SEAT_MAP_LEN: usize = 4096;
 /// Origin requests for seat maps, by path.
 type Asked = Arc<Mutex<HashMap<String, u64>>>;
 
-fn number(name: &str, default: u64) -> Result<u64> {
-    env::var(name)
-        .ok()
-        .map(|text| text.trim().trim_end_matches('s').parse())
-        .transpose()
-        .with_context(|| format!("{name} must be a number"))
-        .map(|value| value.unwrap_or(default))
-}
-
 fn main() -> Result<()> {
-    let duration = Duration::from_secs(number("BENCH_DURATION", 5)?);
-    let connections = number("BENCH_CONNECTIONS", 1000)? as u32;
-    let threads = number("BENCH_THREADS", 2)? as u32;
-    let rounds = number("BENCH_ROUNDS", 1)?;
+    let duration = Duration::from_secs(process::env_number::<u64>("BENCH_DURATION", 5)?);
+    let connections = process::env_number::<u32>("BENCH_CONNECTIONS", 1000)?;
+    let threads = process::env_number::<u32>("BENCH_THREADS", 2)?;
+    let rounds = process::env_number("BENCH_ROUNDS", 1)?;
     let nginx = env::var_os("BENCH_NGINX").map_or_else(|| "/usr/sbin/nginx".into(), PathBuf::from);
     let wrk = env::var_os("BENCH_WRK").map_or_else(|| "wrk".into(), PathBuf::from);
     let queuegate = env::var_os("BENCH_QUEUEGATE")

@@ -37,15 +37,6 @@ const STATUS: &str = "/__queuegate/status";
 /// probe's `/small` is not one of them, so it takes no place.
 const GATED: &str = "/small/gated";
 
-fn number(name: &str, default: u32) -> Result<u32> {
-    env::var(name)
-        .ok()
-        .map(|text| text.trim().trim_end_matches('s').parse())
-        .transpose()
-        .with_context(|| format!("{name} must be a number"))
-        .map(|value| value.unwrap_or(default))
-}
-
 /// A route of capacity 1 held by one confirmed pass, and one visitor
 /// waiting behind it: the waiter's cookie and the poll's path.
 fn waiting_visitor(queuegate: SocketAddr) -> Result<(String, String)> {
@@ -75,9 +66,9 @@ fn waiting_visitor(queuegate: SocketAddr) -> Result<(String, String)> {
 }
 
 fn main() -> Result<()> {
-    let rounds = number("BENCH_ROUNDS", 3)?;
-    let duration = Duration::from_secs(u64::from(number("BENCH_DURATION", 5)?));
-    let threads = number("BENCH_THREADS", 2)?;
+    let rounds: u32 = process::env_number("BENCH_ROUNDS", 3)?;
+    let duration = Duration::from_secs(process::env_number("BENCH_DURATION", 5)?);
+    let threads: u32 = process::env_number("BENCH_THREADS", 2)?;
     let connections: Vec<u32> = env::var("BENCH_CONNECTIONS")
         .unwrap_or_else(|_| "64,256".into())
         .split(',')

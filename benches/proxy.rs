@@ -54,20 +54,15 @@ struct Options {
 
 impl Options {
     fn from_env() -> Result<Self> {
-        let rounds = number("BENCH_ROUNDS", 3)?;
-        let duration_secs: u64 = env::var("BENCH_DURATION")
-            .ok()
-            .map(|text| text.trim().trim_end_matches('s').parse())
-            .transpose()
-            .context("BENCH_DURATION must be whole seconds, e.g. 5 or 5s")?
-            .unwrap_or(5);
+        let rounds = process::env_number::<u32>("BENCH_ROUNDS", 3)?;
+        let duration_secs: u64 = process::env_number("BENCH_DURATION", 5)?;
         let connections = env::var("BENCH_CONNECTIONS")
             .unwrap_or_else(|_| "16,64,256".to_string())
             .split(',')
             .map(|n| n.trim().parse::<u32>())
             .collect::<Result<Vec<_>, _>>()
             .context("BENCH_CONNECTIONS must be a comma-separated list of numbers")?;
-        let threads = number("BENCH_THREADS", 2)?;
+        let threads = process::env_number::<u32>("BENCH_THREADS", 2)?;
         let paths = choose("BENCH_PATHS", &ALL_PATHS)?;
         let servers = choose("BENCH_SERVERS", &ALL_SERVERS)?;
         ensure!(
@@ -93,15 +88,6 @@ impl Options {
                 .map_or_else(|| env!("CARGO_BIN_EXE_queuegate").into(), PathBuf::from),
         })
     }
-}
-
-fn number(name: &str, default: u32) -> Result<u32> {
-    env::var(name)
-        .ok()
-        .map(|text| text.trim().parse())
-        .transpose()
-        .with_context(|| format!("{name} must be a number"))
-        .map(|value| value.unwrap_or(default))
 }
 
 /// A comma-separated subset of `all`, in the order of `all`.

@@ -8,6 +8,20 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+/// A number from the environment variable `name` (a trailing `s`, as in
+/// `5s`, is allowed), `default` when it is unset.
+pub fn env_number<T: std::str::FromStr>(name: &str, default: T) -> Result<T>
+where
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    std::env::var(name)
+        .ok()
+        .map(|text| text.trim().trim_end_matches('s').parse())
+        .transpose()
+        .with_context(|| format!("{name} must be a number"))
+        .map(|value| value.unwrap_or(default))
+}
+
 /// How long a server gets to exit after `SIGTERM` before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 

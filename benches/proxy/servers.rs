@@ -36,6 +36,28 @@ fn nginx_prefix(root: &Path, name: &str) -> Result<PathBuf> {
     Ok(prefix)
 }
 
+/// An nginx config: `workers` worker processes (`1` or `auto`), its pid
+/// file and error log under `prefix`, keep-alive as a browser-facing server
+/// keeps it, and `http` inside the `http` block.
+fn nginx_config(prefix: &Path, workers: &str, http: &str) -> String {
+    format!(
+        r#"daemon off;
+master_process on;
+worker_processes {workers};
+pid {prefix}/nginx.pid;
+error_log {prefix}/logs/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    keepalive_requests 100000;
+    keepalive_timeout 75s;
+{http}
+}}
+"#,
+        prefix = prefix.display(),
+    )
+}
+
 fn spawn_nginx(nginx: &Path, prefix: &Path, name: &str, config: &str) -> Result<Process> {
     let conf = prefix.join(format!("{name}.conf"));
     fs::write(&conf, config)?;
@@ -68,29 +90,17 @@ pub fn start_origin(nginx: &Path, root: &Path) -> Result<Server> {
     let large: Vec<u8> = (0..LARGE_LEN).map(|i| b'a' + (i % 26) as u8).collect();
     fs::write(www.join("large"), large)?;
     let port = free_port()?;
-    let config = format!(
-        r#"daemon off;
-master_process on;
-worker_processes 1;
-pid {prefix}/origin.pid;
-error_log {prefix}/logs/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    keepalive_requests 100000;
-    keepalive_timeout 75s;
-    sendfile on;
+    let http = format!(
+        r#"    sendfile on;
     server {{
         listen 127.0.0.1:{port} backlog=4096;
         default_type text/plain;
         location /small {{ return 200 "{SMALL_BODY}"; }}
         location = /large {{ root {www}; }}
-    }}
-}}
-"#,
-        prefix = prefix.display(),
+    }}"#,
         www = www.display(),
     );
+    let config = nginx_config(&prefix, "1", &http);
     let process = spawn_nginx(nginx, &prefix, "origin", &config)?;
     let server = ready(process, port)?;
     check_bodies(&server, &[])?;
@@ -141,18 +151,8 @@ fn start_nginx_with(
 ) -> Result<Server> {
     let prefix = nginx_prefix(root, name)?;
     let port = free_port()?;
-    let config = format!(
-        r#"daemon off;
-master_process on;
-worker_processes auto;
-pid {prefix}/nginx.pid;
-error_log {prefix}/logs/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    keepalive_requests 100000;
-    keepalive_timeout 75s;
-    {http}
+    let http = format!(
+        r#"    {http}
     upstream origin {{
         server {origin};
         keepalive 64;
@@ -167,11 +167,9 @@ http {{
             proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
             {location}
         }}
-    }}
-}}
-"#,
-        prefix = prefix.display(),
+    }}"#
     );
+    let config = nginx_config(&prefix, "auto", &http);
     let process = spawn_nginx(nginx, &prefix, name, &config)?;
     let server = ready(process, port)?;
     check_bodies(&server, &[])?;
@@ -259,18 +257,8 @@ pub fn start_nginx_static(nginx: &Path, root: &Path, path: &str, body: &str) -> 
     );
     let prefix = nginx_prefix(root, "nginx-static")?;
     let port = free_port()?;
-    let config = format!(
-        r#"daemon off;
-master_process on;
-worker_processes auto;
-pid {prefix}/nginx.pid;
-error_log {prefix}/logs/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    keepalive_requests 100000;
-    keepalive_timeout 75s;
-    server {{
+    let http = format!(
+        r#"    server {{
         listen 127.0.0.1:{port} backlog=4096;
         location = {path} {{
             default_type application/json;
@@ -278,11 +266,9 @@ http {{
             return 200 '{body}';
         }}
         location / {{ return 404; }}
-    }}
-}}
-"#,
-        prefix = prefix.display(),
+    }}"#
     );
+    let config = nginx_config(&prefix, "auto", &http);
     let process = spawn_nginx(nginx, &prefix, "nginx-static", &config)?;
     ready(process, port)
 }
