@@ -8,7 +8,9 @@
 use std::borrow::Cow;
 use std::net::Ipv6Addr;
 
-use http::header::{HeaderMap, HOST};
+use http::header::HOST;
+
+use crate::fields::Headers;
 use http::{Uri, Version};
 
 /// Longest host name accepted (RFC 1035), without a trailing dot.
@@ -34,10 +36,10 @@ pub enum HostError {
 /// reader could take for another host.
 pub fn request_host<'a>(
     version: Version,
-    headers: &'a HeaderMap,
+    headers: &'a impl Headers,
     uri: &'a Uri,
 ) -> Result<Option<Cow<'a, str>>, HostError> {
-    let mut values = headers.get_all(HOST).iter();
+    let mut values = headers.all(&HOST);
     let header = match (values.next(), values.next()) {
         (Some(_), Some(_)) => return Err(HostError::Repeated),
         (Some(value), None) => Some(value.to_str().map_err(|_| HostError::Malformed)?),
@@ -143,6 +145,7 @@ impl HostPattern {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderMap;
     use http::HeaderValue;
     use proptest::prelude::*;
 

@@ -19,6 +19,8 @@
 use std::mem::MaybeUninit;
 
 use bytes::Bytes;
+
+use crate::fields::Fields;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 pub mod answer;
@@ -175,6 +177,18 @@ impl FieldSpans {
             headers.append(name, value);
         }
         Ok(())
+    }
+
+    /// The fields as a list over `head` (the bytes they were parsed from,
+    /// frozen), with room for those queuegate adds on the way.
+    pub fn into_fields(&self, head: Bytes) -> Result<Fields, Error> {
+        let mut fields = Fields::over(head, self.count + ADDED_FIELDS);
+        for &[ns, ne, vs, ve] in self.fields.get(..self.count).unwrap_or_default() {
+            fields
+                .push_sent((ns, ne), (vs, ve))
+                .map_err(|_| Error::Field)?;
+        }
+        Ok(fields)
     }
 }
 

@@ -7,11 +7,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::client_body::ClientBody;
+use crate::client_request::ClientRequest;
 use futures_util::future::Either;
 use futures_util::FutureExt;
 use http::header::SET_COOKIE;
-use http::{Request, Response};
+use http::Response;
 
 use crate::admission::VisitorId;
 use crate::cache::{self, Ask, Base, Found, Landing, Lead, Read, Scope, Stored};
@@ -36,7 +36,7 @@ impl App {
     pub(super) async fn forward_ungated(
         &self,
         s: &Settings,
-        req: Request<ClientBody>,
+        req: ClientRequest,
         peer: &Peer,
         host: Option<&str>,
         cache: Option<Arc<Scope>>,
@@ -92,7 +92,7 @@ impl App {
     /// straight to the origin otherwise (see [`App::forward`]).
     pub(super) fn fetch<'a>(
         &'a self,
-        req: Request<ClientBody>,
+        req: ClientRequest,
         peer: &Peer,
         cache: Option<&Arc<Scope>>,
         tap: Option<HealthTap>,
@@ -119,12 +119,13 @@ impl App {
     /// goes to the origin is counted in `tap`.
     async fn through_cache(
         &self,
-        mut req: Request<ClientBody>,
+        mut req: ClientRequest,
         peer: Peer,
         scope: Arc<Scope>,
         tap: Option<HealthTap>,
     ) -> Forwarded {
-        let Some(ask) = Ask::of(&req) else {
+        let ended = http_body::Body::is_end_stream(req.body());
+        let Some(ask) = Ask::of(req.method(), req.headers(), ended) else {
             scope.count(CacheResult::Bypass);
             return self.forward(req, &peer, tap).await;
         };
@@ -173,7 +174,7 @@ impl App {
     /// `public`.
     async fn lead(
         &self,
-        req: Request<ClientBody>,
+        req: ClientRequest,
         peer: &Peer,
         scope: &Scope,
         base: &Base,
@@ -242,7 +243,7 @@ impl App {
     /// upstream before this returns (see [`Upstream::forward`]).
     pub(super) fn forward(
         &self,
-        mut req: Request<ClientBody>,
+        mut req: ClientRequest,
         peer: &Peer,
         tap: Option<HealthTap>,
     ) -> impl Future<Output = Forwarded> + Send + '_ {

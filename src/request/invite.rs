@@ -2,9 +2,9 @@
 //! §8.5): the invite redeemed, and a browser following an invite link sent
 //! on without it.
 
-use crate::client_body::ClientBody;
+use crate::client_request::ClientRequest;
 use http::header::SET_COOKIE;
-use http::{Request, Response};
+use http::Response;
 
 use crate::cookie::Credentials;
 use crate::gate::{LaneGrant, Requester};
@@ -43,7 +43,7 @@ impl App {
         &self,
         s: &Settings,
         index: usize,
-        req: &Request<ClientBody>,
+        req: &ClientRequest,
         who: Requester<'_>,
         creds: Option<Credentials>,
     ) -> Response<Body> {

@@ -18,9 +18,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::client_body::ClientBody;
+use crate::client_request::ClientRequest;
 use arc_swap::ArcSwap;
-use http::{Request, Response};
+use http::Response;
 
 use crate::admission::KeyRing;
 use crate::cache::Caches;
@@ -28,6 +28,7 @@ use crate::client_ip::{self, LimitKey};
 use crate::clock::Clock;
 use crate::config::{AmbiguousPaths, ClientIp, Config, HostPattern};
 use crate::cookie::CookieMemo;
+use crate::fields::Fields;
 use crate::gate::{Admitted, Decided, Decision, Gate, Requester};
 use crate::metrics::{Metrics, Outcome};
 use crate::proxy::{Peer, Upstream};
@@ -109,7 +110,7 @@ impl App {
 
     /// The key the client of a request is counted under for per-client
     /// limits: its address behind trusted proxies (DESIGN §8.2, §8.3).
-    fn limit_key(&self, peer: &Peer, headers: &http::HeaderMap) -> LimitKey {
+    fn limit_key(&self, peer: &Peer, headers: &Fields) -> LimitKey {
         client_ip::limit_key(client_ip::client_of(
             peer.addr.ip(),
             headers,
@@ -135,7 +136,7 @@ impl App {
     /// for the route it matched. A request dropped before it is answered
     /// (its client went away) is counted as `client_gone` instead (see
     /// `Unanswered`).
-    pub async fn handle(&self, mut req: Request<ClientBody>, conn: &Conn) -> Response<Body> {
+    pub async fn handle(&self, mut req: ClientRequest, conn: &Conn) -> Response<Body> {
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
         let s = self.settings.load();
         let mut unanswered = Unanswered::request(&self.metrics);
@@ -206,7 +207,7 @@ impl App {
     async fn reserved(
         &self,
         s: &Settings,
-        req: Request<ClientBody>,
+        req: ClientRequest,
         conn: &Conn,
         invite: Option<&str>,
     ) -> Response<Body> {
@@ -228,7 +229,7 @@ impl App {
         &self,
         s: &Arc<Settings>,
         index: usize,
-        req: Request<ClientBody>,
+        req: ClientRequest,
         conn: &Conn,
         invite: Option<String>,
         exit: bool,

@@ -13,8 +13,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::client_body::ClientBody;
-use http::{Request, Response};
+use crate::client_request::ClientRequest;
+use http::Response;
 
 use crate::admission::VisitorId;
 use crate::cookie::Credentials;
@@ -44,7 +44,7 @@ impl App {
         &self,
         s: &Arc<Settings>,
         index: usize,
-        req: Request<ClientBody>,
+        req: ClientRequest,
         conn: &Conn,
         who: Requester<'_>,
         creds: Credentials,
@@ -102,7 +102,7 @@ impl App {
         &self,
         s: &Arc<Settings>,
         index: usize,
-        req: Request<ClientBody>,
+        req: ClientRequest,
         conn: &Conn,
         decision: Decision,
         exit: bool,
@@ -164,7 +164,7 @@ impl App {
         &self,
         s: &Settings,
         route: &RouteRt,
-        req: &Request<ClientBody>,
+        req: &ClientRequest,
         tls: bool,
     ) -> Response<Body> {
         with_cookie(
@@ -190,7 +190,7 @@ impl App {
         &'a self,
         s: &'a Arc<Settings>,
         index: usize,
-        req: Request<ClientBody>,
+        req: ClientRequest,
         conn: &'a Conn,
         set_cookie: Option<http::HeaderValue>,
         session: (VisitorId, Counted),
@@ -241,7 +241,7 @@ impl SessionStep {
     async fn exchange(
         self,
         app: Arc<App>,
-        req: Request<ClientBody>,
+        req: ClientRequest,
         peer: Peer,
     ) -> (Forwarded, bool) {
         let route = &self.s.routes[self.index];

@@ -16,10 +16,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::client_body::ClientBody;
+use crate::client_request::ClientRequest;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::{Request, Response};
+use http::Response;
 use rand::Rng;
 use serde_json::json;
 use tokio::sync::watch;
@@ -156,7 +156,7 @@ pub fn serve(
     gate: &Gate,
     streams: &Streams,
     s: &Settings,
-    req: &Request<ClientBody>,
+    req: &ClientRequest,
     who: Requester<'_>,
     cookies: &CookieMemo,
 ) -> Response<Body> {

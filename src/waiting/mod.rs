@@ -8,13 +8,14 @@ pub mod events;
 pub mod page;
 pub mod return_to;
 
-use crate::client_body::ClientBody;
-use http::header::{HeaderMap, HeaderValue, ACCEPT, ACCEPT_LANGUAGE, SET_COOKIE};
-use http::{Method, Request, Response, StatusCode};
+use crate::client_request::ClientRequest;
+use http::header::{HeaderName, HeaderValue, ACCEPT, ACCEPT_LANGUAGE, SET_COOKIE};
+use http::{Method, Response, StatusCode};
 use rand::Rng;
 use serde_json::json;
 
 use crate::cookie::CookieMemo;
+use crate::fields::Headers;
 use crate::gate::{Decided, Decision, Gate, Requester};
 use crate::queue::Place;
 use crate::response::{self, Body};
@@ -25,22 +26,25 @@ use page::{Lang, PageState, PageView, WaitingQuery};
 /// The poll interval an answer without a place suggests.
 const IDLE_POLL_MS: u64 = 5_000;
 
+static X_REQUESTED_WITH: HeaderName = HeaderName::from_static("x-requested-with");
+static SEC_FETCH_MODE: HeaderName = HeaderName::from_static("sec-fetch-mode");
+
 /// A navigation gets the waiting page; anything else gets JSON.
-pub fn is_navigation(method: &Method, headers: &HeaderMap) -> bool {
+pub fn is_navigation(method: &Method, headers: &impl Headers) -> bool {
     if method != Method::GET && method != Method::HEAD {
         return false;
     }
-    if headers.contains_key("x-requested-with") {
+    if headers.has(&X_REQUESTED_WITH) {
         return false;
     }
     let accept = headers
-        .get(ACCEPT)
+        .first(&ACCEPT)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if accept.contains("application/json") {
         return false;
     }
-    match headers.get("sec-fetch-mode") {
+    match headers.first(&SEC_FETCH_MODE) {
         Some(mode) => mode == "navigate",
         None => accept.contains("text/html"),
     }
@@ -95,7 +99,7 @@ fn poll_cap_ms(route: &RouteRt) -> u64 {
 /// The waiting page's query for a request to `route` held back: it brings
 /// the visitor back to the page asked for; `start` is the place to show at
 /// once, if known.
-fn page_query(route: &RouteRt, req: &Request<ClientBody>, start: Option<u64>) -> WaitingQuery {
+fn page_query(route: &RouteRt, req: &ClientRequest, start: Option<u64>) -> WaitingQuery {
     WaitingQuery {
         route: route.name().to_owned(),
         return_path: req
@@ -120,7 +124,7 @@ fn status_url(s: &Settings, route: &str) -> String {
 pub fn held_back(
     s: &Settings,
     route: &RouteRt,
-    req: &Request<ClientBody>,
+    req: &ClientRequest,
     decision: Decision,
 ) -> Response<Body> {
     let set_cookie = match &decision {
@@ -150,7 +154,7 @@ pub fn held_back(
 /// forwarded: a navigation goes to the waiting page, where the visitor comes
 /// through the line again; an app gets `"state":"used_up"` and the status URL.
 /// The caller clears the pass cookie.
-pub fn used_up(s: &Settings, route: &RouteRt, req: &Request<ClientBody>) -> Response<Body> {
+pub fn used_up(s: &Settings, route: &RouteRt, req: &ClientRequest) -> Response<Body> {
     if is_navigation(req.method(), req.headers()) {
         let query = page_query(route, req, None);
         return response::redirect("used-up", &query.to_url(&waiting_path(s)));
@@ -225,7 +229,7 @@ fn fill_decision(
 pub async fn serve(
     gate: &Gate,
     s: &Settings,
-    req: Request<ClientBody>,
+    req: ClientRequest,
     who: Requester<'_>,
     cookies: &CookieMemo,
     streams: &Streams,
@@ -247,7 +251,7 @@ pub async fn serve(
     }
 }
 
-fn query_param<'a>(req: &'a Request<ClientBody>, name: &str) -> Option<&'a str> {
+fn query_param<'a>(req: &'a ClientRequest, name: &str) -> Option<&'a str> {
     req.uri()
         .query()?
         .split('&')
@@ -259,7 +263,7 @@ fn query_param<'a>(req: &'a Request<ClientBody>, name: &str) -> Option<&'a str> 
 async fn waiting_page(
     gate: &Gate,
     s: &Settings,
-    req: &Request<ClientBody>,
+    req: &ClientRequest,
     who: Requester<'_>,
     cookies: &CookieMemo,
 ) -> Response<Body> {
@@ -338,7 +342,7 @@ fn render_page(
     gate: &Gate,
     s: &Settings,
     route: &RouteRt,
-    req: &Request<ClientBody>,
+    req: &ClientRequest,
     query: &WaitingQuery,
     shown: &Shown,
 ) -> String {
@@ -425,7 +429,7 @@ fn page_query_value(path: &str) -> String {
 /// the sanitized `return` path, and the route's index if it exists.
 fn status_target<'r>(
     s: &Settings,
-    req: &'r Request<ClientBody>,
+    req: &'r ClientRequest,
 ) -> (&'r str, String, Option<usize>) {
     let route_name = query_param(req, "route").unwrap_or("");
     let return_path =
@@ -437,7 +441,7 @@ fn status_target<'r>(
 async fn status(
     gate: &Gate,
     s: &Settings,
-    req: &Request<ClientBody>,
+    req: &ClientRequest,
     who: Requester<'_>,
     cookies: &CookieMemo,
 ) -> Response<Body> {
@@ -514,7 +518,7 @@ fn status_json(
 async fn leave(
     gate: &Gate,
     s: &Settings,
-    req: &Request<ClientBody>,
+    req: &ClientRequest,
     tls: bool,
     cookies: &CookieMemo,
 ) -> Response<Body> {
