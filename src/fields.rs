@@ -46,19 +46,26 @@ enum Name {
     Set(HeaderName),
 }
 
-/// A field name to look for: a `HeaderName`, or a reference to one.
+/// A field name to look for: a `HeaderName`, a reference to one, or a
+/// name's text (compared without regard to case).
 pub trait AsName {
-    fn as_name(&self) -> &HeaderName;
+    fn name_str(&self) -> &str;
 }
 
 impl AsName for HeaderName {
-    fn as_name(&self) -> &HeaderName {
-        self
+    fn name_str(&self) -> &str {
+        self.as_str()
     }
 }
 
 impl AsName for &HeaderName {
-    fn as_name(&self) -> &HeaderName {
+    fn name_str(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl AsName for &str {
+    fn name_str(&self) -> &str {
         self
     }
 }
@@ -120,20 +127,13 @@ impl Fields {
     }
 
     /// Whether `field` is named `name`.
-    fn is(&self, field: &Field, name: &HeaderName) -> bool {
-        match &field.name {
-            Name::Set(set) => set == name,
-            Name::Sent { .. } => {
-                let sent = self.name_of(field);
-                let name = name.as_str().as_bytes();
-                sent.len() == name.len() && sent.eq_ignore_ascii_case(name)
-            }
-        }
+    fn is(&self, field: &Field, name: &str) -> bool {
+        named(&self.head, field, name)
     }
 
     /// The first value of `name`.
     pub fn get(&self, name: impl AsName) -> Option<&HeaderValue> {
-        let name = name.as_name();
+        let name = name.name_str();
         self.list
             .iter()
             .find(|f| self.is(f, name))
@@ -141,11 +141,13 @@ impl Fields {
     }
 
     /// Every value of `name`, in order.
-    pub fn get_all(&self, name: impl AsName) -> impl DoubleEndedIterator<Item = &HeaderValue> + '_ {
-        let name = name.as_name().clone();
+    pub fn get_all<'a, N: AsName + 'a>(
+        &'a self,
+        name: N,
+    ) -> impl DoubleEndedIterator<Item = &'a HeaderValue> + 'a {
         self.list
             .iter()
-            .filter(move |f| self.is(f, &name))
+            .filter(move |f| self.is(f, name.name_str()))
             .map(|f| &f.value)
     }
 
@@ -157,7 +159,7 @@ impl Fields {
     /// Takes out every field named `name`; the first value, if there was
     /// one.
     pub fn remove(&mut self, name: impl AsName) -> Option<HeaderValue> {
-        let name = name.as_name();
+        let name = name.name_str();
         let first = self.list.iter().position(|f| self.is(f, name))?;
         let taken = self.list.remove(first);
         let head = &self.head;
@@ -168,14 +170,14 @@ impl Fields {
     /// Sets `name` to `value` alone: in the place of its first field if
     /// it had one (the others taken out), else last.
     pub fn insert(&mut self, name: HeaderName, value: HeaderValue) {
-        match self.list.iter().position(|f| self.is(f, &name)) {
+        match self.list.iter().position(|f| self.is(f, name.as_str())) {
             None => self.append(name, value),
             Some(first) => {
                 let head = &self.head;
                 let mut at = 0;
                 self.list.retain(|f| {
                     at += 1;
-                    at - 1 <= first || !named(head, f, &name)
+                    at - 1 <= first || !named(head, f, name.as_str())
                 });
                 if let Some(field) = self.list.get_mut(first) {
                     *field = Field {
@@ -198,10 +200,26 @@ impl Fields {
     /// Replaces the last value of `name`, if it has one, by what `f`
     /// makes of it.
     pub fn update_last(&mut self, name: &HeaderName, f: impl FnOnce(&HeaderValue) -> HeaderValue) {
-        let last = self.list.iter().rposition(|field| self.is(field, name));
+        let last = self.list.iter().rposition(|field| self.is(field, name.as_str()));
         if let Some(field) = last.and_then(|at| self.list.get_mut(at)) {
             field.value = f(&field.value);
         }
+    }
+
+    /// Each field, in order, as a `HeaderName` and its value (a name that
+    /// is not a valid one, which a parsed head cannot have, is left out).
+    pub fn into_named(self) -> impl Iterator<Item = (HeaderName, HeaderValue)> {
+        let head = self.head;
+        self.list.into_iter().filter_map(move |f| {
+            let name = match f.name {
+                Name::Set(name) => name,
+                Name::Sent { start, end } => {
+                    let sent = head.get(start as usize..end as usize)?;
+                    HeaderName::from_bytes(sent).ok()?
+                }
+            };
+            Some((name, f.value))
+        })
     }
 
     /// Each field, in order: its name as sent (any case) or set, and its
@@ -211,17 +229,15 @@ impl Fields {
     }
 }
 
-/// Whether `field` of a list over `head` is named `name` (for `retain`,
-/// which borrows the list).
-fn named(head: &Bytes, field: &Field, name: &HeaderName) -> bool {
-    match &field.name {
-        Name::Set(set) => set == name,
-        Name::Sent { start, end } => {
-            let sent = head.get(*start as usize..*end as usize).unwrap_or_default();
-            let name = name.as_str().as_bytes();
-            sent.len() == name.len() && sent.eq_ignore_ascii_case(name)
-        }
-    }
+/// Whether `field` of a list over `head` is named `name`, in any case
+/// (apart from the list, for `retain`, which borrows it).
+fn named(head: &Bytes, field: &Field, name: &str) -> bool {
+    let field = match &field.name {
+        Name::Set(set) => set.as_str().as_bytes(),
+        Name::Sent { start, end } => head.get(*start as usize..*end as usize).unwrap_or_default(),
+    };
+    let name = name.as_bytes();
+    field.len() == name.len() && field.eq_ignore_ascii_case(name)
 }
 
 impl From<HeaderMap> for Fields {
@@ -287,7 +303,9 @@ pub trait Headers {
 
 impl Headers for Fields {
     fn all<'a>(&'a self, name: &HeaderName) -> impl DoubleEndedIterator<Item = &'a HeaderValue> {
-        self.get_all(name)
+        // Cloned (a copy for every name queuegate looks for) so that the
+        // values outlive a name made for the call.
+        self.get_all(name.clone())
     }
 
     fn first(&self, name: &HeaderName) -> Option<&HeaderValue> {

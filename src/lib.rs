@@ -121,6 +121,7 @@ pub mod health;
 pub mod host;
 pub mod inflight;
 pub mod lane_grant;
+pub mod message;
 pub mod metrics;
 pub mod origin;
 pub mod path;

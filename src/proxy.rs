@@ -16,11 +16,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::message::Answer;
 use crate::client_body;
 use crate::client_request::ClientRequest;
 use http::header::{self, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Scheme};
-use http::{Method, Response, StatusCode, Uri, Version};
+use http::{Method, StatusCode, Uri, Version};
 use http_body::Body as _;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -282,7 +283,7 @@ impl Upstream {
         mut req: ClientRequest,
         peer: &Peer,
         withheld: &'static [HeaderName],
-    ) -> impl Future<Output = Result<Response<Body>, RequestError>> + Send + 'a {
+    ) -> impl Future<Output = Result<Answer<Body>, RequestError>> + Send + 'a {
         // Only a WebSocket handshake over HTTP/1.1 is passed on as an
         // upgrade; the engine gives each such request its way to the
         // connection.
@@ -597,11 +598,11 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Heard<T> {
 /// connections (see [`Tunnel::run`]), once `connection` (the origin's) has
 /// handed its socket over.
 fn switch_protocols(
-    resp: Response<OriginBody>,
+    resp: Answer<OriginBody>,
     connection: Pooled,
     client_upgrade: client_body::OnUpgrade,
     tunnel: Tunnel,
-) -> Response<Body> {
+) -> Answer<Body> {
     tokio::spawn(async move {
         let (client, origin) = tokio::join!(client_upgrade.upgraded(), connection.upgraded());
         let (client, origin) = match (client, origin) {
@@ -618,12 +619,12 @@ fn switch_protocols(
         tunnel.run(Box::new(client), origin).await;
     });
     let (mut parts, _) = resp.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
+    strip_hop_by_hop(&mut parts.fields);
     parts
-        .headers
+        .fields
         .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    parts.headers.insert(header::UPGRADE, WEBSOCKET);
-    Response::from_parts(parts, Body::Empty)
+    parts.fields.insert(header::UPGRADE, WEBSOCKET);
+    Answer::from_parts(parts, Body::Empty)
 }
 
 /// What it takes to send a request again: kept only for an idempotent
@@ -774,7 +775,7 @@ fn asks_websocket(req: &ClientRequest) -> bool {
 }
 
 /// Whether an origin's `101` switches to WebSocket.
-fn switches_to_websocket<B>(resp: &Response<B>) -> bool {
+fn switches_to_websocket<B>(resp: &Answer<B>) -> bool {
     lists(resp.headers(), &header::UPGRADE, b"websocket")
 }
 

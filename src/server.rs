@@ -483,7 +483,7 @@ impl Connections {
         }
         let service = service_fn(move |req: Request<Incoming>| {
             let answered = answer(ClientRequest::h2(req));
-            async move { Ok::<_, Infallible>(answered.await) }
+            async move { Ok::<_, Infallible>(answered.await.into_http()) }
         });
         // Watched from the preface on (replayed when it was sniffed), for
         // the header blocks' deadline.

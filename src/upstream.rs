@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use crate::client_body::ClientBody;
 use bytes::{Buf, Bytes, BytesMut};
-use http::{HeaderName, Method, Request, Response, Uri, Version};
+use http::{HeaderName, Method, Request, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -32,6 +32,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::fields::Fields;
+use crate::message::Answer;
 use crate::h1 as codec;
 use crate::h1::chunked::{self, Step};
 use crate::h1::response::{self, Length};
@@ -521,7 +522,7 @@ impl std::fmt::Debug for Pooled {
 /// connection that carries the body (see [`UpstreamBody::new`]) or, after a
 /// `101`, is handed over (see [`Pooled::upgraded`]).
 pub struct Sent {
-    pub response: Response<OriginBody>,
+    pub response: Answer<OriginBody>,
     pub connection: Pooled,
 }
 
@@ -759,7 +760,7 @@ impl Pooled {
         &mut self,
         cx: &mut Context<'_>,
         head_request: bool,
-    ) -> Poll<Result<Response<OriginBody>, HttpError>> {
+    ) -> Poll<Result<Answer<OriginBody>, HttpError>> {
         loop {
             if !self.conn.read.is_empty() {
                 match self.parse_head(head_request) {
@@ -794,7 +795,7 @@ impl Pooled {
     fn parse_head(
         &mut self,
         head_request: bool,
-    ) -> Result<Option<Response<OriginBody>>, codec::Error> {
+    ) -> Result<Option<Answer<OriginBody>>, codec::Error> {
         loop {
             let mut fields = codec::fields();
             let Some(head) = response::parse(&self.conn.read, &mut fields)? else {
@@ -812,9 +813,10 @@ impl Pooled {
             let spans = head.spans(&self.conn.read);
             let len = head.len;
             let bytes = self.conn.read.split_to(len).freeze();
-            let response = spans.response(&bytes)?;
+            let head = spans.answer(bytes)?;
             self.keep_alive = framing.keep_alive && framing.length != Length::Close;
-            return Ok(Some(response.map(|()| OriginBody::new(framing.length))));
+            let body = OriginBody::new(framing.length);
+            return Ok(Some(Answer::from_parts(head, body)));
         }
     }
 

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::HeaderName;
-use http::response::Parts;
+use crate::message::AnswerHead;
 use moka::sync::Cache;
 use moka::Expiry;
 
@@ -334,7 +334,7 @@ impl Scope {
         &self,
         base: &Base,
         headers: &impl Headers,
-        (parts, body): (Parts, Bytes),
+        (parts, body): (AnswerHead, Bytes),
         keep: Keep,
         received: Instant,
     ) -> Arc<Stored> {

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::{self, HeaderName};
 use http::{Method, StatusCode};
 
 use crate::fields::Headers;
@@ -111,8 +111,8 @@ pub struct Keep {
 
 /// Whether an answer with `status` and `headers` to a request that asked
 /// `ask` may be kept by a cache whose `ttl` is given, and how.
-pub fn keep(status: StatusCode, headers: &HeaderMap, ask: &Ask, ttl: Duration) -> Option<Keep> {
-    if !KEPT_STATUSES.contains(&status) || headers.contains_key(header::SET_COOKIE) {
+pub fn keep(status: StatusCode, headers: &impl Headers, ask: &Ask, ttl: Duration) -> Option<Keep> {
+    if !KEPT_STATUSES.contains(&status) || headers.has(&header::SET_COOKIE) {
         return None;
     }
     let mut public = false;
@@ -133,7 +133,7 @@ pub fn keep(status: StatusCode, headers: &HeaderMap, ask: &Ask, ttl: Duration) -
     }
     let vary = vary(headers)?;
     let age = headers
-        .get(header::AGE)
+        .first(&header::AGE)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
         .unwrap_or(0);
@@ -150,9 +150,9 @@ pub fn keep(status: StatusCode, headers: &HeaderMap, ask: &Ask, ttl: Duration) -
 
 /// The names an answer's `Vary` lists; `None` for `*` or a name that
 /// says the answer is per client.
-fn vary(headers: &HeaderMap) -> Option<Arc<[HeaderName]>> {
+fn vary(headers: &impl Headers) -> Option<Arc<[HeaderName]>> {
     let mut names: Vec<HeaderName> = Vec::new();
-    for value in headers.get_all(header::VARY) {
+    for value in headers.all(&header::VARY) {
         // A value that is not text names nothing a key could be made of.
         let text = value.to_str().ok()?;
         for token in text.split(',').map(str::trim).filter(|t| !t.is_empty()) {
@@ -201,7 +201,7 @@ fn seconds(value: Option<&str>) -> Option<u64> {
 mod tests {
     use super::*;
     use crate::fields::Fields;
-    use http::HeaderValue;
+    use http::{HeaderMap, HeaderValue};
 
     const TTL: Duration = Duration::from_secs(1);
     const GET: Ask = Ask {

@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::FutureExt;
-use http::{Method, Response, StatusCode, Uri, Version};
+use http::{Method, StatusCode, Uri, Version};
 use http_body::{Body as HttpBody, Frame};
 use tokio::io::{AsyncReadExt, AsyncWrite};
 use tokio::sync::{oneshot, watch};
@@ -32,6 +32,7 @@ use super::{earliest, look, Activity, Http1, Look, Parkable, Socket, WhenWoken};
 use crate::client_body::{self, ClientBody, Feed, OnUpgrade, Upgraded, Want};
 use crate::client_request::ClientRequest;
 use crate::fields::Fields;
+use crate::message::Answer;
 use crate::h1::answer::{self, Asked, Sends};
 use crate::h1::chunked::{self, Decoder, Step};
 use crate::h1::request::{self, Framing, Refused};
@@ -45,14 +46,14 @@ const READ_ROOM: usize = 8 * 1024;
 /// What a connection's requests are answered by.
 pub trait Service {
     type Body: HttpBody<Data = Bytes> + Unpin;
-    type Future: Future<Output = Response<Self::Body>>;
+    type Future: Future<Output = Answer<Self::Body>>;
     fn call(&self, req: ClientRequest) -> Self::Future;
 }
 
 impl<F, Fut, B> Service for F
 where
     F: Fn(ClientRequest) -> Fut,
-    Fut: Future<Output = Response<B>>,
+    Fut: Future<Output = Answer<B>>,
     B: HttpBody<Data = Bytes> + Unpin,
 {
     type Body = B;
@@ -298,7 +299,7 @@ impl<S: Socket> Engine<S> {
     /// Answers a refused head as hyper does (no body, `connection:
     /// close`), then closes.
     async fn refuse(mut self, status: StatusCode) {
-        let mut resp = Response::new(());
+        let mut resp = Answer::new(());
         *resp.status_mut() = status;
         let (mut parts, ()) = resp.into_parts();
         let asked = Asked {

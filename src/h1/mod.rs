@@ -21,7 +21,7 @@ use std::mem::MaybeUninit;
 use bytes::Bytes;
 
 use crate::fields::Fields;
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+
 
 pub mod answer;
 pub mod chunked;
@@ -159,24 +159,6 @@ impl FieldSpans {
             ];
         }
         spans
-    }
-
-    /// The fields, appended to `headers`, their values slices of `head`
-    /// (the bytes they were parsed from, frozen).
-    pub fn append_to(&self, head: &Bytes, headers: &mut HeaderMap) -> Result<(), Error> {
-        // Room for the fields queuegate adds on the way (the forwarding
-        // headers of a request, `date` or `x-queuegate` on an answer), so
-        // the map is not grown and rehashed once per message.
-        headers.reserve(self.count + ADDED_FIELDS);
-        for &[ns, ne, vs, ve] in self.fields.get(..self.count).unwrap_or_default() {
-            let [ns, ne, vs, ve] = [ns, ne, vs, ve].map(|at| at as usize);
-            let name = head.get(ns..ne).ok_or(Error::Field)?;
-            let name = HeaderName::from_bytes(name).map_err(|_| Error::Field)?;
-            let value = cut(head, vs, ve).ok_or(Error::Field)?;
-            let value = HeaderValue::from_maybe_shared(value).map_err(|_| Error::Field)?;
-            headers.append(name, value);
-        }
-        Ok(())
     }
 
     /// The fields as a list over `head` (the bytes they were parsed from,

@@ -2,9 +2,10 @@
 //! §8.5): the invite redeemed, and a browser following an invite link sent
 //! on without it.
 
+use crate::message::Answer;
 use crate::client_request::ClientRequest;
 use http::header::SET_COOKIE;
-use http::Response;
+
 
 use crate::cookie::Credentials;
 use crate::gate::{LaneGrant, Requester};
@@ -46,7 +47,7 @@ impl App {
         req: &ClientRequest,
         who: Requester<'_>,
         creds: Option<Credentials>,
-    ) -> Response<Body> {
+    ) -> Answer<Body> {
         let target = req.uri().path_and_query().map_or("/", |t| t.as_str());
         let mut resp = response::redirect("invite", &return_to::sanitize(target));
         if who.invited.is_some() {

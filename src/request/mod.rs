@@ -18,9 +18,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::message::Answer;
 use crate::client_request::ClientRequest;
 use arc_swap::ArcSwap;
-use http::Response;
+
 
 use crate::admission::KeyRing;
 use crate::cache::Caches;
@@ -136,7 +137,7 @@ impl App {
     /// for the route it matched. A request dropped before it is answered
     /// (its client went away) is counted as `client_gone` instead (see
     /// `Unanswered`).
-    pub async fn handle(&self, mut req: ClientRequest, conn: &Conn) -> Response<Body> {
+    pub async fn handle(&self, mut req: ClientRequest, conn: &Conn) -> Answer<Body> {
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
         let s = self.settings.load();
         let mut unanswered = Unanswered::request(&self.metrics);
@@ -191,13 +192,13 @@ impl App {
     /// began (a body that could not be read) is the client's error, whatever
     /// the gate had decided: globally a bad request, for the route what the
     /// gate decided. The outcome counted globally is returned.
-    fn count(&self, route: Option<&RouteRt>, outcome: Outcome, resp: &Response<Body>) -> Outcome {
+    fn count(&self, route: Option<&RouteRt>, outcome: Outcome, resp: &Answer<Body>) -> Outcome {
         if let Some(route) = route {
             route.metrics.request(outcome);
         }
-        let outcome = match resp.extensions().get::<response::ClientError>() {
-            Some(_) => Outcome::BadRequest,
-            None => outcome,
+        let outcome = match resp.is_client_error() {
+            true => Outcome::BadRequest,
+            false => outcome,
         };
         self.metrics.request(outcome);
         outcome
@@ -210,7 +211,7 @@ impl App {
         req: ClientRequest,
         conn: &Conn,
         invite: Option<&str>,
-    ) -> Response<Body> {
+    ) -> Answer<Body> {
         let key = self.limit_key(&conn.peer, req.headers());
         let who = Requester {
             tls: conn.peer.tls,
@@ -233,7 +234,7 @@ impl App {
         conn: &Conn,
         invite: Option<String>,
         exit: bool,
-    ) -> (Outcome, Response<Body>) {
+    ) -> (Outcome, Answer<Body>) {
         let (route, peer) = (&s.routes[index], &conn.peer);
         let key = self.limit_key(peer, req.headers());
         // A route that counts requests needs the credentials before the

@@ -13,8 +13,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use crate::message::Answer;
 use crate::client_request::ClientRequest;
-use http::Response;
+
 
 use crate::admission::VisitorId;
 use crate::cookie::Credentials;
@@ -49,7 +50,7 @@ impl App {
         who: Requester<'_>,
         creds: Credentials,
         exit: bool,
-    ) -> (Outcome, Response<Body>) {
+    ) -> (Outcome, Answer<Body>) {
         let route = &s.routes[index];
         let (counted, turn) = match creds.pass {
             Some(pass) => {
@@ -108,7 +109,7 @@ impl App {
         exit: bool,
         counted: Option<(VisitorId, Counted)>,
         turn: Option<Turn>,
-    ) -> (Outcome, Response<Body>) {
+    ) -> (Outcome, Answer<Body>) {
         let route = &s.routes[index];
         let outcome = outcome_of(&decision);
         let Decision::Admit {
@@ -166,7 +167,7 @@ impl App {
         route: &RouteRt,
         req: &ClientRequest,
         tls: bool,
-    ) -> Response<Body> {
+    ) -> Answer<Body> {
         with_cookie(
             waiting::used_up(s, route, req),
             Some(s.clear_cookie(route, tls)),
@@ -196,7 +197,7 @@ impl App {
         session: (VisitorId, Counted),
         exit: bool,
         turn: Turn,
-    ) -> impl Future<Output = Response<Body>> + Send + 'a {
+    ) -> impl Future<Output = Answer<Body>> + Send + 'a {
         let (id, counted) = session;
         let step = SessionStep {
             s: s.clone(),

@@ -8,9 +8,10 @@ pub mod events;
 pub mod page;
 pub mod return_to;
 
+use crate::message::Answer;
 use crate::client_request::ClientRequest;
-use http::header::{HeaderName, HeaderValue, ACCEPT, ACCEPT_LANGUAGE, SET_COOKIE};
-use http::{Method, Response, StatusCode};
+use http::header::{self, HeaderName, HeaderValue, ACCEPT, ACCEPT_LANGUAGE, SET_COOKIE};
+use http::{Method, StatusCode};
 use rand::Rng;
 use serde_json::json;
 
@@ -126,7 +127,7 @@ pub fn held_back(
     route: &RouteRt,
     req: &ClientRequest,
     decision: Decision,
-) -> Response<Body> {
+) -> Answer<Body> {
     let set_cookie = match &decision {
         Decision::Wait { set_cookie, .. } | Decision::PreQueue { set_cookie, .. } => {
             set_cookie.clone()
@@ -154,7 +155,7 @@ pub fn held_back(
 /// forwarded: a navigation goes to the waiting page, where the visitor comes
 /// through the line again; an app gets `"state":"used_up"` and the status URL.
 /// The caller clears the pass cookie.
-pub fn used_up(s: &Settings, route: &RouteRt, req: &ClientRequest) -> Response<Body> {
+pub fn used_up(s: &Settings, route: &RouteRt, req: &ClientRequest) -> Answer<Body> {
     if is_navigation(req.method(), req.headers()) {
         let query = page_query(route, req, None);
         return response::redirect("used-up", &query.to_url(&waiting_path(s)));
@@ -179,7 +180,7 @@ pub fn used_up(s: &Settings, route: &RouteRt, req: &ClientRequest) -> Response<B
 /// `Retry-After` keeps its place, whereas waiting out the ETA would let the
 /// line drop it as a ghost. The body carries the same `poll_after_ms` and the
 /// ETA the status endpoint and the page show.
-fn api_answer(s: &Settings, route: &RouteRt, decision: &Decision) -> Response<Body> {
+fn api_answer(s: &Settings, route: &RouteRt, decision: &Decision) -> Answer<Body> {
     let mut body = json!({
         "route": route.name(),
         "status_url": status_url(s, route.name()),
@@ -233,7 +234,7 @@ pub async fn serve(
     who: Requester<'_>,
     cookies: &CookieMemo,
     streams: &Streams,
-) -> Response<Body> {
+) -> Answer<Body> {
     let rest = &req.uri().path()[s.reserved_prefix.len()..];
     match (rest, req.method()) {
         ("/waiting", &Method::GET | &Method::HEAD) => {
@@ -266,7 +267,7 @@ async fn waiting_page(
     req: &ClientRequest,
     who: Requester<'_>,
     cookies: &CookieMemo,
-) -> Response<Body> {
+) -> Answer<Body> {
     let query = WaitingQuery::parse(req.uri().query().unwrap_or(""));
     let Some(index) = s.route_named(&query.route) else {
         // No such route (any more): nothing to wait for.
@@ -396,7 +397,7 @@ fn render_page(
 
 /// The waiting page's response: its status for `state`, the template's
 /// content security policy, and when to retry if it says so.
-fn page_response(route: &RouteRt, state: PageState, html: String) -> Response<Body> {
+fn page_response(route: &RouteRt, state: PageState, html: String) -> Answer<Body> {
     let status = match state {
         PageState::Waiting | PageState::PreQueue => StatusCode::OK,
         PageState::TooMany => StatusCode::TOO_MANY_REQUESTS,
@@ -405,7 +406,7 @@ fn page_response(route: &RouteRt, state: PageState, html: String) -> Response<Bo
     let mut resp = response::html(status, "waiting", html);
     if let Some(csp) = page::content_security_policy(route.template.as_deref()) {
         resp.headers_mut()
-            .insert("content-security-policy", HeaderValue::from_static(csp));
+            .insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(csp));
     }
     if let Some(retry) = state.retry_after_s() {
         resp = response::with_retry_after(resp, retry);
@@ -444,7 +445,7 @@ async fn status(
     req: &ClientRequest,
     who: Requester<'_>,
     cookies: &CookieMemo,
-) -> Response<Body> {
+) -> Answer<Body> {
     let (route_name, return_path, index) = status_target(s, req);
     let Some(index) = index else {
         return status_json(
@@ -506,7 +507,7 @@ fn fill_place(body: &mut serde_json::Value, route: &RouteRt, place: &Place) -> u
 fn status_json(
     body: serde_json::Value,
     set_cookies: impl IntoIterator<Item = HeaderValue>,
-) -> Response<Body> {
+) -> Answer<Body> {
     let mut resp = response::json(StatusCode::OK, "status", body.to_string());
     for cookie in set_cookies {
         resp.headers_mut().append(SET_COOKIE, cookie);
@@ -521,7 +522,7 @@ async fn leave(
     req: &ClientRequest,
     tls: bool,
     cookies: &CookieMemo,
-) -> Response<Body> {
+) -> Answer<Body> {
     let route_name = query_param(req, "route").unwrap_or("");
     let Some(index) = s.route_named(route_name) else {
         return status_json(json!({"state": "unknown", "route": route_name}), None);
