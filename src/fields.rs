@@ -1,25 +1,26 @@
-//! A request's header fields as a list in the order they came
+//! A message's header fields as a list in the order they came
 //! ([`Fields`]), read and rewritten without a hash map.
 //!
-//! An HTTP/1 head is parsed once, and its fields stay where they were
-//! read: each name is a span of the frozen head, each value a
-//! `HeaderValue` sharing its bytes. A request carries a dozen fields or
-//! so and is asked for a few of them by name, so a look along the list
-//! costs less than building a `HeaderMap` (a table allocated, every name
-//! parsed and hashed) for each message. HTTP/2's fields come as hyper's
-//! `HeaderMap` and are moved into the same list.
+//! An HTTP/1 head (a client's request, an origin's answer) is parsed once,
+//! and its fields stay where they were read: each name is a span of the
+//! frozen head, each value a `HeaderValue` sharing its bytes. A message
+//! carries a dozen fields or so and is asked for a few of them by name, so
+//! a look along the list costs less than building a `HeaderMap` (a table
+//! allocated, every name parsed and hashed) for each message. HTTP/2's
+//! fields come as hyper's `HeaderMap` and are moved into the same list.
 //!
 //! Names are compared without regard to case, as HTTP says; a name
-//! queuegate sets is a `HeaderName`. Written out (by `h1::write`) every
-//! name is in lower case, as hyper writes them.
+//! queuegate sets is a `HeaderName`. Written out (by `h1::write` and
+//! `h1::answer`) every name is in lower case, as hyper writes them.
 //!
 //! [`Headers`] is what reading a message's fields needs, for the rules
-//! that read a request's fields and an answer's (`HeaderMap`) alike.
+//! that read a [`Fields`] list and a `HeaderMap` (trailers, a test's
+//! fields) alike.
 
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
-/// A request's header fields, in the order they came (see the module
+/// A message's header fields, in the order they came (see the module
 /// docs).
 #[derive(Clone, Default)]
 pub struct Fields {
@@ -282,8 +283,7 @@ impl std::fmt::Debug for Fields {
 }
 
 /// Reading and setting a message's fields by name, the same for a
-/// request's [`Fields`] and a `HeaderMap` (an answer's, or one a test
-/// builds).
+/// [`Fields`] list and a `HeaderMap`.
 pub trait Headers {
     /// Every value of `name`, in order.
     fn all<'a>(&'a self, name: &HeaderName) -> impl DoubleEndedIterator<Item = &'a HeaderValue>;

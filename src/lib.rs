@@ -91,7 +91,10 @@
 //!   cap on its requests in flight, resized by reloads, and the `Turn` one
 //!   request holds.
 //! - `host`: the host a request is for, canonical, and `allowed_hosts` patterns.
-//! - `fields`: a request's header fields as a list over the head they
+//! - `message`: an answer as queuegate makes or relays it (`Answer`),
+//!   its fields a `fields::Fields` list; an `http::Response` only for
+//!   hyper.
+//! - `fields`: a message's header fields as a list over the head they
 //!   were read from, no `HeaderMap` (`Fields`), and reading a message's
 //!   fields the same for that list and a `HeaderMap` (`Headers`).
 //! - `clock`: wall-clock time read through tokio, so tests can pause it.
