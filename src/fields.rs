@@ -163,8 +163,11 @@ impl Fields {
         let name = name.name_str();
         let first = self.list.iter().position(|f| self.is(f, name))?;
         let taken = self.list.remove(first);
-        let head = &self.head;
-        self.list.retain(|f| !named(head, f, name));
+        let rest = self.list.get(first..).unwrap_or_default();
+        if rest.iter().any(|f| self.is(f, name)) {
+            let head = &self.head;
+            self.list.retain(|f| !named(head, f, name));
+        }
         Some(taken.value)
     }
 
@@ -174,12 +177,15 @@ impl Fields {
         match self.list.iter().position(|f| self.is(f, name.as_str())) {
             None => self.append(name, value),
             Some(first) => {
-                let head = &self.head;
-                let mut at = 0;
-                self.list.retain(|f| {
-                    at += 1;
-                    at - 1 <= first || !named(head, f, name.as_str())
-                });
+                let rest = self.list.get(first + 1..).unwrap_or_default();
+                if rest.iter().any(|f| self.is(f, name.as_str())) {
+                    let head = &self.head;
+                    let mut at = 0;
+                    self.list.retain(|f| {
+                        at += 1;
+                        at - 1 <= first || !named(head, f, name.as_str())
+                    });
+                }
                 if let Some(field) = self.list.get_mut(first) {
                     *field = Field {
                         name: Name::Set(name),
@@ -201,7 +207,10 @@ impl Fields {
     /// Replaces the last value of `name`, if it has one, by what `f`
     /// makes of it.
     pub fn update_last(&mut self, name: &HeaderName, f: impl FnOnce(&HeaderValue) -> HeaderValue) {
-        let last = self.list.iter().rposition(|field| self.is(field, name.as_str()));
+        let last = self
+            .list
+            .iter()
+            .rposition(|field| self.is(field, name.as_str()));
         if let Some(field) = last.and_then(|at| self.list.get_mut(at)) {
             field.value = f(&field.value);
         }

@@ -89,14 +89,22 @@ pub fn canonical(raw: &str) -> Result<Cow<'_, str>, HostError> {
     if name.is_empty() || name.len() > MAX_NAME_LEN {
         return Err(HostError::Malformed);
     }
-    let labels_ok = name.split('.').all(|label| {
-        !label.is_empty()
-            && label.len() <= MAX_LABEL_LEN
-            && label
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    });
-    if !labels_ok {
+    // Every dot-separated label non-empty, of letters, digits, `-` and `_`
+    // and at most MAX_LABEL_LEN long: one pass over the bytes, as every
+    // request's host is read.
+    let mut label = 0;
+    for b in name.bytes() {
+        match b {
+            b'.' if label > 0 => label = 0,
+            b'.' => return Err(HostError::Malformed),
+            b if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' => label += 1,
+            _ => return Err(HostError::Malformed),
+        }
+        if label > MAX_LABEL_LEN {
+            return Err(HostError::Malformed);
+        }
+    }
+    if label == 0 {
         return Err(HostError::Malformed);
     }
     Ok(lower(name))

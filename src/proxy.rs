@@ -16,9 +16,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::message::Answer;
 use crate::client_body;
 use crate::client_request::ClientRequest;
+use crate::message::Answer;
 use http::header::{self, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Scheme};
 use http::{Method, StatusCode, Uri, Version};
@@ -31,9 +31,9 @@ use tokio::time::Instant;
 
 use crate::client_ip;
 use crate::config;
+use crate::fields::{Fields, Headers};
 use crate::metrics::{ConnectionMetrics, Protocol};
 use crate::response::{Body, RequestError};
-use crate::fields::{Fields, Headers};
 use crate::upstream::{
     self, Handed, Origin, OriginBody, OriginRequest, Outgoing, Pool, Pooled, Sent, UpstreamBody,
 };
@@ -49,6 +49,18 @@ const HOP_BY_HOP: [HeaderName; 7] = [
     header::TRANSFER_ENCODING,
     header::UPGRADE,
     HeaderName::from_static("http2-settings"),
+];
+
+/// [`HOP_BY_HOP`]'s names as text, in the same order, for a look along a
+/// message's fields that compares lengths first.
+const HOP_BY_HOP_NAMES: [&str; 7] = [
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "te",
+    "transfer-encoding",
+    "upgrade",
+    "http2-settings",
 ];
 
 /// The one protocol an upgrade may switch to through queuegate (DESIGN
@@ -336,11 +348,7 @@ impl Upstream {
 
     /// Sends `req` on a pooled connection of `worker`'s share, or a new
     /// one, until its response head arrives.
-    async fn exchange(
-        &self,
-        req: OriginRequest,
-        worker: usize,
-    ) -> Result<Sent, upstream::Error> {
+    async fn exchange(&self, req: OriginRequest, worker: usize) -> Result<Sent, upstream::Error> {
         let req = match self.pool.checkout(worker) {
             None => req,
             Some(pooled) => {
@@ -707,8 +715,8 @@ pub fn strip_hop_by_hop(headers: &mut impl Headers) {
     // a lookup for each of them.
     let mut present = 0u8;
     for name in headers.names() {
-        let hop = |h: &HeaderName| h.as_str().as_bytes().eq_ignore_ascii_case(name);
-        if let Some(i) = HOP_BY_HOP.iter().position(hop) {
+        let hop = |h: &&str| h.len() == name.len() && h.as_bytes().eq_ignore_ascii_case(name);
+        if let Some(i) = HOP_BY_HOP_NAMES.iter().position(hop) {
             present |= 1 << i;
         }
     }
@@ -840,6 +848,13 @@ mod tests {
         assert!(h.get(header::CONNECTION).is_none());
         assert_eq!(h["x-forwarded-for"], "10.0.0.1");
         assert_eq!(h["x-app"], "kept");
+    }
+
+    #[test]
+    fn the_hop_by_hop_names_as_text_are_the_same_names() {
+        for (name, text) in HOP_BY_HOP.iter().zip(HOP_BY_HOP_NAMES) {
+            assert_eq!(name.as_str(), text);
+        }
     }
 
     #[test]

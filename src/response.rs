@@ -481,11 +481,17 @@ mod tests {
         let resp = from_error(&RequestError::Connect);
         assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
         assert_eq!(resp.headers().get(TAG).unwrap(), "method-not-allowed");
-        assert!(resp.headers().get(http::header::ALLOW).unwrap()
+        assert!(resp
+            .headers()
+            .get(http::header::ALLOW)
+            .unwrap()
             .to_str()
             .unwrap()
             .starts_with("GET, "));
-        assert_eq!(resp.headers().get(http::header::CONNECTION).unwrap(), "close");
+        assert_eq!(
+            resp.headers().get(http::header::CONNECTION).unwrap(),
+            "close"
+        );
         assert!(resp.is_client_error());
     }
 

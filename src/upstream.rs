@@ -32,11 +32,11 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::fields::Fields;
-use crate::message::Answer;
 use crate::h1 as codec;
 use crate::h1::chunked::{self, Step};
 use crate::h1::response::{self, Length};
 use crate::h1::write::{self, Encoder};
+use crate::message::Answer;
 
 /// Why an exchange with the origin failed: the origin's failure (answered
 /// `502`), or the client's body (`ClientBody`).

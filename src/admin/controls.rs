@@ -12,9 +12,9 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use crate::message::Answer;
 use crate::clock::Clock;
 use crate::config::Mode;
+use crate::message::Answer;
 use crate::metrics::Metrics;
 use crate::queue::{Guarded, Held, Override, QueueStore};
 use crate::response::{self, Body};

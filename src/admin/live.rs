@@ -14,9 +14,9 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use crate::message::Answer;
 use crate::clock::Clock;
 use crate::gate::Gate;
+use crate::message::Answer;
 use crate::queue::QueueStore;
 use crate::response::{self, Body, Pieces};
 use crate::route::{self, RouteRt, Settings};

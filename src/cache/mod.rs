@@ -32,9 +32,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::message::AnswerHead;
 use bytes::Bytes;
 use http::header::HeaderName;
-use crate::message::AnswerHead;
 use moka::sync::Cache;
 use moka::Expiry;
 

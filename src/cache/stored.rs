@@ -9,10 +9,10 @@ use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderName, HeaderValue};
 use crate::fields::Fields;
 use crate::message::AnswerHead;
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderName, HeaderValue};
 use http::StatusCode;
 use http_body::Frame;
 use http_body_util::BodyExt;

@@ -32,11 +32,11 @@ use super::{earliest, look, Activity, Http1, Look, Parkable, Socket, WhenWoken};
 use crate::client_body::{self, ClientBody, Feed, OnUpgrade, Upgraded, Want};
 use crate::client_request::ClientRequest;
 use crate::fields::Fields;
-use crate::message::Answer;
 use crate::h1::answer::{self, Asked, Sends};
 use crate::h1::chunked::{self, Decoder, Step};
 use crate::h1::request::{self, Framing, Refused};
 use crate::h1::{self, FieldSpans};
+use crate::message::Answer;
 
 /// Answer bytes buffered beyond this are written out before more are made.
 const WRITE_HIGH: usize = 64 * 1024;

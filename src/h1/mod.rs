@@ -22,7 +22,6 @@ use bytes::Bytes;
 
 use crate::fields::Fields;
 
-
 pub mod answer;
 pub mod chunked;
 pub mod request;

@@ -176,8 +176,7 @@ impl Spans {
     /// code's own kept as hyper keeps it (and gives it on).
     pub fn answer(&self, head: Bytes) -> Result<AnswerHead, Error> {
         let reason = self.reason.and_then(|(start, len)| {
-            cut(&head, start as usize, start.saturating_add(len) as usize)
-                .and_then(message::reason)
+            cut(&head, start as usize, start.saturating_add(len) as usize).and_then(message::reason)
         });
         Ok(AnswerHead {
             status: self.status,

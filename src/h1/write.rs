@@ -75,9 +75,13 @@ fn set_length(method: &Method, version: Version, fields: &mut Fields, body: Body
         fields.remove(header::TRANSFER_ENCODING);
         return Encoder::Length(0);
     };
-    let existing = content_length(fields.get_all(header::CONTENT_LENGTH).map(HeaderValue::as_bytes))
-        .ok()
-        .flatten();
+    let existing = content_length(
+        fields
+            .get_all(header::CONTENT_LENGTH)
+            .map(HeaderValue::as_bytes),
+    )
+    .ok()
+    .flatten();
     if version != Version::HTTP_11 {
         fields.remove(header::TRANSFER_ENCODING);
         return match (existing, size) {
@@ -113,7 +117,10 @@ fn set_length(method: &Method, version: Version, fields: &mut Fields, body: Body
                 Some(Encoder::Length(0))
             }
             (None, None) => {
-                fields.append(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+                fields.append(
+                    header::TRANSFER_ENCODING,
+                    HeaderValue::from_static("chunked"),
+                );
                 remove_length = true;
                 Some(Encoder::Chunked(Vec::new()))
             }

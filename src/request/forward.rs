@@ -7,12 +7,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::message::Answer;
 use crate::client_request::ClientRequest;
+use crate::message::Answer;
 use futures_util::future::Either;
 use futures_util::FutureExt;
 use http::header::SET_COOKIE;
-
 
 use crate::admission::VisitorId;
 use crate::cache::{self, Ask, Base, Found, Landing, Lead, Read, Scope, Stored};

@@ -2,10 +2,9 @@
 //! §8.5): the invite redeemed, and a browser following an invite link sent
 //! on without it.
 
-use crate::message::Answer;
 use crate::client_request::ClientRequest;
+use crate::message::Answer;
 use http::header::SET_COOKIE;
-
 
 use crate::cookie::Credentials;
 use crate::gate::{LaneGrant, Requester};

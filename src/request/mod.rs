@@ -18,10 +18,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::message::Answer;
 use crate::client_request::ClientRequest;
+use crate::message::Answer;
 use arc_swap::ArcSwap;
-
 
 use crate::admission::KeyRing;
 use crate::cache::Caches;

@@ -5,7 +5,6 @@
 
 use crate::client_request::ClientRequest;
 
-
 use crate::config::AmbiguousPaths;
 use crate::proxy;
 use crate::response::RequestError;

@@ -13,9 +13,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::message::Answer;
 use crate::client_request::ClientRequest;
-
+use crate::message::Answer;
 
 use crate::admission::VisitorId;
 use crate::cookie::Credentials;
@@ -239,12 +238,7 @@ impl SessionStep {
     /// Forwards `req` through `app` and ends the session if the answer says
     /// so: the answer, and whether the session ended with it. Owns all it
     /// uses, so that it can finish on its own (see [`Detached`]).
-    async fn exchange(
-        self,
-        app: Arc<App>,
-        req: ClientRequest,
-        peer: Peer,
-    ) -> (Forwarded, bool) {
+    async fn exchange(self, app: Arc<App>, req: ClientRequest, peer: Peer) -> (Forwarded, bool) {
         let route = &self.s.routes[self.index];
         let tap = Some(HealthTap::of(route));
         let mut forwarded = app.fetch(req, &peer, route.cache.as_ref(), tap).await;

@@ -16,8 +16,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::message::Answer;
 use crate::client_request::ClientRequest;
+use crate::message::Answer;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 

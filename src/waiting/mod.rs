@@ -8,8 +8,8 @@ pub mod events;
 pub mod page;
 pub mod return_to;
 
-use crate::message::Answer;
 use crate::client_request::ClientRequest;
+use crate::message::Answer;
 use http::header::{self, HeaderName, HeaderValue, ACCEPT, ACCEPT_LANGUAGE, SET_COOKIE};
 use http::{Method, StatusCode};
 use rand::Rng;
@@ -405,8 +405,10 @@ fn page_response(route: &RouteRt, state: PageState, html: String) -> Answer<Body
     };
     let mut resp = response::html(status, "waiting", html);
     if let Some(csp) = page::content_security_policy(route.template.as_deref()) {
-        resp.headers_mut()
-            .insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(csp));
+        resp.headers_mut().insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(csp),
+        );
     }
     if let Some(retry) = state.retry_after_s() {
         resp = response::with_retry_after(resp, retry);
@@ -428,10 +430,7 @@ fn page_query_value(path: &str) -> String {
 
 /// What a status request or event stream is about: the route it names,
 /// the sanitized `return` path, and the route's index if it exists.
-fn status_target<'r>(
-    s: &Settings,
-    req: &'r ClientRequest,
-) -> (&'r str, String, Option<usize>) {
+fn status_target<'r>(s: &Settings, req: &'r ClientRequest) -> (&'r str, String, Option<usize>) {
     let route_name = query_param(req, "route").unwrap_or("");
     let return_path =
         return_to::sanitize(&WaitingQuery::parse(req.uri().query().unwrap_or("")).return_path);
