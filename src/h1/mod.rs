@@ -134,37 +134,36 @@ fn span(base: &[u8], s: &[u8]) -> (u32, u32) {
 }
 
 /// A parsed head's fields, as offsets into its bytes, to be taken from
-/// them once frozen without copying their values.
+/// them once frozen without copying their values. A list as long as the
+/// head has fields (not an array of [`MAX_HEADERS`], which would be zeroed
+/// and moved whole for every message).
 pub struct FieldSpans {
-    count: usize,
-    fields: [[u32; 4]; MAX_HEADERS],
+    fields: Vec<[u32; 4]>,
 }
 
 impl FieldSpans {
     /// Where each of `fields` (parsed from `base`) is in `base`.
     pub fn of(fields: &[httparse::Header<'_>], base: &[u8]) -> FieldSpans {
-        let mut spans = FieldSpans {
-            count: fields.len(),
-            fields: [[0; 4]; MAX_HEADERS],
-        };
-        for (field, at) in fields.iter().zip(spans.fields.iter_mut()) {
+        let spans = fields.iter().map(|field| {
             let (name, name_len) = span(base, field.name.as_bytes());
             let (value, value_len) = span(base, field.value);
-            *at = [
+            [
                 name,
                 name.saturating_add(name_len),
                 value,
                 value.saturating_add(value_len),
-            ];
+            ]
+        });
+        FieldSpans {
+            fields: spans.collect(),
         }
-        spans
     }
 
     /// The fields as a list over `head` (the bytes they were parsed from,
     /// frozen), with room for those queuegate adds on the way.
     pub fn into_fields(&self, head: Bytes) -> Result<Fields, Error> {
-        let mut fields = Fields::over(head, self.count + ADDED_FIELDS);
-        for &[ns, ne, vs, ve] in self.fields.get(..self.count).unwrap_or_default() {
+        let mut fields = Fields::over(head, self.fields.len() + ADDED_FIELDS);
+        for &[ns, ne, vs, ve] in &self.fields {
             fields
                 .push_sent((ns, ne), (vs, ve))
                 .map_err(|_| Error::Field)?;
