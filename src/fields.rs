@@ -356,13 +356,13 @@ impl Headers for HeaderMap {
     }
 }
 
+/// Test helpers: fields as a client sent them, and a list's fields as text.
 #[cfg(test)]
-mod tests {
+pub mod testing {
     use super::*;
-    use http::header;
 
     /// The fields of a head as sent, names in the case given.
-    fn sent(pairs: &[(&str, &str)]) -> Fields {
+    pub fn sent(pairs: &[(&str, &str)]) -> Fields {
         let mut head = Vec::new();
         let mut spans = Vec::new();
         for (name, value) in pairs {
@@ -379,12 +379,20 @@ mod tests {
         fields
     }
 
-    fn names(fields: &Fields) -> Vec<String> {
+    /// Each field as `name=value`, the name as sent or set.
+    pub fn names(fields: &Fields) -> Vec<String> {
         fields
             .iter()
             .map(|(n, v)| format!("{}={}", String::from_utf8_lossy(n), v.to_str().unwrap()))
             .collect()
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{names, sent};
+    use super::*;
+    use http::header;
 
     #[test]
     fn names_are_found_whatever_their_case_and_values_keep_their_order() {

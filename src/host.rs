@@ -181,6 +181,22 @@ mod tests {
     }
 
     #[test]
+    fn a_label_may_be_63_bytes_long_and_no_longer() {
+        let one = |h| host_of(Version::HTTP_11, &[h], "/");
+        let label = |n| -> &'static str { format!("{}.example", "a".repeat(n)).leak() };
+        assert!(one(label(63)).is_ok());
+        assert_eq!(one(label(64)), Err(HostError::Malformed));
+    }
+
+    #[test]
+    fn host_fields_sent_in_two_cases_are_one_host_repeated() {
+        let fields = crate::fields::testing::sent(&[("Host", "a.example"), ("HOST", "b.example")]);
+        let uri: Uri = "/".parse().unwrap();
+        let host = request_host(Version::HTTP_11, &fields, &uri);
+        assert_eq!(host, Err(HostError::Repeated));
+    }
+
+    #[test]
     fn spellings_that_could_name_another_host_are_refused() {
         let one = |h| host_of(Version::HTTP_11, &[h], "/");
         for bad in [

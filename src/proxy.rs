@@ -851,6 +851,21 @@ mod tests {
     }
 
     #[test]
+    fn hop_by_hop_fields_sent_in_any_case_are_removed() {
+        use crate::fields::testing::{names, sent};
+        let mut f = sent(&[
+            ("CONNECTION", "X-Secret, Keep-Alive"),
+            ("x-SECRET", "1"),
+            ("Keep-ALIVE", "timeout=5"),
+            ("Transfer-ENCODING", "chunked"),
+            ("X-App", "kept"),
+            ("UPGRADE", "h2c"),
+        ]);
+        strip_hop_by_hop(&mut f);
+        assert_eq!(names(&f), ["X-App=kept"]);
+    }
+
+    #[test]
     fn the_hop_by_hop_names_as_text_are_the_same_names() {
         for (name, text) in HOP_BY_HOP.iter().zip(HOP_BY_HOP_NAMES) {
             assert_eq!(name.as_str(), text);
