@@ -282,27 +282,22 @@ impl AsyncWrite for Upgraded {
     }
 }
 
-/// An HTTP/1 request's way to its connection once answered `101`: an
-/// extension the engine puts on every request that asks for `Upgrade`.
-#[derive(Clone, Debug)]
-pub struct OnUpgrade(Arc<Mutex<Option<oneshot::Receiver<Upgraded>>>>);
+/// An HTTP/1 request's way to its connection once answered `101`: the
+/// engine gives one to every request that asks for `Upgrade`.
+#[derive(Debug)]
+pub struct OnUpgrade(oneshot::Receiver<Upgraded>);
 
 impl OnUpgrade {
-    /// The extension, and where the engine hands the connection over.
+    /// The way, and where the engine hands the connection over.
     pub fn new() -> (OnUpgrade, oneshot::Sender<Upgraded>) {
         let (tx, rx) = oneshot::channel();
-        (OnUpgrade(Arc::new(Mutex::new(Some(rx)))), tx)
+        (OnUpgrade(rx), tx)
     }
 
-    /// Waits for the connection, once; `None` when it was not handed over
-    /// (no `101` was written, or the client went away first).
-    pub async fn upgraded(&self) -> Option<Upgraded> {
-        let rx = self
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()?;
-        rx.await.ok()
+    /// Waits for the connection; `None` when it was not handed over (no
+    /// `101` was written, or the client went away first).
+    pub async fn upgraded(self) -> Option<Upgraded> {
+        self.0.await.ok()
     }
 }
 

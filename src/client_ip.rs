@@ -6,21 +6,24 @@
 
 use std::net::IpAddr;
 
-use http::header::HeaderMap;
+use http::header::HeaderName;
+
+use crate::fields::Headers;
 
 use crate::config::ClientIp;
 
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
 /// The client behind `peer` as the request's `X-Forwarded-For` tells it,
 /// believed only as far as the proxies in `trust` go.
-pub fn client_of(peer: IpAddr, headers: &HeaderMap, trust: &ClientIp) -> IpAddr {
+pub fn client_of(peer: IpAddr, headers: &impl Headers, trust: &ClientIp) -> IpAddr {
     let peer = peer.to_canonical();
     if trust.trusted_proxies.is_empty() || !trust.trusts(peer) {
         return peer;
     }
     let mut client = peer;
     let hops = headers
-        .get_all("x-forwarded-for")
-        .iter()
+        .all(&X_FORWARDED_FOR)
         .rev()
         .flat_map(|v| v.to_str().unwrap_or("").rsplit(','));
     for hop in hops {
@@ -95,7 +98,7 @@ pub fn limit_key(ip: IpAddr) -> LimitKey {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
+    use http::{HeaderMap, HeaderValue};
 
     fn trust(nets: &[&str]) -> ClientIp {
         ClientIp {

@@ -8,7 +8,9 @@
 use std::borrow::Cow;
 use std::net::Ipv6Addr;
 
-use http::header::{HeaderMap, HOST};
+use http::header::HOST;
+
+use crate::fields::Headers;
 use http::{Uri, Version};
 
 /// Longest host name accepted (RFC 1035), without a trailing dot.
@@ -34,10 +36,10 @@ pub enum HostError {
 /// reader could take for another host.
 pub fn request_host<'a>(
     version: Version,
-    headers: &'a HeaderMap,
+    headers: &'a impl Headers,
     uri: &'a Uri,
 ) -> Result<Option<Cow<'a, str>>, HostError> {
-    let mut values = headers.get_all(HOST).iter();
+    let mut values = headers.all(&HOST);
     let header = match (values.next(), values.next()) {
         (Some(_), Some(_)) => return Err(HostError::Repeated),
         (Some(value), None) => Some(value.to_str().map_err(|_| HostError::Malformed)?),
@@ -87,14 +89,22 @@ pub fn canonical(raw: &str) -> Result<Cow<'_, str>, HostError> {
     if name.is_empty() || name.len() > MAX_NAME_LEN {
         return Err(HostError::Malformed);
     }
-    let labels_ok = name.split('.').all(|label| {
-        !label.is_empty()
-            && label.len() <= MAX_LABEL_LEN
-            && label
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    });
-    if !labels_ok {
+    // Every dot-separated label non-empty, of letters, digits, `-` and `_`
+    // and at most MAX_LABEL_LEN long: one pass over the bytes, as every
+    // request's host is read.
+    let mut label = 0;
+    for b in name.bytes() {
+        match b {
+            b'.' if label > 0 => label = 0,
+            b'.' => return Err(HostError::Malformed),
+            b if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' => label += 1,
+            _ => return Err(HostError::Malformed),
+        }
+        if label > MAX_LABEL_LEN {
+            return Err(HostError::Malformed);
+        }
+    }
+    if label == 0 {
         return Err(HostError::Malformed);
     }
     Ok(lower(name))
@@ -143,6 +153,7 @@ impl HostPattern {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderMap;
     use http::HeaderValue;
     use proptest::prelude::*;
 
@@ -167,6 +178,22 @@ mod tests {
         assert_eq!(one("shop.example."), Ok(Some("shop.example".into())));
         assert_eq!(one("[::1]:8080"), Ok(Some("::1".into())));
         assert_eq!(one("127.0.0.1"), Ok(Some("127.0.0.1".into())));
+    }
+
+    #[test]
+    fn a_label_may_be_63_bytes_long_and_no_longer() {
+        let one = |h| host_of(Version::HTTP_11, &[h], "/");
+        let label = |n| -> &'static str { format!("{}.example", "a".repeat(n)).leak() };
+        assert!(one(label(63)).is_ok());
+        assert_eq!(one(label(64)), Err(HostError::Malformed));
+    }
+
+    #[test]
+    fn host_fields_sent_in_two_cases_are_one_host_repeated() {
+        let fields = crate::fields::testing::sent(&[("Host", "a.example"), ("HOST", "b.example")]);
+        let uri: Uri = "/".parse().unwrap();
+        let host = request_host(Version::HTTP_11, &fields, &uri);
+        assert_eq!(host, Err(HostError::Repeated));
     }
 
     #[test]

@@ -75,6 +75,9 @@
 //! - `response`: the one body type and every response queuegate makes.
 //! - `upstream`: the per-worker pools of HTTP/1.1 connections to the origin,
 //!   driven by the requests that use them.
+//! - `client_request`: a client's request whichever protocol brought it:
+//!   method, target, its fields as a `fields::Fields` list, its body, and
+//!   an HTTP/1 request's way to its connection after a `101`.
 //! - `client_body`: a client's request body whichever protocol brought it
 //!   (HTTP/1's fed by `connection`'s engine, HTTP/2's hyper's), and the
 //!   socket an HTTP/1 connection hands over after a `101`.
@@ -88,6 +91,12 @@
 //!   cap on its requests in flight, resized by reloads, and the `Turn` one
 //!   request holds.
 //! - `host`: the host a request is for, canonical, and `allowed_hosts` patterns.
+//! - `message`: an answer as queuegate makes or relays it (`Answer`),
+//!   its fields a `fields::Fields` list; an `http::Response` only for
+//!   hyper.
+//! - `fields`: a message's header fields as a list over the head they
+//!   were read from, no `HeaderMap` (`Fields`), and reading a message's
+//!   fields the same for that list and a `HeaderMap` (`Headers`).
 //! - `clock`: wall-clock time read through tokio, so tests can pause it.
 //! - `shutdown`: SIGTERM/SIGINT.
 //! - `cli`: the command line.
@@ -100,11 +109,13 @@ pub mod cache;
 pub mod cli;
 pub mod client_body;
 pub mod client_ip;
+pub mod client_request;
 pub mod clock;
 pub mod config;
 pub mod connection;
 pub mod cookie;
 pub mod demo;
+pub mod fields;
 pub mod file_watch;
 pub mod gate;
 pub mod h1;
@@ -113,6 +124,7 @@ pub mod health;
 pub mod host;
 pub mod inflight;
 pub mod lane_grant;
+pub mod message;
 pub mod metrics;
 pub mod origin;
 pub mod path;

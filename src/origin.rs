@@ -19,7 +19,9 @@
 //! something queuegate cannot read changes nothing. The lane cookie that
 //! records it is `lane_grant`'s.
 
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::HeaderName;
+
+use crate::fields::Headers;
 
 use crate::lane_grant::Lane;
 
@@ -48,21 +50,23 @@ impl OriginCommand {
 /// origin's response and answers the command they give. A value may list
 /// several commands, comma-separated; unknown values are ignored (logged at
 /// debug), so an origin can be ahead of the queuegate it runs behind.
-fn take_command(headers: &mut HeaderMap) -> Option<OriginCommand> {
+fn take_command(headers: &mut impl Headers) -> Option<OriginCommand> {
     let mut command = None;
-    if let header::Entry::Occupied(entry) = headers.entry(QUEUEGATE_COMMAND) {
-        for value in entry.remove_entry_mult().1 {
-            for part in value.as_bytes().split(|&b| b == b',') {
-                match OriginCommand::parse(part) {
-                    Some(known) => command = Some(known),
-                    None => tracing::debug!(
-                        value = %String::from_utf8_lossy(part.trim_ascii()),
-                        "unknown origin command ignored"
-                    ),
-                }
+    if !headers.has(&QUEUEGATE_COMMAND) {
+        return None;
+    }
+    for value in headers.all(&QUEUEGATE_COMMAND) {
+        for part in value.as_bytes().split(|&b| b == b',') {
+            match OriginCommand::parse(part) {
+                Some(known) => command = Some(known),
+                None => tracing::debug!(
+                    value = %String::from_utf8_lossy(part.trim_ascii()),
+                    "unknown origin command ignored"
+                ),
             }
         }
     }
+    headers.take_out(&QUEUEGATE_COMMAND);
     command
 }
 
@@ -87,7 +91,7 @@ pub struct Said {
 
 /// Removes queuegate's own fields from an origin's answer and answers what
 /// they said.
-pub fn take(headers: &mut HeaderMap) -> Said {
+pub fn take(headers: &mut impl Headers) -> Said {
     Said {
         command: take_command(headers),
         lane: take_lane(headers),
@@ -98,12 +102,12 @@ pub fn take(headers: &mut HeaderMap) -> Said {
 /// origin's response and answers the lane they name: the last valid lane
 /// name among their values and comma-separated parts. Invalid names are
 /// ignored (logged at debug).
-fn take_lane(headers: &mut HeaderMap) -> Option<Lane> {
-    let header::Entry::Occupied(entry) = headers.entry(QUEUEGATE_LANE) else {
+fn take_lane(headers: &mut impl Headers) -> Option<Lane> {
+    if !headers.has(&QUEUEGATE_LANE) {
         return None;
-    };
+    }
     let mut lane = None;
-    for value in entry.remove_entry_mult().1 {
+    for value in headers.all(&QUEUEGATE_LANE) {
         for part in value.as_bytes().split(|&b| b == b',') {
             let part = part.trim_ascii();
             match std::str::from_utf8(part).ok().and_then(Lane::new) {
@@ -115,12 +119,14 @@ fn take_lane(headers: &mut HeaderMap) -> Option<Lane> {
             }
         }
     }
+    headers.take_out(&QUEUEGATE_LANE);
     lane
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderMap;
     use http::HeaderValue;
 
     #[test]

@@ -16,12 +16,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::client_body::{self, ClientBody};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use crate::client_body;
+use crate::client_request::ClientRequest;
+use crate::message::Answer;
+use http::header::{self, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Scheme};
-use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http::{Method, StatusCode, Uri, Version};
 use http_body::Body as _;
-use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -30,10 +31,11 @@ use tokio::time::Instant;
 
 use crate::client_ip;
 use crate::config;
+use crate::fields::{Fields, Headers};
 use crate::metrics::{ConnectionMetrics, Protocol};
 use crate::response::{Body, RequestError};
 use crate::upstream::{
-    self, Handed, Origin, OriginBody, Outgoing, Pool, Pooled, Sent, UpstreamBody,
+    self, Handed, Origin, OriginBody, OriginRequest, Outgoing, Pool, Pooled, Sent, UpstreamBody,
 };
 
 /// Headers that describe one connection, not the message (RFC 9110
@@ -47,6 +49,18 @@ const HOP_BY_HOP: [HeaderName; 7] = [
     header::TRANSFER_ENCODING,
     header::UPGRADE,
     HeaderName::from_static("http2-settings"),
+];
+
+/// [`HOP_BY_HOP`]'s names as text, in the same order, for a look along a
+/// message's fields that compares lengths first.
+const HOP_BY_HOP_NAMES: [&str; 7] = [
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "te",
+    "transfer-encoding",
+    "upgrade",
+    "http2-settings",
 ];
 
 /// The one protocol an upgrade may switch to through queuegate (DESIGN
@@ -278,22 +292,35 @@ impl Upstream {
     /// body, as nginx does.
     pub fn forward<'a>(
         &'a self,
-        mut req: Request<ClientBody>,
+        mut req: ClientRequest,
         peer: &Peer,
         withheld: &'static [HeaderName],
-    ) -> impl Future<Output = Result<Response<Body>, RequestError>> + Send + 'a {
-        let upgrade = asks_websocket(&req);
-        let client_upgrade = upgrade.then(|| {
-            let tunnel = Tunnel {
-                connections: self.connections.clone(),
-                lease: peer.lease.clone(),
-            };
-            (ClientUpgrade::of(&mut req), tunnel)
-        });
+    ) -> impl Future<Output = Result<Answer<Body>, RequestError>> + Send + 'a {
+        // Only a WebSocket handshake over HTTP/1.1 is passed on as an
+        // upgrade; the engine gives each such request its way to the
+        // connection.
+        let client_upgrade = asks_websocket(&req)
+            .then(|| req.take_upgrade())
+            .flatten()
+            .map(|on| {
+                let tunnel = Tunnel {
+                    connections: self.connections.clone(),
+                    lease: peer.lease.clone(),
+                };
+                (on, tunnel)
+            });
+        let upgrade = client_upgrade.is_some();
         let prepared = self.rewrite(req, peer, upgrade, withheld);
         let worker = peer.worker;
         async move {
-            let req = prepared?.map(|body| Outgoing::Client { body, withheld });
+            let (method, uri, version, fields, body) = prepared?.into_parts();
+            let req = OriginRequest {
+                method,
+                uri,
+                version,
+                fields,
+                body: Outgoing::Client { body, withheld },
+            };
             let exchange = self.exchange(req, worker);
             let Sent {
                 response,
@@ -321,11 +348,7 @@ impl Upstream {
 
     /// Sends `req` on a pooled connection of `worker`'s share, or a new
     /// one, until its response head arrives.
-    async fn exchange(
-        &self,
-        req: Request<Outgoing>,
-        worker: usize,
-    ) -> Result<Sent, upstream::Error> {
+    async fn exchange(&self, req: OriginRequest, worker: usize) -> Result<Sent, upstream::Error> {
         let req = match self.pool.checkout(worker) {
             None => req,
             Some(pooled) => {
@@ -362,11 +385,11 @@ impl Upstream {
     /// set.
     fn rewrite(
         &self,
-        mut req: Request<ClientBody>,
+        mut req: ClientRequest,
         peer: &Peer,
         upgrade: bool,
         withheld: &[HeaderName],
-    ) -> Result<Request<ClientBody>, RequestError> {
+    ) -> Result<ClientRequest, RequestError> {
         let original_host = original_host(&req);
         let path = req
             .uri()
@@ -375,7 +398,6 @@ impl Upstream {
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
         // Origin-form: the connection is to the origin already.
         *req.uri_mut() = Uri::from(path);
-        *req.version_mut() = Version::HTTP_11;
 
         let trusted =
             !self.client_ip.trusted_proxies.is_empty() && self.client_ip.trusts(peer.addr.ip());
@@ -584,11 +606,11 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Heard<T> {
 /// connections (see [`Tunnel::run`]), once `connection` (the origin's) has
 /// handed its socket over.
 fn switch_protocols(
-    resp: Response<OriginBody>,
+    resp: Answer<OriginBody>,
     connection: Pooled,
-    client_upgrade: ClientUpgrade,
+    client_upgrade: client_body::OnUpgrade,
     tunnel: Tunnel,
-) -> Response<Body> {
+) -> Answer<Body> {
     tokio::spawn(async move {
         let (client, origin) = tokio::join!(client_upgrade.upgraded(), connection.upgraded());
         let (client, origin) = match (client, origin) {
@@ -602,49 +624,15 @@ fn switch_protocols(
                 return;
             }
         };
-        tunnel.run(client, origin).await;
+        tunnel.run(Box::new(client), origin).await;
     });
     let (mut parts, _) = resp.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
+    strip_hop_by_hop(&mut parts.fields);
     parts
-        .headers
+        .fields
         .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    parts.headers.insert(header::UPGRADE, WEBSOCKET);
-    Response::from_parts(parts, Body::Empty)
-}
-
-/// Where the client's connection comes from once it is answered `101`:
-/// queuegate's HTTP/1 engine hands it over through the request's
-/// [`client_body::OnUpgrade`]; hyper (HTTP/2) through its own.
-enum ClientUpgrade {
-    H1(client_body::OnUpgrade),
-    Hyper(hyper::upgrade::OnUpgrade),
-}
-
-impl ClientUpgrade {
-    fn of(req: &mut Request<ClientBody>) -> ClientUpgrade {
-        match req.extensions_mut().remove::<client_body::OnUpgrade>() {
-            Some(on) => ClientUpgrade::H1(on),
-            None => ClientUpgrade::Hyper(hyper::upgrade::on(req)),
-        }
-    }
-
-    /// The client's connection, once handed over.
-    async fn upgraded(self) -> Option<Box<dyn client_body::Io>> {
-        match self {
-            ClientUpgrade::H1(on) => {
-                let io: Box<dyn client_body::Io> = Box::new(on.upgraded().await?);
-                Some(io)
-            }
-            ClientUpgrade::Hyper(on) => match on.await {
-                Ok(upgraded) => Some(Box::new(TokioIo::new(upgraded))),
-                Err(err) => {
-                    tracing::debug!(error = %err, "upgrade did not complete");
-                    None
-                }
-            },
-        }
-    }
+    parts.fields.insert(header::UPGRADE, WEBSOCKET);
+    Answer::from_parts(parts, Body::Empty)
 }
 
 /// What it takes to send a request again: kept only for an idempotent
@@ -652,13 +640,13 @@ impl ClientUpgrade {
 struct Resend {
     method: Method,
     uri: Uri,
-    headers: HeaderMap,
+    fields: Fields,
 }
 
 impl Resend {
-    fn of(req: &Request<Outgoing>) -> Option<Resend> {
+    fn of(req: &OriginRequest) -> Option<Resend> {
         let idempotent = matches!(
-            *req.method(),
+            req.method,
             Method::GET
                 | Method::HEAD
                 | Method::OPTIONS
@@ -666,20 +654,21 @@ impl Resend {
                 | Method::PUT
                 | Method::DELETE
         );
-        (idempotent && req.body().is_end_stream()).then(|| Resend {
-            method: req.method().clone(),
-            uri: req.uri().clone(),
-            headers: req.headers().clone(),
+        (idempotent && req.body.is_end_stream()).then(|| Resend {
+            method: req.method.clone(),
+            uri: req.uri.clone(),
+            fields: req.fields.clone(),
         })
     }
 
-    fn request(self) -> Request<Outgoing> {
-        let mut req = Request::new(Outgoing::Empty);
-        *req.method_mut() = self.method;
-        *req.uri_mut() = self.uri;
-        *req.version_mut() = Version::HTTP_11;
-        *req.headers_mut() = self.headers;
-        req
+    fn request(self) -> OriginRequest {
+        OriginRequest {
+            method: self.method,
+            uri: self.uri,
+            version: Version::HTTP_11,
+            fields: self.fields,
+            body: Outgoing::Empty,
+        }
     }
 }
 
@@ -693,7 +682,7 @@ fn stale(err: &upstream::Error) -> bool {
 /// Rejects the requests that are never forwarded, whatever their path:
 /// `CONNECT` (a tunnel to a place of the client's choosing, which a reverse
 /// proxy does not make) and those whose framing is ambiguous.
-pub fn check_request<B>(req: &Request<B>) -> Result<(), RequestError> {
+pub fn check_request(req: &ClientRequest) -> Result<(), RequestError> {
     if req.method() == Method::CONNECT {
         return Err(RequestError::Connect);
     }
@@ -703,14 +692,14 @@ pub fn check_request<B>(req: &Request<B>) -> Result<(), RequestError> {
 /// Rejects requests whose body length could be read two ways (RFC 9112
 /// §6.3): both `Content-Length` and `Transfer-Encoding`, or more than one
 /// `Content-Length`. Such a request is never forwarded.
-pub fn check_framing(headers: &HeaderMap) -> Result<(), RequestError> {
-    let lengths = headers.get_all(header::CONTENT_LENGTH).iter().count();
+pub fn check_framing(headers: &impl Headers) -> Result<(), RequestError> {
+    let lengths = headers.all(&header::CONTENT_LENGTH).count();
     if lengths > 1 {
         return Err(RequestError::AmbiguousFraming(
             "more than one Content-Length",
         ));
     }
-    if lengths == 1 && headers.contains_key(header::TRANSFER_ENCODING) {
+    if lengths == 1 && headers.has(&header::TRANSFER_ENCODING) {
         return Err(RequestError::AmbiguousFraming(
             "both Content-Length and Transfer-Encoding",
         ));
@@ -720,13 +709,14 @@ pub fn check_framing(headers: &HeaderMap) -> Result<(), RequestError> {
 
 /// Removes hop-by-hop headers, including every header the `Connection`
 /// header names, except those queuegate sets itself afterwards.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub fn strip_hop_by_hop(headers: &mut impl Headers) {
     // Most messages carry none, or only `Connection: keep-alive`: one look
     // over the names, noting which hop-by-hop headers are there, instead of
     // a lookup for each of them.
     let mut present = 0u8;
-    for name in headers.keys() {
-        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+    for name in headers.names() {
+        let hop = |h: &&str| h.len() == name.len() && h.as_bytes().eq_ignore_ascii_case(name);
+        if let Some(i) = HOP_BY_HOP_NAMES.iter().position(hop) {
             present |= 1 << i;
         }
     }
@@ -736,7 +726,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // `Connection` is first in HOP_BY_HOP. Mostly it is one word that names
     // no other header (`keep-alive`, `close`, `upgrade`): no need to split.
     if present & 1 != 0
-        && !headers.get_all(header::CONNECTION).iter().all(|v| {
+        && !headers.all(&header::CONNECTION).all(|v| {
             let v = v.as_bytes();
             v.eq_ignore_ascii_case(b"keep-alive")
                 || v.eq_ignore_ascii_case(b"close")
@@ -744,8 +734,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         })
     {
         let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
+            .all(&header::CONNECTION)
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .map(str::trim)
@@ -760,12 +749,12 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             .filter(|name| !protected(name))
             .collect();
         for name in named {
-            headers.remove(name);
+            headers.take_out(&name);
         }
     }
     for (i, name) in HOP_BY_HOP.iter().enumerate() {
         if present & (1 << i) != 0 {
-            headers.remove(name);
+            headers.take_out(name);
         }
     }
 }
@@ -784,7 +773,7 @@ fn protected(name: &HeaderName) -> bool {
 /// Whether an HTTP/1.1 request asks to upgrade to WebSocket (among the
 /// protocols its `Upgrade` lists). Any other upgrade is not passed on: the
 /// request goes to the origin as the plain request it also is.
-fn asks_websocket<B>(req: &Request<B>) -> bool {
+fn asks_websocket(req: &ClientRequest) -> bool {
     let headers = req.headers();
     if req.version() != Version::HTTP_11 || !headers.contains_key(header::UPGRADE) {
         return false;
@@ -794,14 +783,14 @@ fn asks_websocket<B>(req: &Request<B>) -> bool {
 }
 
 /// Whether an origin's `101` switches to WebSocket.
-fn switches_to_websocket<B>(resp: &Response<B>) -> bool {
+fn switches_to_websocket<B>(resp: &Answer<B>) -> bool {
     lists(resp.headers(), &header::UPGRADE, b"websocket")
 }
 
 /// Whether the comma-separated lists in the `name` headers hold `token`
 /// (compared without case).
-fn lists(headers: &HeaderMap, name: &HeaderName, token: &[u8]) -> bool {
-    headers.get_all(name).iter().any(|v| {
+fn lists(headers: &impl Headers, name: &HeaderName, token: &[u8]) -> bool {
+    headers.all(name).any(|v| {
         v.as_bytes()
             .split(|&b| b == b',')
             .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
@@ -809,7 +798,7 @@ fn lists(headers: &HeaderMap, name: &HeaderName, token: &[u8]) -> bool {
 }
 
 /// The host the client asked for: the `Host` header, or the HTTP/2 authority.
-fn original_host<B>(req: &Request<B>) -> Option<HeaderValue> {
+fn original_host(req: &ClientRequest) -> Option<HeaderValue> {
     if let Some(host) = req.headers().get(header::HOST) {
         return Some(host.clone());
     }
@@ -819,14 +808,13 @@ fn original_host<B>(req: &Request<B>) -> Option<HeaderValue> {
 }
 
 /// Appends the client's address to `X-Forwarded-For`, keeping what was there.
-fn append_forwarded_for(headers: &mut HeaderMap, peer: &Peer) {
-    let mut existing = headers.get_all(&X_FORWARDED_FOR).iter().peekable();
-    if existing.peek().is_none() {
-        headers.insert(X_FORWARDED_FOR.clone(), peer.forwarded_for.clone());
+fn append_forwarded_for(headers: &mut impl Headers, peer: &Peer) {
+    if !headers.has(&X_FORWARDED_FOR) {
+        headers.put(X_FORWARDED_FOR.clone(), peer.forwarded_for.clone());
         return;
     }
     let mut value = Vec::new();
-    for v in existing {
+    for v in headers.all(&X_FORWARDED_FOR) {
         if v.to_str().is_ok() {
             value.extend_from_slice(v.as_bytes());
             value.extend_from_slice(b", ");
@@ -834,13 +822,14 @@ fn append_forwarded_for(headers: &mut HeaderMap, peer: &Peer) {
     }
     value.extend_from_slice(peer.forwarded_for.as_bytes());
     if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
-        headers.insert(X_FORWARDED_FOR.clone(), v);
+        headers.put(X_FORWARDED_FOR.clone(), v);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderMap;
 
     #[test]
     fn connection_named_headers_are_removed_but_not_forwarding_ones() {
@@ -859,6 +848,28 @@ mod tests {
         assert!(h.get(header::CONNECTION).is_none());
         assert_eq!(h["x-forwarded-for"], "10.0.0.1");
         assert_eq!(h["x-app"], "kept");
+    }
+
+    #[test]
+    fn hop_by_hop_fields_sent_in_any_case_are_removed() {
+        use crate::fields::testing::{names, sent};
+        let mut f = sent(&[
+            ("CONNECTION", "X-Secret, Keep-Alive"),
+            ("x-SECRET", "1"),
+            ("Keep-ALIVE", "timeout=5"),
+            ("Transfer-ENCODING", "chunked"),
+            ("X-App", "kept"),
+            ("UPGRADE", "h2c"),
+        ]);
+        strip_hop_by_hop(&mut f);
+        assert_eq!(names(&f), ["X-App=kept"]);
+    }
+
+    #[test]
+    fn the_hop_by_hop_names_as_text_are_the_same_names() {
+        for (name, text) in HOP_BY_HOP.iter().zip(HOP_BY_HOP_NAMES) {
+            assert_eq!(name.as_str(), text);
+        }
     }
 
     #[test]

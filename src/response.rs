@@ -10,15 +10,20 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use futures_util::Stream;
-use http::header::{HeaderMap, HeaderValue, AGE, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
-use http::{Response, StatusCode};
+use http::header::{HeaderName, HeaderValue, AGE, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use http::StatusCode;
 use http_body::{Frame, SizeHint};
 
+use crate::fields::Fields;
 use crate::inflight::Turn;
+use crate::message::Answer;
 use crate::upstream::{self, UpstreamBody};
 
 /// Header that marks a response as made by queuegate, with the reason.
-pub const TAG: &str = "x-queuegate";
+pub const TAG: HeaderName = HeaderName::from_static("x-queuegate");
+
+/// Tells a proxy in front not to buffer an answer (nginx reads it).
+const X_ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
 
 /// A response body: the origin's, streamed through, or one queuegate made.
 #[derive(Debug)]
@@ -277,7 +282,7 @@ impl std::fmt::Display for Causes<'_> {
 }
 
 /// Maps a request-path error to the response the client gets.
-pub fn from_error(err: &RequestError) -> Response<Body> {
+pub fn from_error(err: &RequestError) -> Answer<Body> {
     let text = match err {
         RequestError::AmbiguousFraming(_) => "400 bad request: ambiguous message framing\n",
         RequestError::BadBody(_) => "400 bad request: the request body could not be read\n",
@@ -310,20 +315,13 @@ pub fn from_error(err: &RequestError) -> Response<Body> {
         );
     }
     if err.status().is_client_error() {
-        resp.extensions_mut().insert(ClientError);
+        resp.mark_client_error();
     }
     resp
 }
 
-/// Marks an answer to a request the client got wrong, made by
-/// [`from_error`]: the request counts as a bad request, even one refused
-/// only after the gate had let it through (a body found unreadable while it
-/// was relayed).
-#[derive(Clone, Copy, Debug)]
-pub struct ClientError;
-
 /// A short plain-text response tagged with `reason`.
-pub fn plain(status: StatusCode, reason: &'static str, text: &'static str) -> Response<Body> {
+pub fn plain(status: StatusCode, reason: &'static str, text: &'static str) -> Answer<Body> {
     made(
         status,
         reason,
@@ -333,12 +331,12 @@ pub fn plain(status: StatusCode, reason: &'static str, text: &'static str) -> Re
 }
 
 /// A JSON response tagged with `reason`, never cached.
-pub fn json(status: StatusCode, reason: &'static str, body: String) -> Response<Body> {
+pub fn json(status: StatusCode, reason: &'static str, body: String) -> Answer<Body> {
     made(status, reason, "application/json", Bytes::from(body))
 }
 
 /// An HTML response tagged with `reason`, never cached.
-pub fn html(status: StatusCode, reason: &'static str, body: String) -> Response<Body> {
+pub fn html(status: StatusCode, reason: &'static str, body: String) -> Answer<Body> {
     made(
         status,
         reason,
@@ -350,16 +348,16 @@ pub fn html(status: StatusCode, reason: &'static str, body: String) -> Response<
 /// A `200` Server-Sent Events stream tagged with `reason`, its events
 /// `pieces`: never cached, and not buffered by a proxy in front
 /// (`X-Accel-Buffering: no`), so each event reaches the browser when sent.
-pub fn event_stream(reason: &'static str, pieces: Pieces) -> Response<Body> {
+pub fn event_stream(reason: &'static str, pieces: Pieces) -> Answer<Body> {
     let mut resp = made(StatusCode::OK, reason, "text/event-stream", Bytes::new());
     *resp.body_mut() = Body::Pieces(pieces);
     resp.headers_mut()
-        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+        .insert(X_ACCEL_BUFFERING, HeaderValue::from_static("no"));
     resp
 }
 
 /// A `302` to a same-site `location` (already sanitised by the caller).
-pub fn redirect(reason: &'static str, location: &str) -> Response<Body> {
+pub fn redirect(reason: &'static str, location: &str) -> Answer<Body> {
     let mut resp = made(
         StatusCode::FOUND,
         reason,
@@ -377,7 +375,7 @@ pub fn redirect(reason: &'static str, location: &str) -> Response<Body> {
 /// dropped): an origin still sending is still busy with the request. An
 /// answer with nothing more to come from the origin (no body, or one made
 /// here: a 502 or 504, a `101`'s tunnel) gives the turn back at once.
-pub fn holding_turn(resp: Response<Body>, turn: Turn) -> Response<Body> {
+pub fn holding_turn(resp: Answer<Body>, turn: Turn) -> Answer<Body> {
     resp.map(|body| turned(body, turn))
 }
 
@@ -401,7 +399,7 @@ fn turned(body: Body, turn: Turn) -> Body {
 /// the origin at `max_inflight` and no turn free within `inflight_wait`
 /// (DESIGN §9.2): `503`, `Retry-After: 1`. Nothing is ended: the visitor's
 /// session, pass and place stay as they were.
-pub fn busy() -> Response<Body> {
+pub fn busy() -> Answer<Body> {
     with_retry_after(
         plain(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -419,11 +417,11 @@ pub fn busy() -> Response<Body> {
 /// request's is.
 pub fn from_cache(
     status: StatusCode,
-    headers: HeaderMap,
+    headers: Fields,
     body: Option<Bytes>,
     age: Option<u64>,
-) -> Response<Body> {
-    let mut resp = Response::new(match body {
+) -> Answer<Body> {
+    let mut resp = Answer::new(match body {
         Some(body) if !body.is_empty() => Body::full(body),
         _ => Body::Empty,
     });
@@ -436,7 +434,7 @@ pub fn from_cache(
 }
 
 /// Adds `Retry-After: secs`.
-pub fn with_retry_after(mut resp: Response<Body>, secs: u64) -> Response<Body> {
+pub fn with_retry_after(mut resp: Answer<Body>, secs: u64) -> Answer<Body> {
     resp.headers_mut()
         .insert(RETRY_AFTER, HeaderValue::from(secs));
     resp
@@ -447,8 +445,8 @@ fn made(
     reason: &'static str,
     content_type: &'static str,
     body: Bytes,
-) -> Response<Body> {
-    let mut resp = Response::new(if body.is_empty() {
+) -> Answer<Body> {
+    let mut resp = Answer::new(if body.is_empty() {
         Body::Empty
     } else {
         Body::full(body)
@@ -469,26 +467,32 @@ mod tests {
     fn errors_are_tagged_with_their_reason() {
         let resp = from_error(&RequestError::UpstreamTimeout);
         assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
-        assert_eq!(resp.headers()[TAG], "upstream-timeout");
+        assert_eq!(resp.headers().get(TAG).unwrap(), "upstream-timeout");
         let mut parts = http::uri::Parts::default();
         parts.scheme = Some(http::uri::Scheme::HTTP);
         let unrewritable = http::Uri::from_parts(parts).map(|_| ()).unwrap_err();
         let resp = from_error(&RequestError::Rewrite(unrewritable));
         assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
-        assert_eq!(resp.headers()[TAG], "upstream-error");
+        assert_eq!(resp.headers().get(TAG).unwrap(), "upstream-error");
     }
 
     #[test]
     fn connect_is_refused_naming_the_methods_served() {
         let resp = from_error(&RequestError::Connect);
         assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
-        assert_eq!(resp.headers()[TAG], "method-not-allowed");
-        assert!(resp.headers()[http::header::ALLOW]
+        assert_eq!(resp.headers().get(TAG).unwrap(), "method-not-allowed");
+        assert!(resp
+            .headers()
+            .get(http::header::ALLOW)
+            .unwrap()
             .to_str()
             .unwrap()
             .starts_with("GET, "));
-        assert_eq!(resp.headers()[http::header::CONNECTION], "close");
-        assert!(resp.extensions().get::<ClientError>().is_some());
+        assert_eq!(
+            resp.headers().get(http::header::CONNECTION).unwrap(),
+            "close"
+        );
+        assert!(resp.is_client_error());
     }
 
     #[test]

@@ -13,13 +13,14 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 use tokio::sync::watch;
 
-use http::header::{HeaderMap, HeaderValue};
+use http::header::HeaderValue;
 use http::Method;
 
 use crate::admission::{KeyRing, LaneTag, VisitorId};
 use crate::cache::{Caches, Scope};
 use crate::config::{self, BypassRule, Config};
 use crate::cookie::{self, CookieMemo, Credentials};
+use crate::fields::Headers;
 use crate::health::{Recorder, WindowCounts};
 use crate::inflight::Turns;
 use crate::metrics::{Metrics, RouteMetrics, StreamCap};
@@ -1221,7 +1222,7 @@ impl Settings {
     pub fn credentials(
         &self,
         index: usize,
-        headers: &HeaderMap,
+        headers: &impl Headers,
         tls: bool,
         memo: &CookieMemo,
     ) -> Credentials {

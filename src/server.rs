@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::client_body::ClientBody;
+use crate::client_request::ClientRequest;
 use crate::config::{Config, ServerLimits};
 use crate::connection::{self, Activity, Http1, Parkable, Parking, Socket, Tracked, WhenWoken};
 use crate::h2_watch::{self, HeaderBlocks};
@@ -465,7 +465,7 @@ impl Connections {
             Peer::new(remote, tls).on_worker(worker).with_lease(lease),
         ));
         let service_activity = activity.clone();
-        let answer = move |req: Request<ClientBody>| {
+        let answer = move |req: ClientRequest| {
             let in_flight = service_activity.request();
             let answering = service_activity.answering();
             let conn = conn.clone();
@@ -482,8 +482,8 @@ impl Connections {
             return;
         }
         let service = service_fn(move |req: Request<Incoming>| {
-            let answered = answer(req.map(ClientBody::h2));
-            async move { Ok::<_, Infallible>(answered.await) }
+            let answered = answer(ClientRequest::h2(req));
+            async move { Ok::<_, Infallible>(answered.await.into_http()) }
         });
         // Watched from the preface on (replayed when it was sniffed), for
         // the header blocks' deadline.

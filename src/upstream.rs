@@ -24,17 +24,19 @@ use std::time::Duration;
 
 use crate::client_body::ClientBody;
 use bytes::{Buf, Bytes, BytesMut};
-use http::{HeaderName, Method, Request, Response};
+use http::{HeaderName, Method, Request, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::fields::Fields;
 use crate::h1 as codec;
 use crate::h1::chunked::{self, Step};
 use crate::h1::response::{self, Length};
 use crate::h1::write::{self, Encoder};
+use crate::message::Answer;
 
 /// Why an exchange with the origin failed: the origin's failure (answered
 /// `502`), or the client's body (`ClientBody`).
@@ -110,6 +112,30 @@ impl From<HttpError> for Error {
 #[derive(Debug, thiserror::Error)]
 #[error("reading the request body failed")]
 pub struct BodyError(#[source] crate::client_body::Error);
+
+/// A request as it is sent to the origin: its fields a list (see
+/// [`Fields`]), written straight into the connection's buffer.
+#[derive(Debug)]
+pub struct OriginRequest {
+    pub method: Method,
+    pub uri: Uri,
+    pub version: Version,
+    pub fields: Fields,
+    pub body: Outgoing,
+}
+
+impl From<Request<Outgoing>> for OriginRequest {
+    fn from(req: Request<Outgoing>) -> OriginRequest {
+        let (parts, body) = req.into_parts();
+        OriginRequest {
+            method: parts.method,
+            uri: parts.uri,
+            version: parts.version,
+            fields: Fields::from(parts.headers),
+            body,
+        }
+    }
+}
 
 /// The body of a request sent to the origin: the client's, streamed, or
 /// none (a request sent again after a pooled connection turned out closed).
@@ -496,7 +522,7 @@ impl std::fmt::Debug for Pooled {
 /// connection that carries the body (see [`UpstreamBody::new`]) or, after a
 /// `101`, is handed over (see [`Pooled::upgraded`]).
 pub struct Sent {
-    pub response: Response<OriginBody>,
+    pub response: Answer<OriginBody>,
     pub connection: Pooled,
 }
 
@@ -504,7 +530,7 @@ pub struct Sent {
 pub struct Failed {
     pub error: Error,
     /// The request back, when it was never written to the connection.
-    pub request: Option<Request<Outgoing>>,
+    pub request: Option<OriginRequest>,
     /// The connection was taken from the pool: it may have been closed by
     /// the origin while idle.
     pub reused: bool,
@@ -616,16 +642,16 @@ impl Pooled {
 
     /// Sends `req` and drives the connection, in the caller's task, until
     /// the response head arrives, writing the request body meanwhile.
-    pub async fn send(mut self, req: Request<Outgoing>) -> Result<Sent, Failed> {
-        let (mut parts, body) = req.into_parts();
-        let size = (!body.is_end_stream()).then(|| body.size_hint().exact());
+    pub async fn send(mut self, req: impl Into<OriginRequest>) -> Result<Sent, Failed> {
+        let mut req = req.into();
+        let size = (!req.body.is_end_stream()).then(|| req.body.size_hint().exact());
         self.conn.write.clear();
         let encoder = write::request(
             &mut self.conn.write,
-            &parts.method,
-            &parts.uri,
-            parts.version,
-            &mut parts.headers,
+            &req.method,
+            &req.uri,
+            req.version,
+            &mut req.fields,
             size,
         );
         let mut wrote = false;
@@ -636,15 +662,16 @@ impl Pooled {
                 answered: false,
             });
             return Err(Failed {
-                request: (!wrote).then(|| Request::from_parts(parts, body)),
+                request: (!wrote).then_some(req),
                 error,
                 reused: self.reused,
             });
         }
+        let head_request = req.method == Method::HEAD;
         if size.is_some() && encoder != Encoder::Length(0) {
+            let body = req.body;
             self.sending = Sending::Body { body, encoder };
         }
-        let head_request = parts.method == Method::HEAD;
         let head = std::future::poll_fn(|cx| {
             if let Err(err) = self.poll_send(cx) {
                 return Poll::Ready(Err(err));
@@ -733,7 +760,7 @@ impl Pooled {
         &mut self,
         cx: &mut Context<'_>,
         head_request: bool,
-    ) -> Poll<Result<Response<OriginBody>, HttpError>> {
+    ) -> Poll<Result<Answer<OriginBody>, HttpError>> {
         loop {
             if !self.conn.read.is_empty() {
                 match self.parse_head(head_request) {
@@ -768,7 +795,7 @@ impl Pooled {
     fn parse_head(
         &mut self,
         head_request: bool,
-    ) -> Result<Option<Response<OriginBody>>, codec::Error> {
+    ) -> Result<Option<Answer<OriginBody>>, codec::Error> {
         loop {
             let mut fields = codec::fields();
             let Some(head) = response::parse(&self.conn.read, &mut fields)? else {
@@ -786,9 +813,10 @@ impl Pooled {
             let spans = head.spans(&self.conn.read);
             let len = head.len;
             let bytes = self.conn.read.split_to(len).freeze();
-            let response = spans.response(&bytes)?;
+            let head = spans.answer(bytes)?;
             self.keep_alive = framing.keep_alive && framing.length != Length::Close;
-            return Ok(Some(response.map(|()| OriginBody::new(framing.length))));
+            let body = OriginBody::new(framing.length);
+            return Ok(Some(Answer::from_parts(head, body)));
         }
     }
 

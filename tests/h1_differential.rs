@@ -171,7 +171,7 @@ async fn ours_reads(answer: Vec<u8>, head: bool) -> Outcome {
     let Ok(sent) = pooled.send(request(head, Outgoing::Empty)).await else {
         return Outcome::Refused;
     };
-    let (parts, body) = sent.response.into_parts();
+    let (parts, body) = sent.response.into_http().into_parts();
     let (body, trailers, clean) = if parts.status == StatusCode::SWITCHING_PROTOCOLS {
         (Vec::new(), None, true)
     } else {

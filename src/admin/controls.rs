@@ -9,11 +9,12 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::{Method, Response, StatusCode};
+use http::{Method, StatusCode};
 use serde_json::{json, Value};
 
 use crate::clock::Clock;
 use crate::config::Mode;
+use crate::message::Answer;
 use crate::metrics::Metrics;
 use crate::queue::{Guarded, Held, Override, QueueStore};
 use crate::response::{self, Body};
@@ -131,7 +132,7 @@ impl Controls<'_> {
         name: &str,
         who: &str,
         body: &Bytes,
-    ) -> Response<Body> {
+    ) -> Answer<Body> {
         let settings = self.settings.load();
         let Some(index) = settings.route_named(name) else {
             return refused(
@@ -195,7 +196,7 @@ fn log_change(route: &RouteRt, who: &str, value: Option<&Override>) {
 }
 
 /// A `status` answer naming the field that was refused.
-pub fn refused(status: StatusCode, bad: &BadField) -> Response<Body> {
+pub fn refused(status: StatusCode, bad: &BadField) -> Answer<Body> {
     response::json(
         status,
         "admin-refused",

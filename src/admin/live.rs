@@ -10,12 +10,13 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::Response;
+
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
 use crate::clock::Clock;
 use crate::gate::Gate;
+use crate::message::Answer;
 use crate::queue::QueueStore;
 use crate::response::{self, Body, Pieces};
 use crate::route::{self, RouteRt, Settings};
@@ -129,7 +130,7 @@ impl LiveView {
 
     /// `GET /events`: the history as one `history` event, then each
     /// update as it is taken (the latest at once, when there is one).
-    pub fn events(&self) -> Response<Body> {
+    pub fn events(&self) -> Answer<Body> {
         let history = Bytes::from(format!("event: history\ndata: {}\n\n", self.history()));
         let updates = self.update.subscribe();
         let first = futures_util::stream::once(async move { history });

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{HeaderValue, CONTENT_TYPE};
-use http::{Method, Request, Response, StatusCode};
+use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt as _, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -26,6 +26,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::message::Answer;
 use crate::metrics::CONTENT_TYPE as METRICS_CONTENT_TYPE;
 use crate::queue::QueueStore;
 use crate::request::App;
@@ -115,7 +116,7 @@ pub async fn serve(admin: Arc<Admin>, listener: TcpListener, mut stop: watch::Re
         let admin = admin.clone();
         let service = service_fn(move |req: Request<Incoming>| {
             let admin = admin.clone();
-            async move { Ok::<_, Infallible>(admin.answer(req).await) }
+            async move { Ok::<_, Infallible>(admin.answer(req).await.into_http()) }
         });
         connections.spawn(async move {
             let conn = hyper::server::conn::http1::Builder::new()
@@ -132,7 +133,7 @@ pub async fn serve(admin: Arc<Admin>, listener: TcpListener, mut stop: watch::Re
 
 impl Admin {
     /// The answer to one admin request.
-    pub async fn answer(&self, req: Request<Incoming>) -> Response<Body> {
+    pub async fn answer(&self, req: Request<Incoming>) -> Answer<Body> {
         let path = req.uri().path();
         if let Some(name) = path
             .strip_prefix("/routes/")
@@ -159,7 +160,7 @@ impl Admin {
 
     /// `PUT` or `DELETE /routes/{name}/override`: refused (401) without a
     /// valid token before anything else is read, then applied.
-    async fn control(&self, req: Request<Incoming>, name: &str) -> Response<Body> {
+    async fn control(&self, req: Request<Incoming>, name: &str) -> Answer<Body> {
         let method = req.method().clone();
         if method != Method::PUT && method != Method::DELETE {
             return response::plain(
@@ -214,7 +215,7 @@ impl Admin {
 }
 
 /// The answer to a `GET` or `HEAD` of one of the plain admin endpoints.
-fn answer(app: &App, readiness: &Readiness, req: &Request<Incoming>) -> Response<Body> {
+fn answer(app: &App, readiness: &Readiness, req: &Request<Incoming>) -> Answer<Body> {
     match req.uri().path() {
         "/metrics" => {
             app.metrics.observe_store(app.gate.store().breaker());
@@ -222,7 +223,7 @@ fn answer(app: &App, readiness: &Readiness, req: &Request<Incoming>) -> Response
                 route.metrics.event_streams(route.live.event_streams());
                 route.metrics.inflight(route.live.turns().held());
             }
-            let mut resp = Response::new(Body::full(app.metrics.encode()));
+            let mut resp = Answer::new(Body::full(app.metrics.encode()));
             resp.headers_mut()
                 .insert(CONTENT_TYPE, HeaderValue::from_static(METRICS_CONTENT_TYPE));
             resp

@@ -4,8 +4,9 @@
 //! pushes (see `live`).
 
 use http::header::HeaderValue;
-use http::{Response, StatusCode};
+use http::StatusCode;
 
+use crate::message::Answer;
 use crate::response::{self, Body};
 
 const HTML: &str = include_str!("../../assets/admin/live.html");
@@ -19,7 +20,7 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'
      form-action 'none'; frame-ancestors 'none'";
 
 /// `GET /`.
-pub fn page() -> Response<Body> {
+pub fn page() -> Answer<Body> {
     with_policy(response::html(
         StatusCode::OK,
         "admin-live",
@@ -28,16 +29,16 @@ pub fn page() -> Response<Body> {
 }
 
 /// `GET /live.js`.
-pub fn script() -> Response<Body> {
+pub fn script() -> Answer<Body> {
     asset(SCRIPT, "text/javascript; charset=utf-8")
 }
 
 /// `GET /live.css`.
-pub fn style() -> Response<Body> {
+pub fn style() -> Answer<Body> {
     asset(STYLE, "text/css; charset=utf-8")
 }
 
-fn asset(text: &'static str, content_type: &'static str) -> Response<Body> {
+fn asset(text: &'static str, content_type: &'static str) -> Answer<Body> {
     let mut resp = response::plain(StatusCode::OK, "admin-live", text);
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -46,7 +47,7 @@ fn asset(text: &'static str, content_type: &'static str) -> Response<Body> {
     resp
 }
 
-fn with_policy(mut resp: Response<Body>) -> Response<Body> {
+fn with_policy(mut resp: Answer<Body>) -> Answer<Body> {
     let headers = resp.headers_mut();
     headers.insert(
         http::header::CONTENT_SECURITY_POLICY,

@@ -8,8 +8,10 @@
 //! make the same key.
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::{self, HeaderName};
 use http::Uri;
+
+use crate::fields::Headers;
 
 /// The forwarding headers that reach the origin from a trusted proxy as
 /// they came: an origin may build links from them.
@@ -33,11 +35,11 @@ impl Base {
     /// The base of a request for `uri` with `headers` (the `Host` as the
     /// client spelled it, or the HTTP/2 authority), over TLS or not, from a
     /// trusted proxy or not.
-    pub fn of(uri: &Uri, headers: &HeaderMap, tls: bool, trusted: bool) -> Base {
+    pub fn of(uri: &Uri, headers: &impl Headers, tls: bool, trusted: bool) -> Base {
         let mut key = BytesMut::with_capacity(64);
         key.put_slice(if tls { b"https" } else { b"http" });
         key.put_u8(0);
-        match headers.get(header::HOST) {
+        match headers.first(&header::HOST) {
             Some(host) => key.put_slice(host.as_bytes()),
             None => {
                 if let Some(authority) = uri.authority() {
@@ -58,7 +60,7 @@ impl Base {
 
     /// The key of the request with `headers` under the `Vary` names
     /// `vary`.
-    pub fn key(&self, vary: &[HeaderName], headers: &HeaderMap) -> Key {
+    pub fn key(&self, vary: &[HeaderName], headers: &impl Headers) -> Key {
         if vary.is_empty() {
             return Key(self.0.clone());
         }
@@ -95,9 +97,9 @@ impl Key {
 
 /// The values of `name` in `headers`, each ended by `\n`; `\x01` when
 /// there is none (an absent header differs from an empty one).
-fn values(key: &mut BytesMut, headers: &HeaderMap, name: &HeaderName) {
+fn values(key: &mut BytesMut, headers: &impl Headers, name: &HeaderName) {
     let mut any = false;
-    for value in headers.get_all(name) {
+    for value in headers.all(name) {
         key.put_slice(value.as_bytes());
         key.put_u8(b'\n');
         any = true;
@@ -110,7 +112,7 @@ fn values(key: &mut BytesMut, headers: &HeaderMap, name: &HeaderName) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
+    use http::{HeaderMap, HeaderValue};
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

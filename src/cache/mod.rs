@@ -32,13 +32,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::message::AnswerHead;
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName};
-use http::response::Parts;
+use http::header::HeaderName;
 use moka::sync::Cache;
 use moka::Expiry;
 
 use crate::config::CacheConfig;
+use crate::fields::Headers;
 use crate::metrics::{CacheCounts, CacheResult, Counted, Metrics};
 
 use flight::Flights;
@@ -292,7 +293,7 @@ impl Scope {
     /// What it holds for a request that asks `ask` of base key `base` with
     /// `headers` (as the origin would get them) at `now`, and the key it
     /// looked under (the `Vary` names last seen for the base).
-    pub fn lookup(&self, ask: &Ask, base: &Base, headers: &HeaderMap, now: Instant) -> Found {
+    pub fn lookup(&self, ask: &Ask, base: &Base, headers: &impl Headers, now: Instant) -> Found {
         let key = match self.varies.get(base) {
             Some(varies) => base.key(&varies.names, headers),
             None => base.key(&[], headers),
@@ -332,8 +333,8 @@ impl Scope {
     pub fn keep(
         &self,
         base: &Base,
-        headers: &HeaderMap,
-        (parts, body): (Parts, Bytes),
+        headers: &impl Headers,
+        (parts, body): (AnswerHead, Bytes),
         keep: Keep,
         received: Instant,
     ) -> Arc<Stored> {

@@ -16,8 +16,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{self, HeaderMap, HeaderName};
-use http::{Method, Request, StatusCode};
+use http::header::{self, HeaderName};
+use http::{Method, StatusCode};
+
+use crate::fields::Headers;
 
 /// Statuses kept: the cacheable-by-default ones a micro-cache meets
 /// (RFC 9110 §15.1) less `206` (ranges are never cached) and `405`, `414`,
@@ -55,33 +57,32 @@ pub struct Ask {
 }
 
 impl Ask {
-    /// How `req` may use a cache; `None` when it may not at all.
-    pub fn of<B: http_body::Body>(req: &Request<B>) -> Option<Ask> {
-        let head = match *req.method() {
+    /// How a request of `method` with `headers` may use a cache, its body
+    /// `ended` or not; `None` when it may not at all.
+    pub fn of(method: &Method, headers: &impl Headers, ended: bool) -> Option<Ask> {
+        let head = match *method {
             Method::GET => false,
             Method::HEAD => true,
             _ => return None,
         };
-        let headers = req.headers();
-        if headers.contains_key(header::RANGE)
-            || headers.contains_key(header::UPGRADE)
-            || headers.contains_key(header::IF_RANGE)
-            || !req.body().is_end_stream()
+        if headers.has(&header::RANGE)
+            || headers.has(&header::UPGRADE)
+            || headers.has(&header::IF_RANGE)
+            || !ended
         {
             return None;
         }
-        let refresh = if headers.contains_key(header::CACHE_CONTROL) {
+        let refresh = if headers.has(&header::CACHE_CONTROL) {
             directives(headers).any(|(name, _)| name.eq_ignore_ascii_case("no-cache"))
         } else {
             headers
-                .get_all(header::PRAGMA)
-                .iter()
+                .all(&header::PRAGMA)
                 .any(|v| v.as_bytes().eq_ignore_ascii_case(b"no-cache"))
         };
         Some(Ask {
             head,
             refresh,
-            authorized: headers.contains_key(header::AUTHORIZATION),
+            authorized: headers.has(&header::AUTHORIZATION),
         })
     }
 
@@ -110,8 +111,8 @@ pub struct Keep {
 
 /// Whether an answer with `status` and `headers` to a request that asked
 /// `ask` may be kept by a cache whose `ttl` is given, and how.
-pub fn keep(status: StatusCode, headers: &HeaderMap, ask: &Ask, ttl: Duration) -> Option<Keep> {
-    if !KEPT_STATUSES.contains(&status) || headers.contains_key(header::SET_COOKIE) {
+pub fn keep(status: StatusCode, headers: &impl Headers, ask: &Ask, ttl: Duration) -> Option<Keep> {
+    if !KEPT_STATUSES.contains(&status) || headers.has(&header::SET_COOKIE) {
         return None;
     }
     let mut public = false;
@@ -132,7 +133,7 @@ pub fn keep(status: StatusCode, headers: &HeaderMap, ask: &Ask, ttl: Duration) -
     }
     let vary = vary(headers)?;
     let age = headers
-        .get(header::AGE)
+        .first(&header::AGE)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
         .unwrap_or(0);
@@ -149,9 +150,9 @@ pub fn keep(status: StatusCode, headers: &HeaderMap, ask: &Ask, ttl: Duration) -
 
 /// The names an answer's `Vary` lists; `None` for `*` or a name that
 /// says the answer is per client.
-fn vary(headers: &HeaderMap) -> Option<Arc<[HeaderName]>> {
+fn vary(headers: &impl Headers) -> Option<Arc<[HeaderName]>> {
     let mut names: Vec<HeaderName> = Vec::new();
-    for value in headers.get_all(header::VARY) {
+    for value in headers.all(&header::VARY) {
         // A value that is not text names nothing a key could be made of.
         let text = value.to_str().ok()?;
         for token in text.split(',').map(str::trim).filter(|t| !t.is_empty()) {
@@ -172,10 +173,9 @@ fn vary(headers: &HeaderMap) -> Option<Arc<[HeaderName]>> {
 
 /// Every `Cache-Control` directive in `headers`: its name and its value
 /// (unquoted), if any. A value that is not text holds none.
-fn directives(headers: &HeaderMap) -> impl Iterator<Item = (&str, Option<&str>)> {
+fn directives(headers: &impl Headers) -> impl Iterator<Item = (&str, Option<&str>)> {
     headers
-        .get_all(header::CACHE_CONTROL)
-        .iter()
+        .all(&header::CACHE_CONTROL)
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(str::trim)
@@ -200,7 +200,8 @@ fn seconds(value: Option<&str>) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
+    use crate::fields::Fields;
+    use http::{HeaderMap, HeaderValue};
 
     const TTL: Duration = Duration::from_secs(1);
     const GET: Ask = Ask {
@@ -218,14 +219,8 @@ mod tests {
     }
 
     fn ask(method: &str, pairs: &[(&'static str, &'static str)]) -> Option<Ask> {
-        let mut req = Request::builder().method(method).uri("/s");
-        for (name, value) in pairs {
-            req = req.header(*name, *value);
-        }
-        Ask::of(
-            &req.body(http_body_util::Empty::<bytes::Bytes>::new())
-                .unwrap(),
-        )
+        let method = Method::from_bytes(method.as_bytes()).unwrap();
+        Ask::of(&method, &Fields::from(headers(pairs)), true)
     }
 
     #[test]
@@ -237,10 +232,8 @@ mod tests {
         }
         assert_eq!(ask("GET", &[("range", "bytes=0-10")]), None);
         assert_eq!(ask("GET", &[("upgrade", "websocket")]), None);
-        let with_body = Request::get("/s")
-            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"x")))
-            .unwrap();
-        assert_eq!(Ask::of(&with_body), None);
+        let with_body = Ask::of(&Method::GET, &Fields::new(), false);
+        assert_eq!(with_body, None);
     }
 
     #[test]

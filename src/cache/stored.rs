@@ -9,16 +9,18 @@ use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::fields::Fields;
+use crate::message::AnswerHead;
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::response::Parts;
-use http::{Response, StatusCode};
+use http::header::{self, HeaderName, HeaderValue};
+use http::StatusCode;
 use http_body::Frame;
 use http_body_util::BodyExt;
 use prometheus_client::metrics::gauge::Gauge;
 
 use super::key::Key;
 use super::rules::Keep;
+use crate::message::Answer;
 use crate::response::{self, Body};
 
 /// What an entry costs beyond its key, head and body: moka's node, the
@@ -79,7 +81,7 @@ pub struct Stored {
     status: StatusCode,
     /// As the origin sent them, without `Age` (set when served) and with
     /// the body's `Content-Length`.
-    headers: HeaderMap,
+    headers: Fields,
     body: Bytes,
     /// Where it is kept: its base under its own `Vary`.
     pub key: Key,
@@ -98,14 +100,14 @@ impl Stored {
     /// The answer made of `parts` and `body`, received at `received`, kept
     /// as `keep` says under `key`; charged to `budget` if it fits.
     pub fn new(
-        parts: Parts,
+        parts: AnswerHead,
         body: Bytes,
         key: Key,
         keep: Keep,
         received: Instant,
         budget: &Arc<Budget>,
     ) -> Stored {
-        let mut headers = parts.headers;
+        let mut headers = parts.fields;
         headers.remove(header::AGE);
         let bodiless = parts.status == StatusCode::NO_CONTENT;
         if bodiless {
@@ -115,7 +117,7 @@ impl Stored {
         }
         let head: usize = headers
             .iter()
-            .map(|(name, value)| name.as_str().len() + value.len() + 32)
+            .map(|(name, value)| name.len() + value.len() + 32)
             .sum();
         let weight = ENTRY_OVERHEAD + (head + body.len() + key.len()) as u64;
         Stored {
@@ -149,7 +151,7 @@ impl Stored {
     /// The answer to serve at `now`, without its body for a `HEAD`, with
     /// `Age` when served from the cache (always, when the origin's answer
     /// came with one).
-    pub fn answer(&self, head: bool, now: Instant, from_cache: bool) -> Response<Body> {
+    pub fn answer(&self, head: bool, now: Instant, from_cache: bool) -> Answer<Body> {
         let age = self.age + now.saturating_duration_since(self.received).as_secs();
         let age = (from_cache || self.age > 0).then_some(age);
         let body = (!head).then(|| self.body.clone());
@@ -166,16 +168,16 @@ impl Stored {
 /// goes on with what was read put back in front of the rest.
 pub enum Read {
     /// All of it, within the limit and without trailers.
-    Whole(Parts, Bytes),
+    Whole(AnswerHead, Bytes),
     /// Over the limit, or with trailers: as it will be next time.
-    Unkept(Response<Body>),
+    Unkept(Answer<Body>),
     /// Cut short by the origin.
-    Failed(Response<Body>),
+    Failed(Answer<Body>),
 }
 
 /// Reads `resp`'s body while it stays within `max` bytes. A
 /// `Content-Length` over `max` is streamed at once, unread.
-pub async fn read_body(resp: Response<Body>, max: u64) -> Read {
+pub async fn read_body(resp: Answer<Body>, max: u64) -> Read {
     let declared = resp
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -198,19 +200,19 @@ pub async fn read_body(resp: Response<Body>, max: u64) -> Read {
                         len = len.saturating_add(n);
                         if len > max {
                             let resumed = Body::resumed(read, None, body);
-                            return Read::Unkept(Response::from_parts(parts, resumed));
+                            return Read::Unkept(Answer::from_parts(parts, resumed));
                         }
                     }
                     // Trailers: kept answers have none.
                     None => {
                         let resumed = Body::resumed(read, None, body);
-                        return Read::Unkept(Response::from_parts(parts, resumed));
+                        return Read::Unkept(Answer::from_parts(parts, resumed));
                     }
                 }
             }
             Some(Err(err)) => {
                 let resumed = Body::resumed(read, Some(err), Body::Empty);
-                return Read::Failed(Response::from_parts(parts, resumed));
+                return Read::Failed(Answer::from_parts(parts, resumed));
             }
         }
     }

@@ -1,7 +1,8 @@
 //! The HTTP/1 engine: one serving stretch of a client connection, with
 //! the connection's own read and write buffers. A request head is read
 //! into the read buffer and parsed once (`h1::request::parse_head`), the
-//! `http::Request` made from it without copying its field values; its body
+//! request made from it with its fields left where they were read (a
+//! `Fields` list over the frozen head, no `HeaderMap`); its body
 //! is fed to the request from the buffer and the socket only as the request
 //! road asks for it (`client_body::Feed`), `100 Continue` written when it
 //! is first asked for and no answer has begun; the answer's head is
@@ -21,7 +22,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::FutureExt;
-use http::{Method, Request, Response, StatusCode, Version};
+use http::{Method, StatusCode, Uri, Version};
 use http_body::{Body as HttpBody, Frame};
 use tokio::io::{AsyncReadExt, AsyncWrite};
 use tokio::sync::{oneshot, watch};
@@ -29,10 +30,13 @@ use tokio::time::Instant;
 
 use super::{earliest, look, Activity, Http1, Look, Parkable, Socket, WhenWoken};
 use crate::client_body::{self, ClientBody, Feed, OnUpgrade, Upgraded, Want};
+use crate::client_request::ClientRequest;
+use crate::fields::Fields;
 use crate::h1::answer::{self, Asked, Sends};
 use crate::h1::chunked::{self, Decoder, Step};
 use crate::h1::request::{self, Framing, Refused};
 use crate::h1::{self, FieldSpans};
+use crate::message::Answer;
 
 /// Answer bytes buffered beyond this are written out before more are made.
 const WRITE_HIGH: usize = 64 * 1024;
@@ -42,19 +46,19 @@ const READ_ROOM: usize = 8 * 1024;
 /// What a connection's requests are answered by.
 pub trait Service {
     type Body: HttpBody<Data = Bytes> + Unpin;
-    type Future: Future<Output = Response<Self::Body>>;
-    fn call(&self, req: Request<ClientBody>) -> Self::Future;
+    type Future: Future<Output = Answer<Self::Body>>;
+    fn call(&self, req: ClientRequest) -> Self::Future;
 }
 
 impl<F, Fut, B> Service for F
 where
-    F: Fn(Request<ClientBody>) -> Fut,
-    Fut: Future<Output = Response<B>>,
+    F: Fn(ClientRequest) -> Fut,
+    Fut: Future<Output = Answer<B>>,
     B: HttpBody<Data = Bytes> + Unpin,
 {
     type Body = B;
     type Future = Fut;
-    fn call(&self, req: Request<ClientBody>) -> Fut {
+    fn call(&self, req: ClientRequest) -> Fut {
         self(req)
     }
 }
@@ -78,7 +82,10 @@ struct Engine<S> {
 
 /// A request head read, and what the engine keeps of it.
 struct Parsed {
-    req: Request<()>,
+    method: Method,
+    uri: Uri,
+    version: Version,
+    fields: Fields,
     framing: Framing,
     expect_continue: bool,
     keep_alive: bool,
@@ -261,10 +268,7 @@ impl<S: Socket> Engine<S> {
         let method = head.method()?;
         let uri = head.uri()?;
         let spans = FieldSpans::of(head.headers, &self.read);
-        let mut req = Request::new(());
-        *req.method_mut() = method;
-        *req.uri_mut() = uri;
-        *req.version_mut() = if head.http10 {
+        let version = if head.http10 {
             Version::HTTP_10
         } else {
             Version::HTTP_11
@@ -272,26 +276,30 @@ impl<S: Socket> Engine<S> {
         // An ambiguous head is refused on the request road, which reads
         // its fields; nothing after it is read.
         let ambiguous = head.ambiguous.is_some();
-        let parsed = Parsed {
-            framing: head.framing,
-            expect_continue: head.expect_continue,
-            keep_alive: head.keep_alive && !ambiguous,
-            upgrade: head.wants_upgrade && !ambiguous,
-            req,
-        };
-        let len = head.len;
-        let bytes = self.read.split_to(len).freeze();
-        let mut parsed = parsed;
-        spans
-            .append_to(&bytes, parsed.req.headers_mut())
+        let (framing, expect_continue) = (head.framing, head.expect_continue);
+        let keep_alive = head.keep_alive && !ambiguous;
+        let upgrade = head.wants_upgrade && !ambiguous;
+        let bytes = self.read.split_to(head.len).freeze();
+        let fields = spans
+            .into_fields(bytes)
             .map_err(|_| Refused::Malformed(httparse::Error::HeaderValue))?;
+        let parsed = Parsed {
+            method,
+            uri,
+            version,
+            fields,
+            framing,
+            expect_continue,
+            keep_alive,
+            upgrade,
+        };
         Ok(Some(parsed))
     }
 
     /// Answers a refused head as hyper does (no body, `connection:
     /// close`), then closes.
     async fn refuse(mut self, status: StatusCode) {
-        let mut resp = Response::new(());
+        let mut resp = Answer::new(());
         *resp.status_mut() = status;
         let (mut parts, ()) = resp.into_parts();
         let asked = Asked {
@@ -314,7 +322,10 @@ impl<S: Socket> Engine<S> {
         drained: &mut WhenWoken<impl Future>,
     ) -> Served {
         let Parsed {
-            req,
+            method,
+            uri,
+            version,
+            fields,
             framing,
             expect_continue,
             keep_alive,
@@ -325,15 +336,17 @@ impl<S: Socket> Engine<S> {
             Framing::Length(n) => Reader::new(Some(n), Left::Length(n), expect_continue),
             Framing::Chunked => Reader::new(None, Left::Chunked(Box::default()), expect_continue),
         };
-        let mut req = req.map(|()| body);
-        let connect = req.method() == Method::CONNECT;
-        let upgrade = (upgrade && !connect).then(|| {
-            let (on, tx) = OnUpgrade::new();
-            req.extensions_mut().insert(on);
-            tx
-        });
-        let method = req.method().clone();
-        let http10 = req.version() == Version::HTTP_10;
+        let http10 = version == Version::HTTP_10;
+        let connect = method == Method::CONNECT;
+        let mut req = ClientRequest::new(method.clone(), uri, version, fields, body);
+        let upgrade = match upgrade && !connect {
+            true => {
+                let (on, tx) = OnUpgrade::new();
+                req = req.with_upgrade(on);
+                Some(tx)
+            }
+            false => None,
+        };
         let mut answering = pin!(service.call(req));
         let resp = poll_fn(|cx| {
             if !self.draining && drained.poll_unpin(cx).is_ready() {

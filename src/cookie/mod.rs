@@ -13,7 +13,9 @@ pub use jar::Jar;
 
 use std::sync::{Mutex, PoisonError};
 
-use http::header::{HeaderMap, HeaderValue, COOKIE};
+use http::header::{HeaderValue, COOKIE};
+
+use crate::fields::{Fields, Headers};
 
 use crate::admission::{Claims, KeyRing, Kind, LaneTag, Verdict, VisitorId};
 use crate::lane_grant::{self, GrantVerdict, Holder};
@@ -121,10 +123,9 @@ pub struct LaneCookie {
 }
 
 /// Every `name=value` pair in the request's `Cookie` headers.
-fn cookie_pairs(headers: &HeaderMap) -> impl Iterator<Item = (&str, &str)> {
+fn cookie_pairs(headers: &impl Headers) -> impl Iterator<Item = (&str, &str)> {
     headers
-        .get_all(COOKIE)
-        .iter()
+        .all(&COOKIE)
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| {
@@ -137,7 +138,7 @@ fn cookie_pairs(headers: &HeaderMap) -> impl Iterator<Item = (&str, &str)> {
 /// `route` under cookie `name`, and the first genuine lane cookie under
 /// `lane_name`. Invalid copies are ignored.
 pub fn credentials(
-    headers: &HeaderMap,
+    headers: &impl Headers,
     name: &str,
     lane_name: &str,
     ring: &KeyRing,
@@ -207,10 +208,10 @@ impl CookieMemo {
         generation: u64,
         route: usize,
         tls: bool,
-        headers: &HeaderMap,
+        headers: &impl Headers,
         verify: impl FnOnce() -> Credentials,
     ) -> Credentials {
-        let mut values = headers.get_all(COOKIE).iter();
+        let mut values = headers.all(&COOKIE);
         let (Some(cookie), None) = (values.next(), values.next()) else {
             // No cookies: nothing to check. Several headers: rare, not kept.
             return verify();
@@ -263,10 +264,10 @@ pub struct KeptCookies {
 }
 
 impl KeptCookies {
-    pub fn of(headers: &HeaderMap) -> KeptCookies {
+    pub fn of(headers: &impl Headers) -> KeptCookies {
         let mut kept = KeptCookies::default();
         if carries_own(headers) {
-            let mut values = headers.get_all(COOKIE).iter().cloned();
+            let mut values = headers.all(&COOKIE).cloned();
             kept.first = values.next();
             kept.rest.extend(values);
         }
@@ -284,7 +285,7 @@ impl KeptCookies {
         route: &str,
     ) -> Option<VisitorId> {
         let first = self.first.as_ref()?;
-        let mut headers = HeaderMap::new();
+        let mut headers = Fields::new();
         for value in std::iter::once(first).chain(&self.rest) {
             headers.append(COOKIE, value.clone());
         }
@@ -293,16 +294,15 @@ impl KeptCookies {
 }
 
 /// Whether any `Cookie` header may hold one of queuegate's cookies.
-fn carries_own(headers: &HeaderMap) -> bool {
+fn carries_own(headers: &impl Headers) -> bool {
     headers
-        .get_all(COOKIE)
-        .iter()
+        .all(&COOKIE)
         .any(|v| memchr::memmem::find(v.as_bytes(), COOKIE_PREFIX.as_bytes()).is_some())
 }
 
 /// Removes queuegate's own cookies from the `Cookie` headers, so the origin
 /// never sees them.
-pub fn strip_own_cookies(headers: &mut HeaderMap) {
+pub fn strip_own_cookies(headers: &mut impl Headers) {
     if !carries_own(headers) {
         return;
     }
@@ -310,8 +310,7 @@ pub fn strip_own_cookies(headers: &mut HeaderMap) {
     // cookies were sent.
     let mut kept = String::new();
     let pairs = headers
-        .get_all(COOKIE)
-        .iter()
+        .all(&COOKIE)
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .map(str::trim);
@@ -325,10 +324,10 @@ pub fn strip_own_cookies(headers: &mut HeaderMap) {
         }
         kept.push_str(pair);
     }
-    headers.remove(COOKIE);
+    headers.take_out(&COOKIE);
     if !kept.is_empty() {
         if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(kept)) {
-            headers.insert(COOKIE, v);
+            headers.put(COOKIE, v);
         }
     }
 }
@@ -342,6 +341,7 @@ fn is_own_cookie(name: &str) -> bool {
 mod tests {
     use super::*;
     use crate::lane_grant::Lane;
+    use http::HeaderMap;
 
     fn claims(kind: Kind, id: VisitorId) -> Claims {
         Claims {

@@ -1,8 +1,9 @@
 //! Writing a response head into a client connection's write buffer, with
 //! its body's framing chosen as hyper's server chooses it (`Server::encode`
-//! and the connection's version rules): the fields as the `HeaderMap` holds
-//! them (lower-case names, in its order; `Connection`, `Transfer-Encoding`
-//! and `Trailer` lines joined into one each), a length from the body's
+//! and the connection's version rules): the fields in their order, names
+//! in lower case, all of a name's `Content-Length`, `Date` values written
+//! at its first field and its `Connection`, `Transfer-Encoding` and
+//! `Trailer` values joined into one line there, a length from the body's
 //! exact size, else `chunked` on HTTP/1.1 or the body delimited by the
 //! connection's close on HTTP/1.0; no body for `HEAD`, `1xx`, `204`, `304`
 //! or a `2xx` to `CONNECT`; `connection: keep-alive` for an HTTP/1.0 client
@@ -12,10 +13,12 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{BufMut, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{response, Method, StatusCode, Version};
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Method, StatusCode, Version};
 
 use super::{content_length, ends_chunked, lists};
+use crate::fields::Fields;
+use crate::message::AnswerHead;
 
 /// What the request being answered asked, as far as the head cares.
 #[derive(Debug, Clone, Copy)]
@@ -54,7 +57,7 @@ pub type BodySize = Option<Option<u64>>;
 /// (an IMF-fixdate, see [`date`]) added when the answer has none.
 pub fn head(
     dst: &mut BytesMut,
-    parts: &mut response::Parts,
+    parts: &mut AnswerHead,
     asked: Asked<'_>,
     body: BodySize,
     date: &[u8],
@@ -66,41 +69,40 @@ pub fn head(
     last |= connect_ok;
     status_line(dst, parts, version);
     let chunks = version == Version::HTTP_11 && can_have_body(asked.method, status);
-    let mut fields = Fields {
+    let mut found = Found {
         sends: None,
         trailers: None,
         date: false,
         last,
     };
-    fields.write(dst, &parts.headers, asked.method, body, chunks, connect_ok);
-    let mut sends = match fields.sends {
+    found.write(dst, &parts.fields, asked.method, body, chunks, connect_ok);
+    let mut sends = match found.sends {
         Some(sends) => sends,
         None => implicit(dst, asked.method, status, body, chunks),
     };
     if !can_have_body(asked.method, status) {
         sends = Sends::Length(0);
     }
-    if !fields.date {
+    if !found.date {
         dst.put_slice(b"date: ");
         dst.put_slice(date);
         dst.put_slice(b"\r\n");
     }
     dst.put_slice(b"\r\n");
-    if let (Sends::Chunked(names), Some(declared)) = (&mut sends, fields.trailers) {
+    if let (Sends::Chunked(names), Some(declared)) = (&mut sends, found.trailers) {
         *names = declared;
     }
-    let last = fields.last || sends == Sends::Close;
+    let last = found.last || sends == Sends::Close;
     Written { sends, last }
 }
 
 /// hyper's `enforce_version`: the version the head is written with, and
 /// whether the connection is kept, `Connection` fixed to say so.
-fn version_rules(parts: &mut response::Parts, asked: Asked<'_>) -> (Version, bool) {
+fn version_rules(parts: &mut AnswerHead, asked: Asked<'_>) -> (Version, bool) {
     let says = |token| {
         parts
-            .headers
+            .fields
             .get_all(header::CONNECTION)
-            .iter()
             .any(|v| lists(v.as_bytes(), token))
     };
     let mut keep_alive = asked.keep_alive;
@@ -110,7 +112,7 @@ fn version_rules(parts: &mut response::Parts, asked: Asked<'_>) -> (Version, boo
                 keep_alive = false;
             } else if keep_alive {
                 parts
-                    .headers
+                    .fields
                     .append(header::CONNECTION, HeaderValue::from_static("keep-alive"));
             }
         }
@@ -118,7 +120,7 @@ fn version_rules(parts: &mut response::Parts, asked: Asked<'_>) -> (Version, boo
     }
     if !keep_alive && !says("close") {
         parts
-            .headers
+            .fields
             .append(header::CONNECTION, HeaderValue::from_static("close"));
     }
     let version = match parts.version {
@@ -128,9 +130,9 @@ fn version_rules(parts: &mut response::Parts, asked: Asked<'_>) -> (Version, boo
     (version, keep_alive)
 }
 
-fn status_line(dst: &mut BytesMut, parts: &response::Parts, version: Version) {
-    let reason = parts.extensions.get::<hyper::ext::ReasonPhrase>();
-    dst.reserve(64 + parts.headers.len() * 32);
+fn status_line(dst: &mut BytesMut, parts: &AnswerHead, version: Version) {
+    let reason = parts.reason.as_ref();
+    dst.reserve(64 + parts.fields.len() * 32);
     if version == Version::HTTP_11 && parts.status == StatusCode::OK && reason.is_none() {
         dst.put_slice(b"HTTP/1.1 200 OK\r\n");
         return;
@@ -154,8 +156,44 @@ fn status_line(dst: &mut BytesMut, parts: &response::Parts, version: Version) {
     dst.put_slice(b"\r\n");
 }
 
+/// The fields hyper's server writes by a rule of their own, all of a
+/// name's values at its first field.
+#[derive(Clone, Copy)]
+enum Ruled {
+    ContentLength,
+    TransferEncoding,
+    Connection,
+    Trailer,
+    Date,
+}
+
+impl Ruled {
+    /// Which one a field named `name` (in any case) is, if any.
+    fn of(name: &[u8]) -> Option<Ruled> {
+        let is = |ruled: &HeaderName| ruled.as_str().as_bytes().eq_ignore_ascii_case(name);
+        match name.len() {
+            14 if is(&header::CONTENT_LENGTH) => Some(Ruled::ContentLength),
+            17 if is(&header::TRANSFER_ENCODING) => Some(Ruled::TransferEncoding),
+            10 if is(&header::CONNECTION) => Some(Ruled::Connection),
+            7 if is(&header::TRAILER) => Some(Ruled::Trailer),
+            4 if is(&header::DATE) => Some(Ruled::Date),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> HeaderName {
+        match self {
+            Ruled::ContentLength => header::CONTENT_LENGTH,
+            Ruled::TransferEncoding => header::TRANSFER_ENCODING,
+            Ruled::Connection => header::CONNECTION,
+            Ruled::Trailer => header::TRAILER,
+            Ruled::Date => header::DATE,
+        }
+    }
+}
+
 /// What writing the fields found.
-struct Fields {
+struct Found {
     /// The framing a field set (`Content-Length`, `Transfer-Encoding`).
     sends: Option<Sends>,
     /// The names the `Trailer` fields declare.
@@ -164,67 +202,68 @@ struct Fields {
     last: bool,
 }
 
-impl Fields {
+impl Found {
+    /// Writes `fields` in their order, names in lower case, those with a
+    /// rule of their own (see [`Ruled`]) by it, each name once.
     fn write(
         &mut self,
         dst: &mut BytesMut,
-        headers: &HeaderMap,
+        fields: &Fields,
         method: &Method,
         body: BodySize,
         chunks: bool,
         connect_ok: bool,
     ) {
-        for name in headers.keys() {
-            let all = headers.get_all(name);
-            let values = all.iter();
-            match *name {
-                header::CONTENT_LENGTH => {
-                    if connect_ok {
-                        continue;
-                    }
-                    self.length(dst, name, headers, method, body);
-                    continue;
-                }
-                header::TRANSFER_ENCODING => {
-                    if !chunks || connect_ok {
-                        continue;
-                    }
-                    let chunked = all
-                        .iter()
-                        .next_back()
-                        .is_some_and(|v| ends_chunked(v.as_bytes()));
-                    joined(dst, "transfer-encoding: ", values);
+        let mut done = 0u8;
+        for (name, value) in fields.iter() {
+            let Some(ruled) = Ruled::of(name) else {
+                field_as_sent(dst, name, value);
+                continue;
+            };
+            let bit = 1 << ruled as u8;
+            if done & bit != 0 {
+                continue;
+            }
+            done |= bit;
+            let values = fields.get_all(ruled.name());
+            match ruled {
+                Ruled::ContentLength if connect_ok => {}
+                Ruled::ContentLength => self.length(dst, fields, method, body),
+                Ruled::TransferEncoding if !chunks || connect_ok => {}
+                Ruled::TransferEncoding => {
+                    let values: Vec<&HeaderValue> = values.collect();
+                    let chunked = values.last().is_some_and(|v| ends_chunked(v.as_bytes()));
+                    joined(dst, "transfer-encoding: ", values.into_iter());
                     if !chunked {
                         dst.truncate(dst.len() - 2);
                         dst.put_slice(b", chunked\r\n");
                     }
                     self.sends = Some(Sends::Chunked(Vec::new()));
-                    continue;
                 }
-                header::CONNECTION => {
-                    self.last |= all.iter().any(|v| lists(v.as_bytes(), "close"));
-                    joined(dst, "connection: ", values);
-                    continue;
+                Ruled::Connection => {
+                    let values: Vec<&HeaderValue> = values.collect();
+                    self.last |= values.iter().any(|v| lists(v.as_bytes(), "close"));
+                    joined(dst, "connection: ", values.into_iter());
                 }
-                header::TRAILER => {
-                    if !chunks {
-                        continue;
-                    }
+                Ruled::Trailer if !chunks => {}
+                Ruled::Trailer => {
+                    let values: Vec<&HeaderValue> = values.collect();
                     let names = self.trailers.get_or_insert_with(Vec::new);
                     names.extend(
-                        all.iter()
+                        values
+                            .iter()
                             .filter_map(|v| v.to_str().ok())
                             .flat_map(|s| s.split(','))
                             .filter_map(|s| HeaderName::from_bytes(s.trim().as_bytes()).ok()),
                     );
-                    joined(dst, "trailer: ", values);
-                    continue;
+                    joined(dst, "trailer: ", values.into_iter());
                 }
-                header::DATE => self.date = true,
-                _ => {}
-            }
-            for value in values {
-                field(dst, name.as_str(), value);
+                Ruled::Date => {
+                    self.date = true;
+                    for value in values {
+                        field(dst, "date", value);
+                    }
+                }
             }
         }
     }
@@ -232,25 +271,19 @@ impl Fields {
     /// `Content-Length` fields: the first written (with a body of known
     /// size, or of unknown size when it is readable), none for an empty
     /// body except in answer to `HEAD`.
-    fn length(
-        &mut self,
-        dst: &mut BytesMut,
-        name: &HeaderName,
-        headers: &HeaderMap,
-        method: &Method,
-        body: BodySize,
-    ) {
-        let values = headers.get_all(name);
+    fn length(&mut self, dst: &mut BytesMut, fields: &Fields, method: &Method, body: BodySize) {
+        let mut values = fields.get_all(header::CONTENT_LENGTH);
         match body {
             Some(Some(known)) => {
-                if let Some(first) = values.iter().next() {
+                if let Some(first) = values.next() {
                     field(dst, "content-length", first);
                     self.sends = Some(Sends::Length(known));
                 }
             }
             Some(None) => {
-                let said = content_length(values.iter().map(HeaderValue::as_bytes));
-                if let (Ok(Some(len)), Some(first)) = (said, values.iter().next()) {
+                let all = fields.get_all(header::CONTENT_LENGTH);
+                let said = content_length(all.map(HeaderValue::as_bytes));
+                if let (Ok(Some(len)), Some(first)) = (said, values.next()) {
                     field(dst, "content-length", first);
                     self.sends = Some(Sends::Length(len));
                 }
@@ -308,6 +341,18 @@ fn can_have_body(method: &Method, status: StatusCode) -> bool {
         || matches!(status, StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED))
 }
 
+/// A field named as it was sent or set, written in lower case.
+fn field_as_sent(dst: &mut BytesMut, name: &[u8], value: &HeaderValue) {
+    let at = dst.len();
+    dst.put_slice(name);
+    if let Some(written) = dst.get_mut(at..) {
+        written.make_ascii_lowercase();
+    }
+    dst.put_slice(b": ");
+    dst.put_slice(value.as_bytes());
+    dst.put_slice(b"\r\n");
+}
+
 fn field(dst: &mut BytesMut, name: &str, value: &HeaderValue) {
     dst.put_slice(name.as_bytes());
     dst.put_slice(b": ");
@@ -361,7 +406,7 @@ pub fn date(time: SystemTime) -> [u8; 29] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::Response;
+    use crate::message::Answer;
 
     const DATE: &[u8] = b"Sun, 06 Nov 1994 08:49:37 GMT";
 
@@ -373,11 +418,13 @@ mod tests {
         keep_alive: bool,
         body: BodySize,
     ) -> (String, Written) {
-        let mut resp = Response::new(());
+        let mut resp = Answer::new(());
         *resp.status_mut() = StatusCode::from_u16(status).unwrap();
         for (name, value) in fields {
-            resp.headers_mut()
-                .append(*name, HeaderValue::from_static(value));
+            resp.headers_mut().append(
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
         }
         let (mut parts, ()) = resp.into_parts();
         let mut dst = BytesMut::new();

@@ -19,7 +19,8 @@
 use std::mem::MaybeUninit;
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::fields::Fields;
 
 pub mod answer;
 pub mod chunked;
@@ -133,48 +134,41 @@ fn span(base: &[u8], s: &[u8]) -> (u32, u32) {
 }
 
 /// A parsed head's fields, as offsets into its bytes, to be taken from
-/// them once frozen without copying their values.
+/// them once frozen without copying their values. A list as long as the
+/// head has fields (not an array of [`MAX_HEADERS`], which would be zeroed
+/// and moved whole for every message).
 pub struct FieldSpans {
-    count: usize,
-    fields: [[u32; 4]; MAX_HEADERS],
+    fields: Vec<[u32; 4]>,
 }
 
 impl FieldSpans {
     /// Where each of `fields` (parsed from `base`) is in `base`.
     pub fn of(fields: &[httparse::Header<'_>], base: &[u8]) -> FieldSpans {
-        let mut spans = FieldSpans {
-            count: fields.len(),
-            fields: [[0; 4]; MAX_HEADERS],
-        };
-        for (field, at) in fields.iter().zip(spans.fields.iter_mut()) {
+        let spans = fields.iter().map(|field| {
             let (name, name_len) = span(base, field.name.as_bytes());
             let (value, value_len) = span(base, field.value);
-            *at = [
+            [
                 name,
                 name.saturating_add(name_len),
                 value,
                 value.saturating_add(value_len),
-            ];
+            ]
+        });
+        FieldSpans {
+            fields: spans.collect(),
         }
-        spans
     }
 
-    /// The fields, appended to `headers`, their values slices of `head`
-    /// (the bytes they were parsed from, frozen).
-    pub fn append_to(&self, head: &Bytes, headers: &mut HeaderMap) -> Result<(), Error> {
-        // Room for the fields queuegate adds on the way (the forwarding
-        // headers of a request, `date` or `x-queuegate` on an answer), so
-        // the map is not grown and rehashed once per message.
-        headers.reserve(self.count + ADDED_FIELDS);
-        for &[ns, ne, vs, ve] in self.fields.get(..self.count).unwrap_or_default() {
-            let [ns, ne, vs, ve] = [ns, ne, vs, ve].map(|at| at as usize);
-            let name = head.get(ns..ne).ok_or(Error::Field)?;
-            let name = HeaderName::from_bytes(name).map_err(|_| Error::Field)?;
-            let value = cut(head, vs, ve).ok_or(Error::Field)?;
-            let value = HeaderValue::from_maybe_shared(value).map_err(|_| Error::Field)?;
-            headers.append(name, value);
+    /// The fields as a list over `head` (the bytes they were parsed from,
+    /// frozen), with room for those queuegate adds on the way.
+    pub fn into_fields(&self, head: Bytes) -> Result<Fields, Error> {
+        let mut fields = Fields::over(head, self.fields.len() + ADDED_FIELDS);
+        for &[ns, ne, vs, ve] in &self.fields {
+            fields
+                .push_sent((ns, ne), (vs, ve))
+                .map_err(|_| Error::Field)?;
         }
-        Ok(())
+        Ok(fields)
     }
 }
 

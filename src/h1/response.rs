@@ -1,13 +1,15 @@
 //! An origin's response head, parsed once with `httparse` into a borrowed
 //! view ([`Head`]), the framing of the body that follows it (RFC 9112
 //! §6.3, as hyper's client reads it: [`Head::framing`]), and the
-//! `http::Response` made from it without copying its field values
-//! ([`Spans::response`]).
+//! answer's head made from it, its fields left where they were read
+//! ([`Spans::answer`]).
 
 use std::mem::MaybeUninit;
 
 use bytes::Bytes;
-use http::{Response, StatusCode, Version};
+use http::{StatusCode, Version};
+
+use crate::message::{self, AnswerHead};
 
 use super::{content_length, cut, ends_chunked, lists, span, Error, FieldSpans, MAX_HEAD};
 
@@ -169,21 +171,20 @@ pub struct Spans {
 }
 
 impl Spans {
-    /// The response the head in `head` (the bytes it was parsed from)
-    /// says, its field values slices of `head`; a reason phrase other than
-    /// the status code's own kept as hyper keeps it (and gives it on).
-    pub fn response(&self, head: &Bytes) -> Result<Response<()>, Error> {
-        let mut resp = Response::new(());
-        *resp.status_mut() = self.status;
-        *resp.version_mut() = self.version;
-        self.fields.append_to(head, resp.headers_mut())?;
-        if let Some((start, len)) = self.reason {
-            let reason = cut(head, start as usize, start.saturating_add(len) as usize);
-            if let Some(Ok(reason)) = reason.map(hyper::ext::ReasonPhrase::try_from) {
-                resp.extensions_mut().insert(reason);
-            }
-        }
-        Ok(resp)
+    /// The answer's head that `head` (the bytes it was parsed from) says,
+    /// its fields a list over `head`; a reason phrase other than the status
+    /// code's own kept as hyper keeps it (and gives it on).
+    pub fn answer(&self, head: Bytes) -> Result<AnswerHead, Error> {
+        let reason = self.reason.and_then(|(start, len)| {
+            cut(&head, start as usize, start.saturating_add(len) as usize).and_then(message::reason)
+        });
+        Ok(AnswerHead {
+            status: self.status,
+            version: self.version,
+            fields: self.fields.into_fields(head)?,
+            reason,
+            client_error: false,
+        })
     }
 }
 
@@ -283,10 +284,9 @@ mod tests {
         let mut fields = crate::h1::fields();
         let head = parse(&bytes, &mut fields).unwrap().unwrap();
         let spans = head.spans(&bytes);
-        let resp = spans.response(&bytes.slice(..head.len)).unwrap();
-        assert_eq!(resp.headers()["x-a"], "one");
-        assert_eq!(resp.headers()["x-b"], "two");
-        let reason = resp.extensions().get::<hyper::ext::ReasonPhrase>().unwrap();
-        assert_eq!(reason.as_bytes(), b"Fine");
+        let answer = spans.answer(bytes.slice(..head.len)).unwrap();
+        assert_eq!(answer.fields.get("x-a").unwrap(), "one");
+        assert_eq!(answer.fields.get("x-b").unwrap(), "two");
+        assert_eq!(answer.reason.unwrap().as_bytes(), b"Fine");
     }
 }

@@ -1,15 +1,16 @@
 //! Writing a request head straight into a connection's write buffer, with
-//! its body's framing chosen as hyper's client chooses it: the fields as
-//! the `HeaderMap` holds them (lower-case names, in its order), a valid
+//! its body's framing chosen as hyper's client chooses it: the fields in
+//! their order (names in lower case), a valid
 //! `Content-Length` kept, `Transfer-Encoding` made to end in `chunked`, a
 //! length set from the body's exact size, else `chunked` (none at all for
 //! `GET`, `HEAD` and `CONNECT`).
 
 use bytes::{BufMut, BytesMut};
-use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Uri, Version};
 
 use super::content_length;
+use crate::fields::Fields;
 
 /// How the body after a written head is framed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,17 +27,18 @@ pub enum Encoder {
 pub type BodySize = Option<Option<u64>>;
 
 /// Writes the head of a request into `dst`, after setting the framing
-/// fields in `headers` as hyper does; the body's encoder.
+/// fields in `fields` as hyper does; the body's encoder. Names are
+/// written in lower case, as hyper writes them.
 pub fn request(
     dst: &mut BytesMut,
     method: &Method,
     uri: &Uri,
     version: Version,
-    headers: &mut HeaderMap,
+    fields: &mut Fields,
     body: BodySize,
 ) -> Encoder {
-    let encoder = set_length(method, version, headers, body);
-    dst.reserve(32 + headers.len() * 30);
+    let encoder = set_length(method, version, fields, body);
+    dst.reserve(32 + fields.len() * 30);
     dst.put_slice(method.as_str().as_bytes());
     dst.put_u8(b' ');
     if uri.scheme().is_none() && uri.authority().is_none() {
@@ -52,8 +54,12 @@ pub fn request(
         Version::HTTP_10 => b" HTTP/1.0\r\n",
         _ => b" HTTP/1.1\r\n",
     });
-    for (name, value) in headers.iter() {
-        dst.put_slice(name.as_str().as_bytes());
+    for (name, value) in fields.iter() {
+        let at = dst.len();
+        dst.put_slice(name);
+        if let Some(written) = dst.get_mut(at..) {
+            written.make_ascii_lowercase();
+        }
         dst.put_slice(b": ");
         dst.put_slice(value.as_bytes());
         dst.put_slice(b"\r\n");
@@ -62,96 +68,84 @@ pub fn request(
     encoder
 }
 
-/// hyper's `Client::set_length`: the body's encoder, `headers` changed to
+/// hyper's `Client::set_length`: the body's encoder, `fields` changed to
 /// say it.
-fn set_length(
-    method: &Method,
-    version: Version,
-    headers: &mut HeaderMap,
-    body: BodySize,
-) -> Encoder {
+fn set_length(method: &Method, version: Version, fields: &mut Fields, body: BodySize) -> Encoder {
     let Some(size) = body else {
-        headers.remove(header::TRANSFER_ENCODING);
+        fields.remove(header::TRANSFER_ENCODING);
         return Encoder::Length(0);
     };
     let existing = content_length(
-        headers
+        fields
             .get_all(header::CONTENT_LENGTH)
-            .iter()
             .map(HeaderValue::as_bytes),
     )
     .ok()
     .flatten();
     if version != Version::HTTP_11 {
-        headers.remove(header::TRANSFER_ENCODING);
+        fields.remove(header::TRANSFER_ENCODING);
         return match (existing, size) {
             (Some(len), _) => Encoder::Length(len),
-            (None, Some(len)) => content_length_set(headers, len),
+            (None, Some(len)) => content_length_set(fields, len),
             (None, None) => Encoder::Length(0),
         };
     }
     let mut remove_length = false;
-    let encoder = match headers.entry(header::TRANSFER_ENCODING) {
-        Entry::Occupied(mut te) => {
+    let last_coding = fields.get_all(header::TRANSFER_ENCODING).next_back();
+    let ends_chunked = last_coding.map(|last| {
+        last.to_str()
+            .ok()
+            .and_then(|s| s.rsplit(',').next())
+            .is_some_and(|e| e.trim().eq_ignore_ascii_case("chunked"))
+    });
+    let encoder = match ends_chunked {
+        Some(chunked) => {
             remove_length = true;
-            let chunked = te.iter().next_back().is_some_and(|last| {
-                last.to_str()
-                    .ok()
-                    .and_then(|s| s.rsplit(',').next())
-                    .is_some_and(|e| e.trim().eq_ignore_ascii_case("chunked"))
-            });
             if !chunked {
-                if let Some(last) = te.iter_mut().next_back() {
+                fields.update_last(&header::TRANSFER_ENCODING, |last| {
                     let mut value = BytesMut::with_capacity(last.len() + 9);
                     value.put_slice(last.as_bytes());
                     value.put_slice(b", chunked");
-                    if let Ok(value) = HeaderValue::from_maybe_shared(value.freeze()) {
-                        *last = value;
-                    }
-                }
+                    HeaderValue::from_maybe_shared(value.freeze()).unwrap_or_else(|_| last.clone())
+                });
             }
             Some(Encoder::Chunked(Vec::new()))
         }
-        Entry::Vacant(te) => match (existing, size) {
+        None => match (existing, size) {
             (Some(len), _) => Some(Encoder::Length(len)),
             (None, None) if matches!(*method, Method::GET | Method::HEAD | Method::CONNECT) => {
                 Some(Encoder::Length(0))
             }
             (None, None) => {
-                te.insert(HeaderValue::from_static("chunked"));
+                fields.append(
+                    header::TRANSFER_ENCODING,
+                    HeaderValue::from_static("chunked"),
+                );
                 remove_length = true;
                 Some(Encoder::Chunked(Vec::new()))
             }
             (None, Some(_)) => None,
         },
     };
+    if remove_length {
+        fields.remove(header::CONTENT_LENGTH);
+    }
     match encoder {
-        Some(Encoder::Chunked(_)) => {
-            if remove_length {
-                headers.remove(header::CONTENT_LENGTH);
-            }
-            Encoder::Chunked(declared_trailers(headers))
-        }
-        Some(encoder) => {
-            if remove_length {
-                headers.remove(header::CONTENT_LENGTH);
-            }
-            encoder
-        }
-        None => content_length_set(headers, size.unwrap_or(0)),
+        Some(Encoder::Chunked(_)) => Encoder::Chunked(declared_trailers(fields)),
+        Some(encoder) => encoder,
+        None => content_length_set(fields, size.unwrap_or(0)),
     }
 }
 
-fn content_length_set(headers: &mut HeaderMap, len: u64) -> Encoder {
-    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+fn content_length_set(fields: &mut Fields, len: u64) -> Encoder {
+    fields.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     Encoder::Length(len)
 }
 
 /// The field names the request's `Trailer` fields declare.
-fn declared_trailers(headers: &HeaderMap) -> Vec<HeaderName> {
-    headers
+fn declared_trailers(fields: &Fields) -> Vec<HeaderName> {
+    fields
         .get_all(header::TRAILER)
-        .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|s| s.split(','))
         .filter_map(|s| HeaderName::from_bytes(s.trim().as_bytes()).ok())
@@ -161,6 +155,7 @@ fn declared_trailers(headers: &HeaderMap) -> Vec<HeaderName> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderMap;
 
     fn head(
         method: Method,
@@ -173,14 +168,8 @@ mod tests {
         }
         let mut dst = BytesMut::new();
         let uri = Uri::from_static("/a?b=c");
-        let encoder = request(
-            &mut dst,
-            &method,
-            &uri,
-            Version::HTTP_11,
-            &mut headers,
-            body,
-        );
+        let mut fields = Fields::from(headers);
+        let encoder = request(&mut dst, &method, &uri, Version::HTTP_11, &mut fields, body);
         (String::from_utf8(dst.to_vec()).unwrap(), encoder)
     }
 

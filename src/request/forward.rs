@@ -7,11 +7,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::client_body::ClientBody;
+use crate::client_request::ClientRequest;
+use crate::message::Answer;
 use futures_util::future::Either;
 use futures_util::FutureExt;
 use http::header::SET_COOKIE;
-use http::{Request, Response};
 
 use crate::admission::VisitorId;
 use crate::cache::{self, Ask, Base, Found, Landing, Lead, Read, Scope, Stored};
@@ -36,11 +36,11 @@ impl App {
     pub(super) async fn forward_ungated(
         &self,
         s: &Settings,
-        req: Request<ClientBody>,
+        req: ClientRequest,
         peer: &Peer,
         host: Option<&str>,
         cache: Option<Arc<Scope>>,
-    ) -> Response<Body> {
+    ) -> Answer<Body> {
         let kept = KeptCookies::of(req.headers());
         let mut forwarded = self.fetch(req, peer, cache.as_ref(), None).await;
         if forwarded.command.is_some() {
@@ -92,7 +92,7 @@ impl App {
     /// straight to the origin otherwise (see [`App::forward`]).
     pub(super) fn fetch<'a>(
         &'a self,
-        req: Request<ClientBody>,
+        req: ClientRequest,
         peer: &Peer,
         cache: Option<&Arc<Scope>>,
         tap: Option<HealthTap>,
@@ -119,12 +119,13 @@ impl App {
     /// goes to the origin is counted in `tap`.
     async fn through_cache(
         &self,
-        mut req: Request<ClientBody>,
+        mut req: ClientRequest,
         peer: Peer,
         scope: Arc<Scope>,
         tap: Option<HealthTap>,
     ) -> Forwarded {
-        let Some(ask) = Ask::of(&req) else {
+        let ended = http_body::Body::is_end_stream(req.body());
+        let Some(ask) = Ask::of(req.method(), req.headers(), ended) else {
             scope.count(CacheResult::Bypass);
             return self.forward(req, &peer, tap).await;
         };
@@ -173,7 +174,7 @@ impl App {
     /// `public`.
     async fn lead(
         &self,
-        req: Request<ClientBody>,
+        req: ClientRequest,
         peer: &Peer,
         scope: &Scope,
         base: &Base,
@@ -217,7 +218,7 @@ impl App {
             }
             return forwarded;
         };
-        let resp = std::mem::replace(&mut forwarded.resp, Response::new(Body::Empty));
+        let resp = std::mem::replace(&mut forwarded.resp, Answer::new(Body::Empty));
         forwarded.resp = match cache::read_body(resp, scope.max_body()).await {
             Read::Whole(parts, body) => {
                 let stored = scope.keep(base, &headers, (parts, body), keep, received);
@@ -242,7 +243,7 @@ impl App {
     /// upstream before this returns (see [`Upstream::forward`]).
     pub(super) fn forward(
         &self,
-        mut req: Request<ClientBody>,
+        mut req: ClientRequest,
         peer: &Peer,
         tap: Option<HealthTap>,
     ) -> impl Future<Output = Forwarded> + Send + '_ {
@@ -314,7 +315,7 @@ impl HealthTap {
     /// the origin's or queuegate's own (a timeout, a connection that
     /// failed). A request the client got wrong (a bad body) is not the
     /// origin's doing and is not counted.
-    fn record(self, seconds: f64, from_origin: bool, resp: &Response<Body>) {
+    fn record(self, seconds: f64, from_origin: bool, resp: &Answer<Body>) {
         let status = resp.status();
         if !from_origin && !status.is_server_error() {
             return;
@@ -329,7 +330,7 @@ impl HealthTap {
 /// A forwarded request's answer.
 pub(super) struct Forwarded {
     /// Without any `Queuegate-Command` or `Queuegate-Lane` header.
-    pub(super) resp: Response<Body>,
+    pub(super) resp: Answer<Body>,
     /// Whether the origin answered (not a 502 or 504 of queuegate's own).
     pub(super) from_origin: bool,
     /// What the origin's `Queuegate-Command` said, if anything known.
@@ -353,9 +354,9 @@ fn served(scope: &Scope, result: CacheResult, stored: &Stored, head: bool) -> Fo
 
 /// `resp` with `set_cookie` added when there is one.
 pub(super) fn with_cookie(
-    mut resp: Response<Body>,
+    mut resp: Answer<Body>,
     set_cookie: Option<http::HeaderValue>,
-) -> Response<Body> {
+) -> Answer<Body> {
     if let Some(cookie) = set_cookie {
         resp.headers_mut().append(SET_COOKIE, cookie);
     }

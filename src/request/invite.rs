@@ -2,9 +2,9 @@
 //! §8.5): the invite redeemed, and a browser following an invite link sent
 //! on without it.
 
-use crate::client_body::ClientBody;
+use crate::client_request::ClientRequest;
+use crate::message::Answer;
 use http::header::SET_COOKIE;
-use http::{Request, Response};
 
 use crate::cookie::Credentials;
 use crate::gate::{LaneGrant, Requester};
@@ -43,10 +43,10 @@ impl App {
         &self,
         s: &Settings,
         index: usize,
-        req: &Request<ClientBody>,
+        req: &ClientRequest,
         who: Requester<'_>,
         creds: Option<Credentials>,
-    ) -> Response<Body> {
+    ) -> Answer<Body> {
         let target = req.uri().path_and_query().map_or("/", |t| t.as_str());
         let mut resp = response::redirect("invite", &return_to::sanitize(target));
         if who.invited.is_some() {

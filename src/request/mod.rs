@@ -18,9 +18,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::client_body::ClientBody;
+use crate::client_request::ClientRequest;
+use crate::message::Answer;
 use arc_swap::ArcSwap;
-use http::{Request, Response};
 
 use crate::admission::KeyRing;
 use crate::cache::Caches;
@@ -28,6 +28,7 @@ use crate::client_ip::{self, LimitKey};
 use crate::clock::Clock;
 use crate::config::{AmbiguousPaths, ClientIp, Config, HostPattern};
 use crate::cookie::CookieMemo;
+use crate::fields::Fields;
 use crate::gate::{Admitted, Decided, Decision, Gate, Requester};
 use crate::metrics::{Metrics, Outcome};
 use crate::proxy::{Peer, Upstream};
@@ -109,7 +110,7 @@ impl App {
 
     /// The key the client of a request is counted under for per-client
     /// limits: its address behind trusted proxies (DESIGN §8.2, §8.3).
-    fn limit_key(&self, peer: &Peer, headers: &http::HeaderMap) -> LimitKey {
+    fn limit_key(&self, peer: &Peer, headers: &Fields) -> LimitKey {
         client_ip::limit_key(client_ip::client_of(
             peer.addr.ip(),
             headers,
@@ -135,7 +136,7 @@ impl App {
     /// for the route it matched. A request dropped before it is answered
     /// (its client went away) is counted as `client_gone` instead (see
     /// `Unanswered`).
-    pub async fn handle(&self, mut req: Request<ClientBody>, conn: &Conn) -> Response<Body> {
+    pub async fn handle(&self, mut req: ClientRequest, conn: &Conn) -> Answer<Body> {
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
         let s = self.settings.load();
         let mut unanswered = Unanswered::request(&self.metrics);
@@ -190,13 +191,13 @@ impl App {
     /// began (a body that could not be read) is the client's error, whatever
     /// the gate had decided: globally a bad request, for the route what the
     /// gate decided. The outcome counted globally is returned.
-    fn count(&self, route: Option<&RouteRt>, outcome: Outcome, resp: &Response<Body>) -> Outcome {
+    fn count(&self, route: Option<&RouteRt>, outcome: Outcome, resp: &Answer<Body>) -> Outcome {
         if let Some(route) = route {
             route.metrics.request(outcome);
         }
-        let outcome = match resp.extensions().get::<response::ClientError>() {
-            Some(_) => Outcome::BadRequest,
-            None => outcome,
+        let outcome = match resp.is_client_error() {
+            true => Outcome::BadRequest,
+            false => outcome,
         };
         self.metrics.request(outcome);
         outcome
@@ -206,10 +207,10 @@ impl App {
     async fn reserved(
         &self,
         s: &Settings,
-        req: Request<ClientBody>,
+        req: ClientRequest,
         conn: &Conn,
         invite: Option<&str>,
-    ) -> Response<Body> {
+    ) -> Answer<Body> {
         let key = self.limit_key(&conn.peer, req.headers());
         let who = Requester {
             tls: conn.peer.tls,
@@ -228,11 +229,11 @@ impl App {
         &self,
         s: &Arc<Settings>,
         index: usize,
-        req: Request<ClientBody>,
+        req: ClientRequest,
         conn: &Conn,
         invite: Option<String>,
         exit: bool,
-    ) -> (Outcome, Response<Body>) {
+    ) -> (Outcome, Answer<Body>) {
         let (route, peer) = (&s.routes[index], &conn.peer);
         let key = self.limit_key(peer, req.headers());
         // A route that counts requests needs the credentials before the

@@ -3,8 +3,7 @@
 //! reading of its path is placed: queuegate's own paths, bypassed, ungated
 //! or a gated route, or refused (DESIGN §8.1, §9.6).
 
-use crate::client_body::ClientBody;
-use http::Request;
+use crate::client_request::ClientRequest;
 
 use crate::config::AmbiguousPaths;
 use crate::proxy;
@@ -38,7 +37,7 @@ impl App {
     /// ambiguous reaches here with its fields as sent, for the header check
     /// to refuse. Any invite is taken out of `req`'s target, whatever the
     /// target turns out to be.
-    pub(super) fn screen(&self, s: &Settings, req: &mut Request<ClientBody>) -> Target {
+    pub(super) fn screen(&self, s: &Settings, req: &mut ClientRequest) -> Target {
         if let Err(err) = proxy::check_request(req) {
             return Target::Refused(err);
         }

@@ -13,8 +13,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::client_body::ClientBody;
-use http::{Request, Response};
+use crate::client_request::ClientRequest;
+use crate::message::Answer;
 
 use crate::admission::VisitorId;
 use crate::cookie::Credentials;
@@ -44,12 +44,12 @@ impl App {
         &self,
         s: &Arc<Settings>,
         index: usize,
-        req: Request<ClientBody>,
+        req: ClientRequest,
         conn: &Conn,
         who: Requester<'_>,
         creds: Credentials,
         exit: bool,
-    ) -> (Outcome, Response<Body>) {
+    ) -> (Outcome, Answer<Body>) {
         let route = &s.routes[index];
         let (counted, turn) = match creds.pass {
             Some(pass) => {
@@ -102,13 +102,13 @@ impl App {
         &self,
         s: &Arc<Settings>,
         index: usize,
-        req: Request<ClientBody>,
+        req: ClientRequest,
         conn: &Conn,
         decision: Decision,
         exit: bool,
         counted: Option<(VisitorId, Counted)>,
         turn: Option<Turn>,
-    ) -> (Outcome, Response<Body>) {
+    ) -> (Outcome, Answer<Body>) {
         let route = &s.routes[index];
         let outcome = outcome_of(&decision);
         let Decision::Admit {
@@ -164,9 +164,9 @@ impl App {
         &self,
         s: &Settings,
         route: &RouteRt,
-        req: &Request<ClientBody>,
+        req: &ClientRequest,
         tls: bool,
-    ) -> Response<Body> {
+    ) -> Answer<Body> {
         with_cookie(
             waiting::used_up(s, route, req),
             Some(s.clear_cookie(route, tls)),
@@ -190,13 +190,13 @@ impl App {
         &'a self,
         s: &'a Arc<Settings>,
         index: usize,
-        req: Request<ClientBody>,
+        req: ClientRequest,
         conn: &'a Conn,
         set_cookie: Option<http::HeaderValue>,
         session: (VisitorId, Counted),
         exit: bool,
         turn: Turn,
-    ) -> impl Future<Output = Response<Body>> + Send + 'a {
+    ) -> impl Future<Output = Answer<Body>> + Send + 'a {
         let (id, counted) = session;
         let step = SessionStep {
             s: s.clone(),
@@ -238,12 +238,7 @@ impl SessionStep {
     /// Forwards `req` through `app` and ends the session if the answer says
     /// so: the answer, and whether the session ended with it. Owns all it
     /// uses, so that it can finish on its own (see [`Detached`]).
-    async fn exchange(
-        self,
-        app: Arc<App>,
-        req: Request<ClientBody>,
-        peer: Peer,
-    ) -> (Forwarded, bool) {
+    async fn exchange(self, app: Arc<App>, req: ClientRequest, peer: Peer) -> (Forwarded, bool) {
         let route = &self.s.routes[self.index];
         let tap = Some(HealthTap::of(route));
         let mut forwarded = app.fetch(req, &peer, route.cache.as_ref(), tap).await;

@@ -16,10 +16,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::client_body::ClientBody;
+use crate::client_request::ClientRequest;
+use crate::message::Answer;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::{Request, Response};
+
 use rand::Rng;
 use serde_json::json;
 use tokio::sync::watch;
@@ -156,10 +157,10 @@ pub fn serve(
     gate: &Gate,
     streams: &Streams,
     s: &Settings,
-    req: &Request<ClientBody>,
+    req: &ClientRequest,
     who: Requester<'_>,
     cookies: &CookieMemo,
-) -> Response<Body> {
+) -> Answer<Body> {
     let (route_name, return_path, index) = status_target(s, req);
     let Some(index) = index else {
         let body = json!({
@@ -232,7 +233,7 @@ pub fn serve(
 }
 
 /// A stream of one event, `body`.
-fn one_event(body: &serde_json::Value) -> Response<Body> {
+fn one_event(body: &serde_json::Value) -> Answer<Body> {
     let piece = event(body);
     response::event_stream(
         "events",

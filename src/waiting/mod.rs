@@ -8,13 +8,15 @@ pub mod events;
 pub mod page;
 pub mod return_to;
 
-use crate::client_body::ClientBody;
-use http::header::{HeaderMap, HeaderValue, ACCEPT, ACCEPT_LANGUAGE, SET_COOKIE};
-use http::{Method, Request, Response, StatusCode};
+use crate::client_request::ClientRequest;
+use crate::message::Answer;
+use http::header::{self, HeaderName, HeaderValue, ACCEPT, ACCEPT_LANGUAGE, SET_COOKIE};
+use http::{Method, StatusCode};
 use rand::Rng;
 use serde_json::json;
 
 use crate::cookie::CookieMemo;
+use crate::fields::Headers;
 use crate::gate::{Decided, Decision, Gate, Requester};
 use crate::queue::Place;
 use crate::response::{self, Body};
@@ -25,22 +27,25 @@ use page::{Lang, PageState, PageView, WaitingQuery};
 /// The poll interval an answer without a place suggests.
 const IDLE_POLL_MS: u64 = 5_000;
 
+static X_REQUESTED_WITH: HeaderName = HeaderName::from_static("x-requested-with");
+static SEC_FETCH_MODE: HeaderName = HeaderName::from_static("sec-fetch-mode");
+
 /// A navigation gets the waiting page; anything else gets JSON.
-pub fn is_navigation(method: &Method, headers: &HeaderMap) -> bool {
+pub fn is_navigation(method: &Method, headers: &impl Headers) -> bool {
     if method != Method::GET && method != Method::HEAD {
         return false;
     }
-    if headers.contains_key("x-requested-with") {
+    if headers.has(&X_REQUESTED_WITH) {
         return false;
     }
     let accept = headers
-        .get(ACCEPT)
+        .first(&ACCEPT)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if accept.contains("application/json") {
         return false;
     }
-    match headers.get("sec-fetch-mode") {
+    match headers.first(&SEC_FETCH_MODE) {
         Some(mode) => mode == "navigate",
         None => accept.contains("text/html"),
     }
@@ -95,7 +100,7 @@ fn poll_cap_ms(route: &RouteRt) -> u64 {
 /// The waiting page's query for a request to `route` held back: it brings
 /// the visitor back to the page asked for; `start` is the place to show at
 /// once, if known.
-fn page_query(route: &RouteRt, req: &Request<ClientBody>, start: Option<u64>) -> WaitingQuery {
+fn page_query(route: &RouteRt, req: &ClientRequest, start: Option<u64>) -> WaitingQuery {
     WaitingQuery {
         route: route.name().to_owned(),
         return_path: req
@@ -120,9 +125,9 @@ fn status_url(s: &Settings, route: &str) -> String {
 pub fn held_back(
     s: &Settings,
     route: &RouteRt,
-    req: &Request<ClientBody>,
+    req: &ClientRequest,
     decision: Decision,
-) -> Response<Body> {
+) -> Answer<Body> {
     let set_cookie = match &decision {
         Decision::Wait { set_cookie, .. } | Decision::PreQueue { set_cookie, .. } => {
             set_cookie.clone()
@@ -150,7 +155,7 @@ pub fn held_back(
 /// forwarded: a navigation goes to the waiting page, where the visitor comes
 /// through the line again; an app gets `"state":"used_up"` and the status URL.
 /// The caller clears the pass cookie.
-pub fn used_up(s: &Settings, route: &RouteRt, req: &Request<ClientBody>) -> Response<Body> {
+pub fn used_up(s: &Settings, route: &RouteRt, req: &ClientRequest) -> Answer<Body> {
     if is_navigation(req.method(), req.headers()) {
         let query = page_query(route, req, None);
         return response::redirect("used-up", &query.to_url(&waiting_path(s)));
@@ -175,7 +180,7 @@ pub fn used_up(s: &Settings, route: &RouteRt, req: &Request<ClientBody>) -> Resp
 /// `Retry-After` keeps its place, whereas waiting out the ETA would let the
 /// line drop it as a ghost. The body carries the same `poll_after_ms` and the
 /// ETA the status endpoint and the page show.
-fn api_answer(s: &Settings, route: &RouteRt, decision: &Decision) -> Response<Body> {
+fn api_answer(s: &Settings, route: &RouteRt, decision: &Decision) -> Answer<Body> {
     let mut body = json!({
         "route": route.name(),
         "status_url": status_url(s, route.name()),
@@ -225,11 +230,11 @@ fn fill_decision(
 pub async fn serve(
     gate: &Gate,
     s: &Settings,
-    req: Request<ClientBody>,
+    req: ClientRequest,
     who: Requester<'_>,
     cookies: &CookieMemo,
     streams: &Streams,
-) -> Response<Body> {
+) -> Answer<Body> {
     let rest = &req.uri().path()[s.reserved_prefix.len()..];
     match (rest, req.method()) {
         ("/waiting", &Method::GET | &Method::HEAD) => {
@@ -247,7 +252,7 @@ pub async fn serve(
     }
 }
 
-fn query_param<'a>(req: &'a Request<ClientBody>, name: &str) -> Option<&'a str> {
+fn query_param<'a>(req: &'a ClientRequest, name: &str) -> Option<&'a str> {
     req.uri()
         .query()?
         .split('&')
@@ -259,10 +264,10 @@ fn query_param<'a>(req: &'a Request<ClientBody>, name: &str) -> Option<&'a str> 
 async fn waiting_page(
     gate: &Gate,
     s: &Settings,
-    req: &Request<ClientBody>,
+    req: &ClientRequest,
     who: Requester<'_>,
     cookies: &CookieMemo,
-) -> Response<Body> {
+) -> Answer<Body> {
     let query = WaitingQuery::parse(req.uri().query().unwrap_or(""));
     let Some(index) = s.route_named(&query.route) else {
         // No such route (any more): nothing to wait for.
@@ -338,7 +343,7 @@ fn render_page(
     gate: &Gate,
     s: &Settings,
     route: &RouteRt,
-    req: &Request<ClientBody>,
+    req: &ClientRequest,
     query: &WaitingQuery,
     shown: &Shown,
 ) -> String {
@@ -392,7 +397,7 @@ fn render_page(
 
 /// The waiting page's response: its status for `state`, the template's
 /// content security policy, and when to retry if it says so.
-fn page_response(route: &RouteRt, state: PageState, html: String) -> Response<Body> {
+fn page_response(route: &RouteRt, state: PageState, html: String) -> Answer<Body> {
     let status = match state {
         PageState::Waiting | PageState::PreQueue => StatusCode::OK,
         PageState::TooMany => StatusCode::TOO_MANY_REQUESTS,
@@ -400,8 +405,10 @@ fn page_response(route: &RouteRt, state: PageState, html: String) -> Response<Bo
     };
     let mut resp = response::html(status, "waiting", html);
     if let Some(csp) = page::content_security_policy(route.template.as_deref()) {
-        resp.headers_mut()
-            .insert("content-security-policy", HeaderValue::from_static(csp));
+        resp.headers_mut().insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(csp),
+        );
     }
     if let Some(retry) = state.retry_after_s() {
         resp = response::with_retry_after(resp, retry);
@@ -423,10 +430,7 @@ fn page_query_value(path: &str) -> String {
 
 /// What a status request or event stream is about: the route it names,
 /// the sanitized `return` path, and the route's index if it exists.
-fn status_target<'r>(
-    s: &Settings,
-    req: &'r Request<ClientBody>,
-) -> (&'r str, String, Option<usize>) {
+fn status_target<'r>(s: &Settings, req: &'r ClientRequest) -> (&'r str, String, Option<usize>) {
     let route_name = query_param(req, "route").unwrap_or("");
     let return_path =
         return_to::sanitize(&WaitingQuery::parse(req.uri().query().unwrap_or("")).return_path);
@@ -437,10 +441,10 @@ fn status_target<'r>(
 async fn status(
     gate: &Gate,
     s: &Settings,
-    req: &Request<ClientBody>,
+    req: &ClientRequest,
     who: Requester<'_>,
     cookies: &CookieMemo,
-) -> Response<Body> {
+) -> Answer<Body> {
     let (route_name, return_path, index) = status_target(s, req);
     let Some(index) = index else {
         return status_json(
@@ -502,7 +506,7 @@ fn fill_place(body: &mut serde_json::Value, route: &RouteRt, place: &Place) -> u
 fn status_json(
     body: serde_json::Value,
     set_cookies: impl IntoIterator<Item = HeaderValue>,
-) -> Response<Body> {
+) -> Answer<Body> {
     let mut resp = response::json(StatusCode::OK, "status", body.to_string());
     for cookie in set_cookies {
         resp.headers_mut().append(SET_COOKIE, cookie);
@@ -514,10 +518,10 @@ fn status_json(
 async fn leave(
     gate: &Gate,
     s: &Settings,
-    req: &Request<ClientBody>,
+    req: &ClientRequest,
     tls: bool,
     cookies: &CookieMemo,
-) -> Response<Body> {
+) -> Answer<Body> {
     let route_name = query_param(req, "route").unwrap_or("");
     let Some(index) = s.route_named(route_name) else {
         return status_json(json!({"state": "unknown", "route": route_name}), None);
