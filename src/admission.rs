@@ -694,7 +694,8 @@ pub(crate) fn push_decimal(out: &mut String, mut n: u64) {
             break;
         }
     }
-    out.extend(digits[start..].iter().map(|&b| char::from(b)));
+    // ASCII digits: one copy, not a character at a time.
+    out.push_str(std::str::from_utf8(&digits[start..]).unwrap_or_default());
 }
 
 /// Reads and decodes one key's material.

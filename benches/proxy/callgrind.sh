@@ -1,15 +1,27 @@
 #!/usr/bin/env bash
-# Instructions per proxied request, with callgrind (see benches/README.md,
-# "instructions per request"): the release binary on the transparent path
-# (no route), `GET /small` from an nginx origin configured as in
-# `benches/proxy/servers.rs`, `limits.workers: 1`, one wrk connection.
-# Instrumentation is switched on after the warm-up and off after the
-# measured run; the figure is the process's total `Ir` in that window
-# divided by the requests wrk completed in it.
+# Instructions per request, with callgrind (see benches/README.md,
+# "instructions per request"): the release binary, `limits.workers: 1`, one
+# wrk connection. Instrumentation is switched on after the warm-up and off
+# after the measured run; the figure is the process's total `Ir` in that
+# window divided by the requests wrk completed in it.
+#
+# Two measures (`MEASURE`):
+#   proxy   the transparent path (no route): `GET /small` from an nginx
+#           origin configured as in `benches/proxy/servers.rs`;
+#   polls   a waiting visitor's status poll, as `benches/polls.rs` sets it
+#           up: a route of capacity 1 over `/small/gated` held by one
+#           confirmed pass, and `GET /__queuegate/status?route=bench` with
+#           the cookie of the visitor waiting behind it. `TICKET` says which
+#           ticket it sends: `joined` (the one it was given on arrival, as
+#           the polls bench sends it) or `polled` (the one its first poll
+#           gave back, as a browser sends it).
 #
 # Usage: benches/proxy/callgrind.sh   (after `cargo build --release`)
+#        MEASURE=polls benches/proxy/callgrind.sh
 #
 # Environment:
+#   MEASURE          proxy or polls (proxy)
+#   TICKET           for polls: joined or polled (joined)
 #   QUEUEGATE        the binary (target/release/queuegate)
 #   NGINX            nginx (/usr/sbin/nginx)
 #   WARMUP           seconds of warm-up before instrumenting (3)
@@ -25,6 +37,10 @@ nginx=${NGINX:-/usr/sbin/nginx}
 warmup=${WARMUP:-3}
 duration=${DURATION:-15}
 connections=${CONNECTIONS:-1}
+measure=${MEASURE:-proxy}
+ticket=${TICKET:-joined}
+[[ $measure == proxy || $measure == polls ]] || { echo "MEASURE is proxy or polls" >&2; exit 1; }
+[[ $ticket == joined || $ticket == polled ]] || { echo "TICKET is joined or polled" >&2; exit 1; }
 small_body="queuegate benchmark small response: one hundred bytes of plain text, returned by the origin server!"
 
 for tool in valgrind callgrind_control callgrind_annotate wrk curl "$nginx"; do
@@ -100,6 +116,15 @@ wait_ready "http://127.0.0.1:$origin_port/small" "$dir/origin/logs/stderr.log"
 
 port=$(free_port)
 admin_port=$(free_port)
+routes=
+if [[ $measure == polls ]]; then
+    routes="routes:
+  - name: bench
+    match: { path_prefix: /small/gated }
+    capacity: 1
+    pass_ttl: 1h
+    session_ttl: 2h"
+fi
 cat >"$dir/queuegate.yaml" <<EOF
 listen:
   - addr: 127.0.0.1:$port
@@ -115,6 +140,7 @@ store:
   backend: memory
 keys:
   - { id: bench, env: QUEUEGATE_KEY_BENCH }
+$routes
 EOF
 key=$("$binary" keygen)
 QUEUEGATE_KEY_BENCH=$key RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no \
@@ -122,14 +148,39 @@ QUEUEGATE_KEY_BENCH=$key RUST_LOG=warn valgrind --tool=callgrind --instr-atstart
     "$binary" run -c "$dir/queuegate.yaml" </dev/null >"$dir/queuegate.log" 2>&1 &
 queuegate=$!
 pids=("$queuegate" "${pids[@]}")
-url="http://127.0.0.1:$port/small"
-wait_ready "$url" "$dir/queuegate.log"
-body=$(curl -s "$url")
+base="http://127.0.0.1:$port"
+wait_ready "$base/small" "$dir/queuegate.log"
+body=$(curl -s "$base/small")
 [[ $body == "$small_body" ]] || { echo "unexpected body: $body" >&2; exit 1; }
 
-wrk -t1 -c"$connections" -d"${warmup}s" "$url" >/dev/null
+# The value of the route's cookie an answer sets (from `curl -i` output).
+set_cookie() {
+    tr -d '\r' | sed -n 's/^set-cookie: qg_bench=\([^;]*\).*/\1/Ip' | head -n 1
+}
+
+wrk_args=()
+url="$base/small"
+if [[ $measure == polls ]]; then
+    pass=$(curl -s -i "$base/small/gated" | set_cookie)
+    [[ -n $pass ]] || { echo "no pass for the first visitor" >&2; exit 1; }
+    code=$(curl -s -o /dev/null -w '%{http_code}' -H "Cookie: qg_bench=$pass" "$base/small/gated")
+    [[ $code == 200 ]] || { echo "the holder's return got $code" >&2; exit 1; }
+    cookie=$(curl -s -i "$base/small/gated" | set_cookie)
+    [[ -n $cookie ]] || { echo "no ticket for the second visitor" >&2; exit 1; }
+    url="$base/__queuegate/status?route=bench"
+    if [[ $ticket == polled ]]; then
+        cookie=$(curl -s -i -H "Cookie: qg_bench=$cookie" "$url" | set_cookie)
+        [[ -n $cookie ]] || { echo "the first poll wrote no ticket" >&2; exit 1; }
+    fi
+    answer=$(curl -s -H "Cookie: qg_bench=$cookie" "$url")
+    [[ $answer == *'"state":"waiting"'* ]] || { echo "unexpected poll answer: $answer" >&2; exit 1; }
+    echo "status answer: $answer"
+    wrk_args=(-H "Cookie: qg_bench=$cookie")
+fi
+
+wrk -t1 -c"$connections" -d"${warmup}s" "${wrk_args[@]}" "$url" >/dev/null
 callgrind_control -i on "$queuegate" >/dev/null 2>&1
-wrk -t1 -c"$connections" -d"${duration}s" "$url" >"$dir/wrk.txt"
+wrk -t1 -c"$connections" -d"${duration}s" "${wrk_args[@]}" "$url" >"$dir/wrk.txt"
 callgrind_control -i off "$queuegate" >/dev/null 2>&1
 if grep -q -e 'Non-2xx' -e 'Socket errors' "$dir/wrk.txt"; then
     cat "$dir/wrk.txt" >&2

@@ -22,11 +22,10 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 
 use rand::Rng;
-use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
 
-use super::{fill_decision, fill_place, status_target, IDLE_POLL_MS};
+use super::{fill_decision, fill_place, status_target, Standing, IDLE_POLL_MS};
 use crate::admission::Claims;
 use crate::cookie::{CookieMemo, Credentials};
 use crate::gate::{Decision, Gate, Requester};
@@ -163,13 +162,13 @@ pub fn serve(
 ) -> Answer<Body> {
     let (route_name, return_path, index) = status_target(s, req);
     let Some(index) = index else {
-        let body = json!({
-            "state": "unknown",
-            "route": route_name,
-            "return": return_path,
-            "poll_after_ms": IDLE_POLL_MS,
+        return one_event(&Standing {
+            state: "unknown",
+            route: Some(route_name),
+            return_path: Some(&return_path),
+            poll_after_ms: Some(IDLE_POLL_MS),
+            ..Standing::default()
         });
-        return one_event(&body);
     };
     let route = &s.routes[index];
     let creds = s.credentials(index, req.headers(), who.tls, cookies);
@@ -181,13 +180,13 @@ pub fn serve(
         } else {
             "unknown"
         };
-        let body = json!({
-            "state": state,
-            "route": route.name(),
-            "return": return_path,
-            "poll_after_ms": IDLE_POLL_MS,
+        return one_event(&Standing {
+            state,
+            route: Some(route.name()),
+            return_path: Some(&return_path),
+            poll_after_ms: Some(IDLE_POLL_MS),
+            ..Standing::default()
         });
-        return one_event(&body);
     };
     let slots = route
         .live
@@ -199,13 +198,13 @@ pub fn serve(
             // Enough streams here, or of this visitor's, or of this
             // client's: this page polls.
             route.metrics.stream_refused(cap);
-            let body = json!({
-                "state": "poll",
-                "route": route.name(),
-                "return": return_path,
-                "poll_after_ms": super::poll_after_ms(route, 1),
+            return one_event(&Standing {
+                state: "poll",
+                route: Some(route.name()),
+                return_path: Some(&return_path),
+                poll_after_ms: Some(super::poll_after_ms(route, 1)),
+                ..Standing::default()
             });
-            return one_event(&body);
         }
     };
     let stream = Stream {
@@ -233,7 +232,7 @@ pub fn serve(
 }
 
 /// A stream of one event, `body`.
-fn one_event(body: &serde_json::Value) -> Answer<Body> {
+fn one_event(body: &Standing<'_>) -> Answer<Body> {
     let piece = event(body);
     response::event_stream(
         "events",
@@ -242,9 +241,9 @@ fn one_event(body: &serde_json::Value) -> Answer<Body> {
 }
 
 /// `body` as one Server-Sent Event.
-fn event(body: &serde_json::Value) -> Bytes {
+fn event(body: &Standing<'_>) -> Bytes {
     // Serialised JSON has no raw line breaks: one `data:` line holds it.
-    Bytes::from(format!("data: {body}\n\n"))
+    Bytes::from(format!("data: {}\n\n", body.to_json()))
 }
 
 /// One waiter's open stream: what it follows, and what it last said.
@@ -372,10 +371,11 @@ impl Stream {
         let settings = self.settings.load_full();
         let Some(index) = self.route_in(&settings) else {
             self.over = true;
-            return self.sent(&json!({
-                "state": "unknown",
-                "return": &*self.return_path,
-                "poll_after_ms": IDLE_POLL_MS,
+            return self.sent(event(&Standing {
+                state: "unknown",
+                return_path: Some(&self.return_path),
+                poll_after_ms: Some(IDLE_POLL_MS),
+                ..Standing::default()
             }));
         };
         let route = &settings.routes[index];
@@ -391,7 +391,10 @@ impl Stream {
         };
         // Boxed: the store call's future is large, and only lives while it runs.
         let decision = Box::pin(self.gate.recheck(&settings, index, who, &creds)).await;
-        let mut body = json!({"route": route.name(), "return": &*self.return_path});
+        let mut body = Standing {
+            route: Some(route.name()),
+            ..Standing::default()
+        };
         match decision {
             Some(Decision::Wait { place, set_cookie }) => {
                 if set_cookie.is_some() {
@@ -415,14 +418,13 @@ impl Stream {
             None => {
                 // The place is gone: the status endpoint puts the visitor
                 // back in line, with the cookie a stream cannot set.
-                body["state"] = json!("poll");
+                body.state = "poll";
                 self.over = true;
             }
         }
-        if body.get("poll_after_ms").is_none() {
-            body["poll_after_ms"] = json!(IDLE_POLL_MS);
-        }
-        self.sent(&body)
+        body.poll_after_ms.get_or_insert(IDLE_POLL_MS);
+        body.return_path = Some(&self.return_path);
+        self.sent(event(&body))
     }
 
     /// The ticket as the cookie the gate just wrote would hold it: seen
@@ -433,9 +435,10 @@ impl Stream {
         self.ticket.lane = route.lane_tag(lane);
     }
 
-    fn sent(&mut self, body: &serde_json::Value) -> Bytes {
+    /// `piece`, noting when it was sent.
+    fn sent(&mut self, piece: Bytes) -> Bytes {
         self.sent_at = Some(Instant::now());
-        event(body)
+        piece
     }
 }
 

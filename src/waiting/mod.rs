@@ -7,13 +7,13 @@
 pub mod events;
 pub mod page;
 pub mod return_to;
+mod standing;
 
 use crate::client_request::ClientRequest;
 use crate::message::Answer;
 use http::header::{self, HeaderName, HeaderValue, ACCEPT, ACCEPT_LANGUAGE, SET_COOKIE};
 use http::{Method, StatusCode};
 use rand::Rng;
-use serde_json::json;
 
 use crate::cookie::CookieMemo;
 use crate::fields::Headers;
@@ -23,6 +23,7 @@ use crate::response::{self, Body};
 use crate::route::{RouteRt, Settings};
 use events::Streams;
 use page::{Lang, PageState, PageView, WaitingQuery};
+use standing::Standing;
 
 /// The poll interval an answer without a place suggests.
 const IDLE_POLL_MS: u64 = 5_000;
@@ -160,14 +161,15 @@ pub fn used_up(s: &Settings, route: &RouteRt, req: &ClientRequest) -> Answer<Bod
         let query = page_query(route, req, None);
         return response::redirect("used-up", &query.to_url(&waiting_path(s)));
     }
-    let body = json!({
-        "route": route.name(),
-        "status_url": status_url(s, route.name()),
-        "state": "used_up",
-        "poll_after_ms": 1_000,
-    });
+    let body = Standing {
+        route: Some(route.name()),
+        status_url: Some(status_url(s, route.name())),
+        state: "used_up",
+        poll_after_ms: Some(1_000),
+        ..Standing::default()
+    };
     response::with_retry_after(
-        response::json(route.cfg.waiting_status, "used-up", body.to_string()),
+        response::json(route.cfg.waiting_status, "used-up", body.to_json()),
         1,
     )
 }
@@ -181,10 +183,11 @@ pub fn used_up(s: &Settings, route: &RouteRt, req: &ClientRequest) -> Answer<Bod
 /// line drop it as a ghost. The body carries the same `poll_after_ms` and the
 /// ETA the status endpoint and the page show.
 fn api_answer(s: &Settings, route: &RouteRt, decision: &Decision) -> Answer<Body> {
-    let mut body = json!({
-        "route": route.name(),
-        "status_url": status_url(s, route.name()),
-    });
+    let mut body = Standing {
+        route: Some(route.name()),
+        status_url: Some(status_url(s, route.name())),
+        ..Standing::default()
+    };
     let poll = fill_decision(&mut body, route, decision);
     let (status, retry) = match (decision, poll) {
         (Decision::Wait { .. } | Decision::PreQueue { .. }, Some(poll)) => {
@@ -198,17 +201,17 @@ fn api_answer(s: &Settings, route: &RouteRt, decision: &Decision) -> Answer<Body
         (Decision::Closed, _) => (StatusCode::SERVICE_UNAVAILABLE, 60),
         _ => (StatusCode::SERVICE_UNAVAILABLE, 10),
     };
-    body["poll_after_ms"] = json!(poll.unwrap_or(retry * 1000));
-    response::with_retry_after(response::json(status, "waiting", body.to_string()), retry)
+    body.poll_after_ms = Some(poll.unwrap_or(retry * 1000));
+    response::with_retry_after(response::json(status, "waiting", body.to_json()), retry)
 }
 
 /// Writes what a decision tells an app into `body`: `state`, and where the
 /// visitor stands when waiting. Returns the poll interval when there is one.
 /// The status endpoint and the answers to held-back requests both use it,
 /// so an app reads the same fields from either.
-fn fill_decision(
-    body: &mut serde_json::Value,
-    route: &RouteRt,
+fn fill_decision<'a>(
+    body: &mut Standing<'a>,
+    route: &'a RouteRt,
     decision: &Decision,
 ) -> Option<u64> {
     let state = match decision {
@@ -222,7 +225,7 @@ fn fill_decision(
         Decision::Closed => "closed",
         Decision::Unavailable => "store_down",
     };
-    body["state"] = json!(state);
+    body.state = state;
     None
 }
 
@@ -447,67 +450,72 @@ async fn status(
 ) -> Answer<Body> {
     let (route_name, return_path, index) = status_target(s, req);
     let Some(index) = index else {
-        return status_json(
-            json!({"state": "unknown", "route": route_name, "return": return_path}),
-            None,
-        );
+        let body = Standing {
+            state: "unknown",
+            route: Some(route_name),
+            return_path: Some(&return_path),
+            ..Standing::default()
+        };
+        return status_json(&body, None);
     };
     let route = &s.routes[index];
     let creds = s.credentials(index, req.headers(), who.tls, cookies);
-    let mut body = json!({"route": route.name(), "return": return_path});
+    let mut body = Standing {
+        route: Some(route.name()),
+        return_path: Some(&return_path),
+        ..Standing::default()
+    };
     let mut set_cookies = [None, None];
     if creds.pass.is_none() && creds.ticket.is_none() {
-        body["state"] = json!("unknown");
+        body.state = "unknown";
     } else {
         // The credentials just read, not read again.
         let decided = gate.decide(s, index, who, || creds).await;
         fill_decision(&mut body, route, &decided.decision);
         set_cookies = [decided.decision.into_set_cookie(), decided.lane_cookie];
     }
-    if body.get("poll_after_ms").is_none() {
-        body["poll_after_ms"] = json!(IDLE_POLL_MS);
-    }
-    status_json(body, set_cookies.into_iter().flatten())
+    body.poll_after_ms.get_or_insert(IDLE_POLL_MS);
+    status_json(&body, set_cookies.into_iter().flatten())
 }
 
 /// Writes a pre-queue waiter's answer into `body` (DESIGN §8.7): the
 /// opening and the time left to it by this instance's clock. Returns the
 /// poll interval written.
-fn fill_prequeue(
-    body: &mut serde_json::Value,
-    route: &RouteRt,
+fn fill_prequeue<'a>(
+    body: &mut Standing<'a>,
+    route: &'a RouteRt,
     opens_in_ms: u64,
     lane: usize,
 ) -> u64 {
     let poll = prequeue_poll_after_ms(route, opens_in_ms);
-    body["state"] = json!("prequeue");
-    body["opens_at"] = json!(route.cfg.opens_at.map(|t| t.rfc3339()));
-    body["opens_in_ms"] = json!(opens_in_ms);
-    body["poll_after_ms"] = json!(poll);
-    body["lane"] = json!(route.limits.lanes.get(lane).name);
-    body["priority"] = json!(lane > 0);
+    body.state = "prequeue";
+    body.opens_at = Some(route.cfg.opens_at.map(|t| t.rfc3339()));
+    body.opens_in_ms = Some(opens_in_ms);
+    body.poll_after_ms = Some(poll);
+    body.lane = Some(&route.limits.lanes.get(lane).name);
+    body.priority = Some(lane > 0);
     poll
 }
 
 /// Writes a waiter's place into `body`; returns the poll interval written.
-fn fill_place(body: &mut serde_json::Value, route: &RouteRt, place: &Place) -> u64 {
+fn fill_place<'a>(body: &mut Standing<'a>, route: &'a RouteRt, place: &Place) -> u64 {
     let poll = poll_after_ms(route, place.position);
-    body["state"] = json!("waiting");
-    body["position"] = json!(place.position);
-    body["ahead"] = json!(place.position - 1);
-    body["waiting_total"] = json!(place.waiting_total);
-    body["eta_seconds"] = json!(route.eta_in_lane(place.position, place.lane));
-    body["poll_after_ms"] = json!(poll);
-    body["lane"] = json!(route.limits.lanes.get(place.lane).name);
-    body["priority"] = json!(place.lane > 0);
+    body.state = "waiting";
+    body.position = Some(place.position);
+    body.ahead = Some(place.position - 1);
+    body.waiting_total = Some(place.waiting_total);
+    body.eta_seconds = Some(route.eta_in_lane(place.position, place.lane));
+    body.poll_after_ms = Some(poll);
+    body.lane = Some(&route.limits.lanes.get(place.lane).name);
+    body.priority = Some(place.lane > 0);
     poll
 }
 
 fn status_json(
-    body: serde_json::Value,
+    body: &Standing<'_>,
     set_cookies: impl IntoIterator<Item = HeaderValue>,
 ) -> Answer<Body> {
-    let mut resp = response::json(StatusCode::OK, "status", body.to_string());
+    let mut resp = response::json(StatusCode::OK, "status", body.to_json());
     for cookie in set_cookies {
         resp.headers_mut().append(SET_COOKIE, cookie);
     }
@@ -524,7 +532,12 @@ async fn leave(
 ) -> Answer<Body> {
     let route_name = query_param(req, "route").unwrap_or("");
     let Some(index) = s.route_named(route_name) else {
-        return status_json(json!({"state": "unknown", "route": route_name}), None);
+        let body = Standing {
+            state: "unknown",
+            route: Some(route_name),
+            ..Standing::default()
+        };
+        return status_json(&body, None);
     };
     let route = &s.routes[index];
     let creds = s.credentials(index, req.headers(), tls, cookies);
@@ -536,8 +549,10 @@ async fn leave(
         resp.headers_mut().append(SET_COOKIE, clear);
         return resp;
     }
-    status_json(
-        json!({"state": if left { "left" } else { "unknown" }, "route": route.name()}),
-        Some(clear),
-    )
+    let body = Standing {
+        state: if left { "left" } else { "unknown" },
+        route: Some(route.name()),
+        ..Standing::default()
+    };
+    status_json(&body, Some(clear))
 }

@@ -31,6 +31,10 @@ const DECODE_ROUNDS: usize = 3;
 /// `}`, `|`, `^`, a `%` not starting an escape) are percent-encoded, so the
 /// result is printable ASCII.
 pub fn sanitize(raw: &str) -> String {
+    // The site's root, the page's default: nothing to check or encode.
+    if raw == FALLBACK {
+        return FALLBACK.to_owned();
+    }
     if raw.len() > MAX_LEN || !is_relative_on_site(raw) {
         return FALLBACK.to_owned();
     }
@@ -148,6 +152,17 @@ fn encode(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_root_passes_the_full_check_unchanged() {
+        // What `sanitize` answers for it without looking.
+        assert!(is_relative_on_site(FALLBACK));
+        assert_eq!(encode(FALLBACK.as_bytes()), FALLBACK);
+        assert!(matches!(
+            lane_grant::strip_invite(FALLBACK),
+            Cow::Borrowed(FALLBACK)
+        ));
+    }
 
     #[test]
     fn normal_paths_keep_their_query() {
