@@ -16,7 +16,7 @@ use bytes::{BufMut, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Version};
 
-use super::{content_length, ends_chunked, lists};
+use super::{content_length, ends_chunked, field_line, lists};
 use crate::fields::Fields;
 use crate::message::AnswerHead;
 
@@ -217,7 +217,7 @@ impl Found {
         let mut done = 0u8;
         for (name, value) in fields.iter() {
             let Some(ruled) = Ruled::of(name) else {
-                field_as_sent(dst, name, value);
+                field_line(dst, name, value);
                 continue;
             };
             let bit = 1 << ruled as u8;
@@ -339,18 +339,6 @@ fn can_have_body(method: &Method, status: StatusCode) -> bool {
         || (*method == Method::CONNECT && status.is_success())
         || status.is_informational()
         || matches!(status, StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED))
-}
-
-/// A field named as it was sent or set, written in lower case.
-fn field_as_sent(dst: &mut BytesMut, name: &[u8], value: &HeaderValue) {
-    let at = dst.len();
-    dst.put_slice(name);
-    if let Some(written) = dst.get_mut(at..) {
-        written.make_ascii_lowercase();
-    }
-    dst.put_slice(b": ");
-    dst.put_slice(value.as_bytes());
-    dst.put_slice(b"\r\n");
 }
 
 fn field(dst: &mut BytesMut, name: &str, value: &HeaderValue) {

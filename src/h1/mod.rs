@@ -18,7 +18,8 @@
 
 use std::mem::MaybeUninit;
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
+use http::HeaderValue;
 
 use crate::fields::Fields;
 
@@ -106,6 +107,19 @@ pub(crate) fn content_length<'a>(
         }
     }
     Ok(length)
+}
+
+/// Writes the field line `name: value`, the name as it was sent or set,
+/// in lower case (as hyper writes every name).
+pub(crate) fn field_line(dst: &mut BytesMut, name: &[u8], value: &HeaderValue) {
+    let at = dst.len();
+    dst.put_slice(name);
+    if let Some(written) = dst.get_mut(at..) {
+        written.make_ascii_lowercase();
+    }
+    dst.put_slice(b": ");
+    dst.put_slice(value.as_bytes());
+    dst.put_slice(b"\r\n");
 }
 
 /// A decimal number, digits only.

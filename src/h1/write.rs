@@ -9,7 +9,7 @@ use bytes::{BufMut, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Uri, Version};
 
-use super::content_length;
+use super::{content_length, field_line};
 use crate::fields::Fields;
 
 /// How the body after a written head is framed.
@@ -55,14 +55,7 @@ pub fn request(
         _ => b" HTTP/1.1\r\n",
     });
     for (name, value) in fields.iter() {
-        let at = dst.len();
-        dst.put_slice(name);
-        if let Some(written) = dst.get_mut(at..) {
-            written.make_ascii_lowercase();
-        }
-        dst.put_slice(b": ");
-        dst.put_slice(value.as_bytes());
-        dst.put_slice(b"\r\n");
+        field_line(dst, name, value);
     }
     dst.put_slice(b"\r\n");
     encoder
