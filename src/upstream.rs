@@ -478,14 +478,13 @@ impl Shard {
     }
 }
 
-/// The request body being written, and how.
+/// The request body being written, and how. Boxed: most requests have no
+/// body, and a connection (with the answer's body that holds it) is moved
+/// through every layer of the request road on its way back.
 enum Sending {
     /// All written (or nothing to write).
     Done,
-    Body {
-        body: Outgoing,
-        encoder: Encoder,
-    },
+    Body(Box<(Outgoing, Encoder)>),
 }
 
 /// A connection taken from the pool or just made, for one exchange.
@@ -550,7 +549,9 @@ enum Decoding {
     Ended,
     /// This many bytes left.
     Length(u64),
-    Chunked(chunked::Decoder),
+    /// Boxed: the decoder's state would set the size of every body,
+    /// which is moved through the request road with its answer.
+    Chunked(Box<chunked::Decoder>),
     /// Until the origin closes the connection.
     Close,
 }
@@ -560,7 +561,7 @@ impl OriginBody {
         let state = match length {
             Length::Empty => Decoding::Ended,
             Length::Known(n) => Decoding::Length(n),
-            Length::Chunked => Decoding::Chunked(chunked::Decoder::new()),
+            Length::Chunked => Decoding::Chunked(Box::default()),
             Length::Close => Decoding::Close,
         };
         OriginBody { state }
@@ -670,7 +671,7 @@ impl Pooled {
         let head_request = req.method == Method::HEAD;
         if size.is_some() && encoder != Encoder::Length(0) {
             let body = req.body;
-            self.sending = Sending::Body { body, encoder };
+            self.sending = Sending::Body(Box::new((body, encoder)));
         }
         let head = std::future::poll_fn(|cx| {
             if let Err(err) = self.poll_send(cx) {
@@ -707,9 +708,10 @@ impl Pooled {
             if self.conn.write.len() >= WRITE_HIGH {
                 return Ok(());
             }
-            let Sending::Body { body, encoder } = &mut self.sending else {
+            let Sending::Body(sending) = &mut self.sending else {
                 return Ok(());
             };
+            let (body, encoder) = &mut **sending;
             let frame = match Pin::new(&mut *body).poll_frame(cx) {
                 Poll::Pending => return Ok(()),
                 Poll::Ready(frame) => frame,
@@ -986,8 +988,8 @@ pub struct UpstreamBody {
     body: OriginBody,
     connection: Option<Pooled>,
     /// The origin's failure mid-body, held back for one poll (see
-    /// [`UpstreamBody::poll_frame`]).
-    failed: Option<Error>,
+    /// [`UpstreamBody::poll_frame`]); boxed, as it is rare.
+    failed: Option<Box<Error>>,
 }
 
 impl std::fmt::Debug for UpstreamBody {
@@ -1020,7 +1022,7 @@ impl UpstreamBody {
         err: Error,
     ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         self.connection = None;
-        self.failed = Some(err);
+        self.failed = Some(Box::new(err));
         cx.waker().wake_by_ref();
         Poll::Pending
     }
@@ -1036,7 +1038,7 @@ impl Body for UpstreamBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         let this = self.get_mut();
         if let Some(err) = this.failed.take() {
-            return Poll::Ready(Some(Err(err)));
+            return Poll::Ready(Some(Err(*err)));
         }
         let Some(connection) = &mut this.connection else {
             return Poll::Ready(None);
