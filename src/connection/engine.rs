@@ -169,15 +169,18 @@ pub(super) fn serve_until_idle<'a, S: Socket, Svc: Service>(
         activity.read_lately.store(false, Ordering::Relaxed);
         // One timer for the stretch, for both the look at whether to park and
         // the request head's deadline, polled only when it fires; one wait for
-        // the drain.
-        let next_look = Instant::now() + http1.parking.after;
+        // the drain. Each on its own receiver, which sees what `drain` had
+        // seen.
         let mut waits = Waits {
-            timer: WhenWoken::new(tokio::time::sleep_until(earliest(
-                next_look,
-                activity.head_due(http1.head_timeout),
-            ))),
-            next_look,
-            drained: WhenWoken::new(drain.changed()),
+            timer: None,
+            next_look: Instant::now() + http1.parking.after,
+            drained: None,
+            drain: || {
+                let mut drain = drain.clone();
+                async move {
+                    let _ = drain.changed().await;
+                }
+            },
         };
         loop {
             activity.between_requests.store(true, Ordering::Relaxed);
@@ -199,10 +202,7 @@ pub(super) fn serve_until_idle<'a, S: Socket, Svc: Service>(
                     return Stretch::Over;
                 }
             };
-            match engine
-                .serve(answering, reader, ask, &mut waits.drained)
-                .await
-            {
+            match engine.serve(answering, reader, ask, &mut waits).await {
                 Served::Again => {}
                 Served::Close => {
                     engine.io.close().await;
@@ -219,13 +219,58 @@ pub(super) fn serve_until_idle<'a, S: Socket, Svc: Service>(
     }
 }
 
-/// What a serving stretch waits on besides its socket.
-struct Waits<D> {
-    timer: WhenWoken<tokio::time::Sleep>,
+/// What a serving stretch waits on besides its socket. Both waits are
+/// made when a head is waited for, and let go while an answer streams
+/// (when nothing looks at them).
+struct Waits<D, M> {
+    timer: Option<WhenWoken<tokio::time::Sleep>>,
     /// When the timer next looks at whether to park.
     next_look: Instant,
     /// The server's drain; not polled again once it has fired.
-    drained: WhenWoken<D>,
+    drained: Option<WhenWoken<D>>,
+    /// Makes the wait for the drain.
+    drain: M,
+}
+
+impl<D: Future, M: FnMut() -> D> Waits<D, M> {
+    /// The timer (made, if it was let go, for the next look or the head's
+    /// deadline, whichever is first), the drain's wait, and the next look.
+    fn all(
+        &mut self,
+        http1: &Http1,
+        activity: &Activity,
+    ) -> (
+        &mut WhenWoken<tokio::time::Sleep>,
+        &mut WhenWoken<D>,
+        &mut Instant,
+    ) {
+        let next_look = self.next_look;
+        let timer = self.timer.get_or_insert_with(|| {
+            let at = earliest(next_look, activity.head_due(http1.head_timeout));
+            WhenWoken::new(tokio::time::sleep_until(at))
+        });
+        let drained = drained(&mut self.drained, &mut self.drain);
+        (timer, drained, &mut self.next_look)
+    }
+
+    /// The drain's wait, made if it was let go.
+    fn drained(&mut self) -> &mut WhenWoken<D> {
+        drained(&mut self.drained, &mut self.drain)
+    }
+
+    /// Lets both go: an answer streams, and nothing looks at them.
+    fn shed(&mut self) {
+        self.timer = None;
+        self.drained = None;
+    }
+}
+
+/// The drain's wait in `slot`, made by `drain` if it was let go.
+fn drained<'a, D: Future>(
+    slot: &'a mut Option<WhenWoken<D>>,
+    drain: &mut impl FnMut() -> D,
+) -> &'a mut WhenWoken<D> {
+    slot.get_or_insert_with(|| WhenWoken::new(drain()))
 }
 
 /// What waiting for a request head found.
@@ -261,12 +306,12 @@ impl<S: Socket> Engine<S> {
     /// Reads until a request head is complete (or refused), keeping the
     /// head deadline, parking when idle long enough, closing an idle
     /// connection when the server drains.
-    async fn next_head(
+    async fn next_head<D: Future>(
         &mut self,
         http1: &Http1,
         activity: &Activity,
         requests_before: u64,
-        waits: &mut Waits<impl Future>,
+        waits: &mut Waits<D, impl FnMut() -> D>,
     ) -> Next {
         loop {
             // Blank lines before a head are httparse's to skip, as it skips
@@ -285,23 +330,23 @@ impl<S: Socket> Engine<S> {
                 return Next::Close;
             }
             self.read.reserve(READ_ROOM);
+            let (timer, drained, next_look) = waits.all(http1, activity);
             tokio::select! {
                 read = self.io.read_buf(&mut self.read) => match read {
                     Ok(0) | Err(_) => return Next::Close,
                     Ok(_) => {}
                 },
-                _ = &mut waits.drained, if !self.draining => {
+                _ = drained, if !self.draining => {
                     self.draining = true;
                 }
-                () = &mut waits.timer => {
-                    let next_look = &mut waits.next_look;
+                () = &mut *timer => {
                     match look(http1, activity, requests_before, self.draining, next_look) {
                         Look::HeadLate => return Next::Close,
                         Look::Park if self.write.is_empty() => return Next::Park,
                         Look::Park | Look::Serve => {}
                     }
                     let next = earliest(*next_look, activity.head_due(http1.head_timeout));
-                    waits.timer.inner_mut().reset(next);
+                    timer.inner_mut().reset(next);
                 }
             }
         }
@@ -408,20 +453,21 @@ impl<S: Socket> Engine<S> {
     /// body, and writes it.
     // Not an `async fn`: its arguments would be kept twice.
     #[allow(clippy::manual_async_fn)]
-    fn serve<'a, F, B, D>(
+    fn serve<'a, F, B, D, M>(
         &'a mut self,
         answering: F,
         mut reader: Option<Reader>,
         ask: Ask,
-        drained: &'a mut WhenWoken<D>,
+        waits: &'a mut Waits<D, M>,
     ) -> impl Future<Output = Served> + 'a
     where
         F: Future<Output = Answer<B>> + 'a,
         B: HttpBody<Data = Bytes> + Unpin + 'a,
         D: Future + 'a,
+        M: FnMut() -> D + 'a,
     {
         async move {
-            let Some(resp) = self.answer(answering, &mut reader, drained).await else {
+            let Some(resp) = self.answer(answering, &mut reader, waits.drained()).await else {
                 return Served::Gone;
             };
             let (mut body, sends, last) = match self.head(resp, &reader, &ask) {
@@ -437,7 +483,7 @@ impl<S: Socket> Engine<S> {
                 }
             };
             drop(ask);
-            let sent = self.send_body(&mut body, &sends, &mut reader).await;
+            let sent = self.send_body(&mut body, &sends, &mut reader, waits).await;
             // Sent: the body's source is let go before the connection goes on.
             drop(body);
             self.finish(sent, last, reader.as_mut()).await
@@ -527,11 +573,12 @@ impl<S: Socket> Engine<S> {
     }
 
     /// Streams the answer's body by its framing.
-    async fn send_body<B: HttpBody<Data = Bytes> + Unpin>(
+    async fn send_body<B: HttpBody<Data = Bytes> + Unpin, D: Future>(
         &mut self,
         body: &mut B,
         sends: &Sends,
         reader: &mut Option<Reader>,
+        waits: &mut Waits<D, impl FnMut() -> D>,
     ) -> Result<(), ()> {
         let mut left = match *sends {
             Sends::Length(0) => return Ok(()),
@@ -562,6 +609,7 @@ impl<S: Socket> Engine<S> {
                     // stream's pieces each as it comes).
                     ready!(self.poll_write_out(cx))?;
                     self.shed(reader);
+                    waits.shed();
                     return Poll::Pending;
                 }
                 Poll::Ready(frame) => frame,
