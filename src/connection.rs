@@ -58,17 +58,31 @@ pub const CANCEL_ALLOWANCE: u32 = 100;
 pub trait Socket: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     /// The TCP socket underneath, whose readiness wakes a parked connection.
     fn tcp(&self) -> &TcpStream;
+
+    /// Ready once a read may find bytes, so that a connection waiting for
+    /// its next request makes its read buffer only when they come: a plain
+    /// socket's readiness; a TLS stream may hold decrypted bytes already,
+    /// so it is always ready.
+    fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
 }
 
 impl Socket for TcpStream {
     fn tcp(&self) -> &TcpStream {
         self
     }
+
+    fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_read_ready(cx)
+    }
 }
 
 impl Socket for tokio_rustls::server::TlsStream<TcpStream> {
     fn tcp(&self) -> &TcpStream {
         self.get_ref().0
+    }
+
+    fn poll_readable(&self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
     }
 }
 

@@ -18,7 +18,8 @@
 //! the body has nothing more yet and all is written: the write buffer is
 //! let go, and so is the read buffer when it holds nothing; the socket is
 //! then watched through a small probe (a close, or pipelined bytes, kept
-//! in order for the next head).
+//! in order for the next head). Between requests, a plain connection makes
+//! its read buffer only once bytes of the next request have come.
 
 use std::cell::Cell;
 use std::future::{poll_fn, Future};
@@ -329,10 +330,9 @@ impl<S: Socket> Engine<S> {
             if self.draining && self.read.is_empty() {
                 return Next::Close;
             }
-            self.read.reserve(READ_ROOM);
             let (timer, drained, next_look) = waits.all(http1, activity);
             tokio::select! {
-                read = self.io.read_buf(&mut self.read) => match read {
+                read = poll_fn(|cx| self.poll_read_head(cx)) => match read {
                     Ok(0) | Err(_) => return Next::Close,
                     Ok(_) => {}
                 },
@@ -569,6 +569,11 @@ impl<S: Socket> Engine<S> {
         if last || !drained {
             return Served::Close;
         }
+        // Nothing of a next request yet: no buffer is kept for it until its
+        // bytes come (see `poll_read_head`).
+        if self.read.is_empty() {
+            self.read = BytesMut::new();
+        }
         Served::Again
     }
 
@@ -682,6 +687,16 @@ impl<S: Socket> Engine<S> {
             }
         }
         Ok(())
+    }
+
+    /// Reads more of a request head. A connection between requests, with
+    /// no read buffer, makes one only once the socket has bytes for it.
+    fn poll_read_head(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.read.capacity() == 0 && self.io.replay.is_empty() {
+            ready!(self.io.io.poll_readable(cx))?;
+        }
+        self.read.reserve(READ_ROOM);
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read)
     }
 
     /// Looks at the socket while no body is being read: the client's
