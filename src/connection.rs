@@ -58,17 +58,31 @@ pub const CANCEL_ALLOWANCE: u32 = 100;
 pub trait Socket: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     /// The TCP socket underneath, whose readiness wakes a parked connection.
     fn tcp(&self) -> &TcpStream;
+
+    /// Ready once a read may find bytes, so that a connection waiting for
+    /// its next request makes its read buffer only when they come: a plain
+    /// socket's readiness; a TLS stream may hold decrypted bytes already,
+    /// so it is always ready.
+    fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
 }
 
 impl Socket for TcpStream {
     fn tcp(&self) -> &TcpStream {
         self
     }
+
+    fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_read_ready(cx)
+    }
 }
 
 impl Socket for tokio_rustls::server::TlsStream<TcpStream> {
     fn tcp(&self) -> &TcpStream {
         self.get_ref().0
+    }
+
+    fn poll_readable(&self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -403,8 +417,17 @@ impl<S: Socket> Parkable<S> {
         h2
     }
 
+    /// Keeps `read` (what the engine had read of a next head) to be read
+    /// again before what is unread of the replay: copied out, as the
+    /// engine's buffer would keep its whole allocation.
+    fn keep_read(&mut self, read: &[u8]) {
+        if !read.is_empty() {
+            self.replay = [read, &self.replay[..]].concat().into();
+        }
+    }
+
     /// Shuts the socket down, as a server does when it ends a connection.
-    async fn close(mut self) {
+    async fn close(&mut self) {
         let _ = tokio::time::timeout(Duration::from_secs(1), self.shutdown()).await;
     }
 }
@@ -505,29 +528,33 @@ pub struct Http1 {
 }
 
 /// Serves an HTTP/1 connection until it ends, parking it whenever it is
-/// idle; `drain` turns true when the server drains.
-pub async fn serve_h1<S: Socket, Svc: Service>(
-    http1: &Http1,
+/// idle; `drain` turns true when the server drains. (An `async` block, so
+/// that its arguments are kept once, where they were captured.)
+// Not an `async fn`: its arguments would be kept twice.
+#[allow(clippy::manual_async_fn)]
+pub fn serve_h1<'a, S: Socket, Svc: Service>(
+    http1: &'a Http1,
     mut io: Parkable<S>,
-    service: &Svc,
+    service: &'a Svc,
     mut drain: watch::Receiver<bool>,
     remote: SocketAddr,
-) {
-    let activity = io.activity();
-    loop {
-        // Boxed: parked, the connection's task keeps only a pointer's worth.
-        let stretch = Box::pin(engine::serve_until_idle(
-            http1, io, service, &activity, &mut drain, remote,
-        ))
-        .await;
-        let Stretch::Park(parked, read_buf) = stretch else {
-            return;
-        };
-        let Some(resumed) = park(http1, parked, read_buf, &activity, &mut drain, remote).await
-        else {
-            return;
-        };
-        io = resumed;
+) -> impl Future<Output = ()> + 'a {
+    async move {
+        let activity = io.activity();
+        loop {
+            // Boxed: parked, the connection's task keeps only a pointer's worth.
+            let stretch = Box::pin(engine::serve_until_idle(
+                http1, io, service, &activity, &mut drain, &remote,
+            ));
+            io = match stretch.await {
+                Stretch::Park(parked) => parked,
+                Stretch::Over => return,
+            };
+            if !park(http1, &mut io, &activity, &mut drain, &remote).await {
+                io.close().await;
+                return;
+            }
+        }
     }
 }
 
@@ -567,26 +594,19 @@ fn look(
     Look::Serve
 }
 
-/// Parks an idle HTTP/1 connection down to its socket, `read_buf` (what
-/// the engine had read) kept for the next serving stretch, until the
-/// client sends more (`Some`), or the server drains or the connection's
-/// deadline passes (closed, `None`).
+/// Parks an idle HTTP/1 connection down to its socket (with what the
+/// engine had read of a next head, to replay) until the client sends more
+/// (`true`), or the server drains or the connection's deadline passes
+/// (`false`: it is to be closed). Waits on the socket's readiness in place,
+/// with no future of its own: a parked connection keeps little more than
+/// its task.
 async fn park<S: Socket>(
     http1: &Http1,
-    mut io: Parkable<S>,
-    read_buf: Bytes,
+    io: &mut Parkable<S>,
     activity: &Activity,
     drain: &mut watch::Receiver<bool>,
-    remote: SocketAddr,
-) -> Option<Parkable<S>> {
-    // Copied out: the frozen buffer would keep the engine's whole allocation.
-    let unread = std::mem::take(&mut io.replay);
-    io.replay = if read_buf.is_empty() {
-        unread
-    } else {
-        [&read_buf[..], &unread[..]].concat().into()
-    };
-    drop(read_buf);
+    remote: &SocketAddr,
+) -> bool {
     let parked = http1.connections.park();
     tracing::trace!(%remote, "connection parked");
     // Parked with part of a head: it is due as if never parked.
@@ -597,15 +617,15 @@ async fn park<S: Socket>(
     } else {
         activity.since() + http1.idle_timeout
     };
+    let tcp = io.io.tcp();
     let woken = tokio::select! {
-        ready = io.io.tcp().readable() => ready.is_ok(),
+        ready = std::future::poll_fn(|cx| tcp.poll_read_ready(cx)) => ready.is_ok(),
         _ = drain.changed() => false,
         () = tokio::time::sleep_until(deadline) => false,
     };
     drop(parked);
     if !woken {
-        io.close().await;
-        return None;
+        return false;
     }
     http1.connections.resumed();
     tracing::trace!(%remote, "connection resumed");
@@ -614,7 +634,7 @@ async fn park<S: Socket>(
     if !begun {
         activity.restart_idle_clock();
     }
-    Some(io)
+    true
 }
 
 /// The earlier of `at` and `due`, if there is a `due`.

@@ -16,7 +16,7 @@ use hyper::service::service_fn;
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -428,81 +428,112 @@ struct Connections {
     worker: usize,
 }
 
+/// An accepted client connection, besides its stream.
+struct Client {
+    remote: SocketAddr,
+    /// The client reached us over TLS.
+    tls: bool,
+    /// It chose HTTP/2 by ALPN.
+    h2: bool,
+    /// Turns true when the server drains.
+    drain: watch::Receiver<bool>,
+    /// What a tunnel made from this connection holds.
+    lease: Lease,
+    /// Turns true at the drain deadline: the connection is closed.
+    closing: watch::Receiver<bool>,
+    /// The connection's slot, given back when it ends.
+    _slot: Arc<OwnedSemaphorePermit>,
+}
+
 impl Connections {
-    /// Serves one connection (plain, or already decrypted) until it ends.
-    /// `tls` says whether the client reached us over TLS, `h2` whether it
-    /// chose HTTP/2 by ALPN; `drain` turns true when the server drains;
-    /// `lease` is what a tunnel made from this connection holds.
-    async fn serve<S: Socket>(
+    /// Serves one connection (plain, or already decrypted) until it ends,
+    /// or the drain deadline closes it.
+    ///
+    /// This future is most of what an idle connection keeps, so what it
+    /// is given is used in place (an `async` block's captures, fields taken
+    /// from `client` and `self`), not moved into locals that would each
+    /// take room of their own (as an `async fn`'s arguments are).
+    // Not an `async fn`: its arguments would be kept twice.
+    #[allow(clippy::manual_async_fn)]
+    fn serve<S: Socket>(
         self,
-        stream: S,
-        remote: SocketAddr,
-        tls: bool,
-        h2: bool,
-        drain: watch::Receiver<bool>,
-        lease: Lease,
-    ) {
-        let Connections { shared, worker } = self;
-        let mut stream = Parkable::new(stream, shared.send_timeout);
-        let h2 = h2 || {
-            match stream.sniff_h2(shared.handshake_timeout).await {
-                Some(h2) => h2,
-                None => return,
+        mut stream: Parkable<S>,
+        mut client: Client,
+    ) -> impl Future<Output = ()> {
+        async move {
+            let mut closing = WhenWoken::new(client.closing.wait_for(|closing| *closing));
+            let h2 = client.h2 || {
+                tokio::select! {
+                    sniffed = stream.sniff_h2(self.shared.handshake_timeout) => match sniffed {
+                        Some(h2) => h2,
+                        None => return,
+                    },
+                    _ = &mut closing => return,
+                }
+            };
+            // Counted until the connection ends; one upgraded ends here when
+            // its socket is handed over, and is counted as a tunnel instead.
+            let _open = self.shared.app.metrics.connections().open(if h2 {
+                Protocol::Http2
+            } else {
+                Protocol::Http1
+            });
+            let activity = stream.activity();
+            // The app is reached through the connection's own `Conn`, so a
+            // request touches no reference count that other threads write.
+            let conn = Arc::new(Conn::new(
+                self.shared.app,
+                Peer::new(client.remote, client.tls)
+                    .on_worker(self.worker)
+                    .with_lease(client.lease),
+            ));
+            let service_activity = activity.clone();
+            let answer = move |req: ClientRequest| {
+                let in_flight = service_activity.request();
+                let answering = service_activity.answering();
+                let conn = conn.clone();
+                // Boxed: the connection keeps a slot the size of this future
+                // only while the request is served, not for its whole life.
+                Box::pin(async move {
+                    let resp = conn.app.handle(req, &conn).await;
+                    answering.answered();
+                    resp.map(|body| Tracked::new(body, in_flight))
+                })
+            };
+            if !h2 {
+                tokio::select! {
+                    () = connection::serve_h1(&self.shared.http1, stream, &answer, client.drain, client.remote) => {}
+                    _ = closing => {}
+                }
+                return;
             }
-        };
-        // Counted until the connection ends; one upgraded ends here when
-        // its socket is handed over, and is counted as a tunnel instead.
-        let _open = shared.app.metrics.connections().open(if h2 {
-            Protocol::Http2
-        } else {
-            Protocol::Http1
-        });
-        let activity = stream.activity();
-        // The app is reached through the connection's own `Conn`, so a
-        // request touches no reference count that other threads write.
-        let conn = Arc::new(Conn::new(
-            shared.app,
-            Peer::new(remote, tls).on_worker(worker).with_lease(lease),
-        ));
-        let service_activity = activity.clone();
-        let answer = move |req: ClientRequest| {
-            let in_flight = service_activity.request();
-            let answering = service_activity.answering();
-            let conn = conn.clone();
-            // Boxed: the connection keeps a slot the size of this future
-            // only while the request is served, not for its whole life.
-            Box::pin(async move {
-                let resp = conn.app.handle(req, &conn).await;
-                answering.answered();
-                resp.map(|body| Tracked::new(body, in_flight))
-            })
-        };
-        if !h2 {
-            connection::serve_h1(&shared.http1, stream, &answer, drain, remote).await;
-            return;
-        }
-        let service = service_fn(move |req: Request<Incoming>| {
-            let answered = answer(ClientRequest::h2(req));
-            async move { Ok::<_, Infallible>(answered.await.into_http()) }
-        });
-        // Watched from the preface on (replayed when it was sniffed), for
-        // the header blocks' deadline.
-        let stream = h2_watch::Watched::new(stream);
-        let header_blocks = stream.header_blocks();
-        // Boxed: HTTP/2's connection future is large, and unboxed it would
-        // set the size of every HTTP/1 connection's task too.
-        Box::pin(serve_h2(
-            &shared.http2,
-            TokioIo::new(stream),
-            service,
-            H2Watch {
+            let service = service_fn(move |req: Request<Incoming>| {
+                let answered = answer(ClientRequest::h2(req));
+                async move { Ok::<_, Infallible>(answered.await.into_http()) }
+            });
+            // Watched from the preface on (replayed when it was sniffed), for
+            // the header blocks' deadline.
+            let stream = h2_watch::Watched::new(stream);
+            let header_blocks = stream.header_blocks();
+            let watch = H2Watch {
                 activity,
                 header_blocks,
-                drain,
-            },
-            remote,
-        ))
-        .await;
+                drain: client.drain,
+            };
+            // Boxed: HTTP/2's connection future is large, and unboxed it would
+            // set the size of every HTTP/1 connection's task too.
+            let serving = Box::pin(serve_h2(
+                &self.shared.http2,
+                TokioIo::new(stream),
+                service,
+                watch,
+                client.remote,
+            ));
+            tokio::select! {
+                () = serving => {}
+                _ = closing => {}
+            }
+        }
     }
 }
 
@@ -665,19 +696,20 @@ async fn accept_loop(
             closing.subscribe(),
             tunnel_idle_timeout,
         );
-        let mut closed = closing.subscribe();
+        let client = Client {
+            remote,
+            tls: tls.is_some(),
+            h2: false,
+            drain: drained,
+            lease,
+            closing: closing.subscribe(),
+            _slot: permit,
+        };
         match &tls {
+            // The connection's task is the connection's future itself.
             None => {
-                let conn = connections
-                    .clone()
-                    .serve(stream, remote, false, false, drained, lease);
-                tokio::spawn(async move {
-                    tokio::select! {
-                        () = conn => {}
-                        _ = WhenWoken::new(closed.wait_for(|closed| *closed)) => {}
-                    }
-                    drop(permit);
-                });
+                let stream = Parkable::new(stream, connections.shared.send_timeout);
+                drop(tokio::spawn(connections.clone().serve(stream, client)));
             }
             Some(acceptor) => {
                 // The handshake runs in the connection's task, bounded by the
@@ -689,11 +721,9 @@ async fn accept_loop(
                     match tokio::time::timeout(timeout, handshake).await {
                         Ok(Ok(stream)) => {
                             let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
-                            let conn = connections.serve(stream, remote, true, h2, drained, lease);
-                            tokio::select! {
-                                () = conn => {}
-                                _ = WhenWoken::new(closed.wait_for(|closed| *closed)) => {}
-                            }
+                            let client = Client { h2, ..client };
+                            let stream = Parkable::new(stream, connections.shared.send_timeout);
+                            connections.serve(stream, client).await;
                         }
                         Ok(Err(err)) => {
                             tracing::debug!(%remote, error = %err, "TLS handshake failed");
@@ -702,7 +732,6 @@ async fn accept_loop(
                             tracing::debug!(%remote, "TLS handshake timed out");
                         }
                     }
-                    drop(permit);
                 });
             }
         }

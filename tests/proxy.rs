@@ -950,3 +950,103 @@ async fn queuegate_s_own_fields_in_request_trailers_never_reach_the_origin() {
         );
     }
 }
+
+/// Reads from `stream` into `got` until `needle` has arrived.
+async fn read_until(stream: &mut TcpStream, got: &mut Vec<u8>, needle: &[u8]) {
+    let reading = async {
+        let mut buf = [0u8; 4096];
+        while !got.windows(needle.len()).any(|w| w == needle) {
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed before {:?}", String::from_utf8_lossy(needle));
+            got.extend_from_slice(&buf[..n]);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), reading)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "no {:?} in {:?}",
+                String::from_utf8_lossy(needle),
+                String::from_utf8_lossy(got)
+            )
+        });
+}
+
+/// A request pipelined while an answer streams (the engine then holds no
+/// read buffer and looks at the socket through a small probe) is read
+/// whole, head and body, longer than the probe, and answered after the
+/// streaming answer ends.
+#[tokio::test]
+async fn a_request_pipelined_while_an_answer_streams_is_answered_after_it_whole() {
+    let release = Arc::new(tokio::sync::Notify::new());
+    let seen = Arc::new(Mutex::new(Vec::<(String, Bytes)>::new()));
+    let (released, log) = (release.clone(), seen.clone());
+    let origin = spawn_origin(move |req: Request<hyper::body::Incoming>| {
+        let (released, log) = (released.clone(), log.clone());
+        async move {
+            let target = req.uri().to_string();
+            let body = req.into_body().collect().await.unwrap().to_bytes();
+            log.lock().unwrap().push((target.clone(), body.clone()));
+            if target != "/stream" {
+                let echo = format!("echo {}", String::from_utf8_lossy(&body));
+                return Response::new(full(echo));
+            }
+            // One piece, then the second only once the test says so.
+            let pieces = futures_util::stream::unfold(0, move |n| {
+                let released = released.clone();
+                async move {
+                    let piece = match n {
+                        0 => "one;",
+                        1 => {
+                            released.notified().await;
+                            "two;"
+                        }
+                        _ => return None,
+                    };
+                    let frame = hyper::body::Frame::data(Bytes::from(piece));
+                    Some((Ok::<_, std::convert::Infallible>(frame), n + 1))
+                }
+            });
+            Response::new(BodyExt::boxed(http_body_util::StreamBody::new(pieces)))
+        }
+    })
+    .await;
+    let gate = spawn_gate(proxy_config(&origin.url())).await;
+    let mut stream = TcpStream::connect(gate.addr).await.unwrap();
+    stream
+        .write_all(b"GET /stream HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    read_until(&mut stream, &mut got, b"one;").await;
+
+    // The answer now waits for the origin: the next request arrives then.
+    let body = "b".repeat(300);
+    let next = format!(
+        "POST /after HTTP/1.1\r\nHost: a\r\nX-Padding: {}\r\nContent-Length: {}\r\n\r\n{body}",
+        "p".repeat(200),
+        body.len()
+    );
+    stream.write_all(next.as_bytes()).await.unwrap();
+    // Unobservable from outside: time for the bytes to be read while the
+    // answer still waits.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    release.notify_one();
+    let echo = format!("echo {body}");
+    read_until(&mut stream, &mut got, echo.as_bytes()).await;
+
+    let text = String::from_utf8_lossy(&got);
+    let heads: Vec<usize> = text
+        .match_indices("HTTP/1.1 200")
+        .map(|(at, _)| at)
+        .collect();
+    assert_eq!(heads.len(), 2, "two answers: {text:?}");
+    let two = text
+        .find("two;")
+        .expect("the streaming answer's second piece");
+    assert!(two < heads[1], "the streaming answer ends first: {text:?}");
+    let seen = seen.lock().unwrap();
+    let targets: Vec<&str> = seen.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(targets, ["/stream", "/after"]);
+    assert_eq!(seen[1].1, body.as_bytes(), "the pipelined body, whole");
+}

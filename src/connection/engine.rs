@@ -11,6 +11,15 @@
 //! Requests are served one after another; bytes after a head stay in the
 //! buffer for the next. A body the answer left unread is drained from what
 //! has arrived, else the connection closes (as hyper does).
+//!
+//! What a connection keeps while an answer streams: the stretch's future
+//! (the socket, the answer's body and framing, the request's body feed),
+//! not the service's future nor the answer's head, and no buffers while
+//! the body has nothing more yet and all is written: the write buffer is
+//! let go, and so is the read buffer when it holds nothing; the socket is
+//! then watched through a small probe (a close, or pipelined bytes, kept
+//! in order for the next head). Between requests, a plain connection makes
+//! its read buffer only once bytes of the next request have come.
 
 use std::cell::Cell;
 use std::future::{poll_fn, Future};
@@ -24,7 +33,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use futures_util::FutureExt;
 use http::{Method, StatusCode, Uri, Version};
 use http_body::{Body as HttpBody, Frame};
-use tokio::io::{AsyncReadExt, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
@@ -42,6 +51,9 @@ use crate::message::Answer;
 const WRITE_HIGH: usize = 64 * 1024;
 /// The read buffer's first size, and how much room a read asks for.
 const READ_ROOM: usize = 8 * 1024;
+/// The most a look at the socket reads while an answer streams and the
+/// read buffer has no room (see `Engine::poll_probe`).
+const PROBE: usize = 64;
 
 /// What a connection's requests are answered by.
 pub trait Service {
@@ -65,8 +77,8 @@ where
 
 /// How a serving stretch ended.
 pub(super) enum Stretch<S> {
-    /// Idle: the socket to park, and what was read of it.
-    Park(Parkable<S>, Bytes),
+    /// Idle: the socket to park, what was read of it kept to replay.
+    Park(Parkable<S>),
     /// The connection is over (closed, or handed to a tunnel).
     Over,
 }
@@ -90,6 +102,23 @@ struct Parsed {
     expect_continue: bool,
     keep_alive: bool,
     upgrade: bool,
+}
+
+/// What the engine keeps of a request while it is answered.
+struct Ask {
+    method: Method,
+    http10: bool,
+    keep_alive: bool,
+    /// Where the socket goes if the answer is a `101`.
+    upgrade: Option<oneshot::Sender<Upgraded>>,
+}
+
+/// An answer whose head is written.
+enum Head<B> {
+    /// Its body is to be sent.
+    Body(B, answer::Written),
+    /// A `101`: the connection is handed over.
+    Switching,
 }
 
 /// A request body being read from the connection for its request.
@@ -120,111 +149,177 @@ enum Served {
 }
 
 /// Serves one stretch of an HTTP/1 connection until it ends or goes idle.
-pub(super) async fn serve_until_idle<S: Socket, Svc: Service>(
-    http1: &Http1,
-    mut io: Parkable<S>,
-    service: &Svc,
-    activity: &Activity,
-    drain: &mut watch::Receiver<bool>,
-    remote: std::net::SocketAddr,
-) -> Stretch<S> {
-    let requests_before = activity.requests();
-    activity.read_lately.store(false, Ordering::Relaxed);
-    let replay = std::mem::take(&mut io.replay);
-    let mut engine = Engine {
-        io,
-        read: BytesMut::from(&replay[..]),
-        write: BytesMut::new(),
-        draining: *drain.borrow_and_update(),
-    };
-    drop(replay);
-    // One timer for the stretch, for both the look at whether to park and
-    // the request head's deadline, polled only when it fires; one wait for
-    // the drain.
-    let next_look = Instant::now() + http1.parking.after;
-    let mut waits = Waits {
-        timer: WhenWoken::new(tokio::time::sleep_until(earliest(
-            next_look,
-            activity.head_due(http1.head_timeout),
-        ))),
-        next_look,
-        drained: WhenWoken::new(drain.changed()),
-    };
-    loop {
-        activity.between_requests.store(true, Ordering::Relaxed);
-        let next = engine
-            .next_head(http1, activity, requests_before, &mut waits)
-            .await;
-        activity.between_requests.store(false, Ordering::Relaxed);
-        let parsed = match next {
-            Next::Head(parsed) => parsed,
-            Next::Park => {
-                let Engine { io, read, .. } = engine;
-                return Stretch::Park(io, read.freeze());
-            }
-            Next::Close => {
-                tracing::debug!(%remote, "connection closed or no request head in time");
-                engine.io.close().await;
-                return Stretch::Over;
-            }
-            Next::Refused(refused) => {
-                tracing::debug!(%remote, error = %refused, "request head refused");
-                engine.refuse(refused.status()).await;
-                return Stretch::Over;
-            }
+///
+/// This future is what a connection keeps while it is served (an event
+/// stream's, for as long as it streams), so what lives across its waits is
+/// kept small: requests are begun and answers' heads written in plain
+/// functions, and only the answer's body and framing are held while it
+/// streams.
+pub(super) fn serve_until_idle<'a, S: Socket, Svc: Service>(
+    http1: &'a Http1,
+    io: Parkable<S>,
+    service: &'a Svc,
+    activity: &'a Activity,
+    drain: &'a mut watch::Receiver<bool>,
+    remote: &'a std::net::SocketAddr,
+) -> impl Future<Output = Stretch<S>> + 'a {
+    // Made here, so that the socket is kept once, in the engine.
+    let mut engine = Engine::new(io, *drain.borrow_and_update());
+    async move {
+        let requests_before = activity.requests();
+        activity.read_lately.store(false, Ordering::Relaxed);
+        // One timer for the stretch, for both the look at whether to park and
+        // the request head's deadline, polled only when it fires; one wait for
+        // the drain. Each on its own receiver, which sees what `drain` had
+        // seen.
+        let mut waits = Waits {
+            timer: None,
+            next_look: Instant::now() + http1.parking.after,
+            drained: None,
+            drain: || {
+                let mut drain = drain.clone();
+                async move {
+                    let _ = drain.changed().await;
+                }
+            },
         };
-        match engine.serve(parsed, service, &mut waits.drained).await {
-            Served::Again => {}
-            Served::Close => {
-                engine.io.close().await;
-                return Stretch::Over;
-            }
-            Served::Gone => return Stretch::Over,
-            Served::Upgrade(tx) => {
-                let Engine { io, read, .. } = engine;
-                let _ = tx.send(Upgraded::new(read.freeze(), Box::new(io)));
-                return Stretch::Over;
+        loop {
+            activity.between_requests.store(true, Ordering::Relaxed);
+            let next = engine
+                .next_head(http1, activity, requests_before, &mut waits)
+                .await;
+            activity.between_requests.store(false, Ordering::Relaxed);
+            let (answering, reader, ask) = match next {
+                Next::Head(parsed) => engine.begin(*parsed, service),
+                Next::Park => return engine.park(),
+                Next::Close => {
+                    tracing::debug!(%remote, "connection closed or no request head in time");
+                    engine.io.close().await;
+                    return Stretch::Over;
+                }
+                Next::Refused(refused) => {
+                    tracing::debug!(%remote, error = %refused, "request head refused");
+                    engine.refuse(refused.status()).await;
+                    return Stretch::Over;
+                }
+            };
+            match engine.serve(answering, reader, ask, &mut waits).await {
+                Served::Again => {}
+                Served::Close => {
+                    engine.io.close().await;
+                    return Stretch::Over;
+                }
+                Served::Gone => return Stretch::Over,
+                Served::Upgrade(tx) => {
+                    let Engine { io, read, .. } = engine;
+                    let _ = tx.send(Upgraded::new(read.freeze(), Box::new(io)));
+                    return Stretch::Over;
+                }
             }
         }
     }
 }
 
-/// What a serving stretch waits on besides its socket.
-struct Waits<D> {
-    timer: WhenWoken<tokio::time::Sleep>,
+/// What a serving stretch waits on besides its socket. Both waits are
+/// made when a head is waited for, and let go while an answer streams
+/// (when nothing looks at them).
+struct Waits<D, M> {
+    timer: Option<WhenWoken<tokio::time::Sleep>>,
     /// When the timer next looks at whether to park.
     next_look: Instant,
     /// The server's drain; not polled again once it has fired.
-    drained: WhenWoken<D>,
+    drained: Option<WhenWoken<D>>,
+    /// Makes the wait for the drain.
+    drain: M,
+}
+
+impl<D: Future, M: FnMut() -> D> Waits<D, M> {
+    /// The timer (made, if it was let go, for the next look or the head's
+    /// deadline, whichever is first), the drain's wait, and the next look.
+    fn all(
+        &mut self,
+        http1: &Http1,
+        activity: &Activity,
+    ) -> (
+        &mut WhenWoken<tokio::time::Sleep>,
+        &mut WhenWoken<D>,
+        &mut Instant,
+    ) {
+        let next_look = self.next_look;
+        let timer = self.timer.get_or_insert_with(|| {
+            let at = earliest(next_look, activity.head_due(http1.head_timeout));
+            WhenWoken::new(tokio::time::sleep_until(at))
+        });
+        let drained = drained(&mut self.drained, &mut self.drain);
+        (timer, drained, &mut self.next_look)
+    }
+
+    /// The drain's wait, made if it was let go.
+    fn drained(&mut self) -> &mut WhenWoken<D> {
+        drained(&mut self.drained, &mut self.drain)
+    }
+
+    /// Lets both go: an answer streams, and nothing looks at them.
+    fn shed(&mut self) {
+        self.timer = None;
+        self.drained = None;
+    }
+}
+
+/// The drain's wait in `slot`, made by `drain` if it was let go.
+fn drained<'a, D: Future>(
+    slot: &'a mut Option<WhenWoken<D>>,
+    drain: &mut impl FnMut() -> D,
+) -> &'a mut WhenWoken<D> {
+    slot.get_or_insert_with(|| WhenWoken::new(drain()))
 }
 
 /// What waiting for a request head found.
-// Moved once per request: boxing the head would cost an allocation each.
-#[allow(clippy::large_enum_variant)]
 enum Next {
-    Head(Parsed),
+    /// Boxed: this is kept, with the future waiting for it, for as long as
+    /// the stretch lasts.
+    Head(Box<Parsed>),
     Park,
     Close,
     Refused(Refused),
 }
 
 impl<S: Socket> Engine<S> {
+    /// The engine for a stretch of `io`, whose replay (what was read of
+    /// it before) goes first into the read buffer.
+    fn new(mut io: Parkable<S>, draining: bool) -> Engine<S> {
+        let replay = std::mem::take(&mut io.replay);
+        Engine {
+            io,
+            read: BytesMut::from(&replay[..]),
+            write: BytesMut::new(),
+            draining,
+        }
+    }
+
+    /// Ends the stretch to park: what was read of a next head is kept.
+    fn park(self) -> Stretch<S> {
+        let Engine { mut io, read, .. } = self;
+        io.keep_read(&read);
+        Stretch::Park(io)
+    }
+
     /// Reads until a request head is complete (or refused), keeping the
     /// head deadline, parking when idle long enough, closing an idle
     /// connection when the server drains.
-    async fn next_head(
+    async fn next_head<D: Future>(
         &mut self,
         http1: &Http1,
         activity: &Activity,
         requests_before: u64,
-        waits: &mut Waits<impl Future>,
+        waits: &mut Waits<D, impl FnMut() -> D>,
     ) -> Next {
         loop {
             // Blank lines before a head are httparse's to skip, as it skips
             // them for hyper: CRLF or LF, never a lone CR.
             if !self.read.is_empty() {
                 match self.take_head() {
-                    Ok(Some(parsed)) => return Next::Head(parsed),
+                    Ok(Some(parsed)) => return Next::Head(Box::new(parsed)),
                     Ok(None) if self.read.len() >= http1.head_limit => {
                         return Next::Refused(Refused::TooLarge)
                     }
@@ -235,24 +330,23 @@ impl<S: Socket> Engine<S> {
             if self.draining && self.read.is_empty() {
                 return Next::Close;
             }
-            self.read.reserve(READ_ROOM);
+            let (timer, drained, next_look) = waits.all(http1, activity);
             tokio::select! {
-                read = self.io.read_buf(&mut self.read) => match read {
+                read = poll_fn(|cx| self.poll_read_head(cx)) => match read {
                     Ok(0) | Err(_) => return Next::Close,
                     Ok(_) => {}
                 },
-                _ = &mut waits.drained, if !self.draining => {
+                _ = drained, if !self.draining => {
                     self.draining = true;
                 }
-                () = &mut waits.timer => {
-                    let next_look = &mut waits.next_look;
+                () = &mut *timer => {
                     match look(http1, activity, requests_before, self.draining, next_look) {
                         Look::HeadLate => return Next::Close,
                         Look::Park if self.write.is_empty() => return Next::Park,
                         Look::Park | Look::Serve => {}
                     }
                     let next = earliest(*next_look, activity.head_due(http1.head_timeout));
-                    waits.timer.inner_mut().reset(next);
+                    timer.inner_mut().reset(next);
                 }
             }
         }
@@ -298,7 +392,7 @@ impl<S: Socket> Engine<S> {
 
     /// Answers a refused head as hyper does (no body, `connection:
     /// close`), then closes.
-    async fn refuse(mut self, status: StatusCode) {
+    async fn refuse(&mut self, status: StatusCode) {
         let mut resp = Answer::new(());
         *resp.status_mut() = status;
         let (mut parts, ()) = resp.into_parts();
@@ -313,14 +407,13 @@ impl<S: Socket> Engine<S> {
         }
     }
 
-    /// Serves one request: hands it to `service`, feeding its body, and
-    /// writes the answer.
-    async fn serve<Svc: Service>(
+    /// Begins serving a request: its body is fed from the connection (see
+    /// `pump`), and `service` is asked for the answer.
+    fn begin<Svc: Service>(
         &mut self,
         parsed: Parsed,
         service: &Svc,
-        drained: &mut WhenWoken<impl Future>,
-    ) -> Served {
+    ) -> (Svc::Future, Option<Reader>, Ask) {
         let Parsed {
             method,
             uri,
@@ -331,7 +424,7 @@ impl<S: Socket> Engine<S> {
             keep_alive,
             upgrade,
         } = parsed;
-        let (body, mut reader) = match framing {
+        let (body, reader) = match framing {
             Framing::Empty => (ClientBody::empty(), None),
             Framing::Length(n) => Reader::new(Some(n), Left::Length(n), expect_continue),
             Framing::Chunked => Reader::new(None, Left::Chunked(Box::default()), expect_continue),
@@ -347,30 +440,68 @@ impl<S: Socket> Engine<S> {
             }
             false => None,
         };
-        let mut answering = pin!(service.call(req));
-        let resp = poll_fn(|cx| {
-            if !self.draining && drained.poll_unpin(cx).is_ready() {
-                self.draining = true;
-            }
-            // The answer first: one ready at once needs no look at the
-            // socket (as hyper looks only while the service is pending).
-            if let Poll::Ready(resp) = answering.as_mut().poll(cx) {
-                return Poll::Ready(Some(resp));
-            }
-            if self.pump(cx, &mut reader, true).is_err() {
-                return Poll::Ready(None);
-            }
-            Poll::Pending
-        })
-        .await;
-        let Some(resp) = resp else {
-            return Served::Gone;
+        let ask = Ask {
+            method,
+            http10,
+            keep_alive,
+            upgrade,
         };
+        (service.call(req), reader, ask)
+    }
+
+    /// Serves a begun request: waits for the answer, feeding the request's
+    /// body, and writes it.
+    // Not an `async fn`: its arguments would be kept twice.
+    #[allow(clippy::manual_async_fn)]
+    fn serve<'a, F, B, D, M>(
+        &'a mut self,
+        answering: F,
+        mut reader: Option<Reader>,
+        ask: Ask,
+        waits: &'a mut Waits<D, M>,
+    ) -> impl Future<Output = Served> + 'a
+    where
+        F: Future<Output = Answer<B>> + 'a,
+        B: HttpBody<Data = Bytes> + Unpin + 'a,
+        D: Future + 'a,
+        M: FnMut() -> D + 'a,
+    {
+        async move {
+            let Some(resp) = self.answer(answering, &mut reader, waits.drained()).await else {
+                return Served::Gone;
+            };
+            let (mut body, sends, last) = match self.head(resp, &reader, &ask) {
+                Head::Body(body, written) => (body, written.sends, written.last),
+                Head::Switching => {
+                    if poll_fn(|cx| self.poll_write_out(cx)).await.is_err() {
+                        return Served::Gone;
+                    }
+                    return match ask.upgrade {
+                        Some(tx) => Served::Upgrade(tx),
+                        None => Served::Close,
+                    };
+                }
+            };
+            drop(ask);
+            let sent = self.send_body(&mut body, &sends, &mut reader, waits).await;
+            // Sent: the body's source is let go before the connection goes on.
+            drop(body);
+            self.finish(sent, last, reader.as_mut()).await
+        }
+    }
+
+    /// Writes the answer's head: its body to send, and how.
+    fn head<B: HttpBody>(
+        &mut self,
+        resp: Answer<B>,
+        reader: &Option<Reader>,
+        ask: &Ask,
+    ) -> Head<B> {
         let broken = reader.as_ref().is_some_and(|r| r.broken);
         let asked = Asked {
-            method: &method,
-            http10,
-            keep_alive: keep_alive && !self.draining && !broken,
+            method: &ask.method,
+            http10: ask.http10,
+            keep_alive: ask.keep_alive && !self.draining && !broken,
         };
         let (mut parts, body) = resp.into_parts();
         let size = if body.is_end_stream() {
@@ -380,28 +511,52 @@ impl<S: Socket> Engine<S> {
         };
         let written = answer::head(&mut self.write, &mut parts, asked, size, &date());
         if parts.status == StatusCode::SWITCHING_PROTOCOLS {
-            drop(body);
-            if poll_fn(|cx| self.poll_write_out(cx)).await.is_err() {
-                return Served::Gone;
-            }
-            return match upgrade {
-                Some(tx) => Served::Upgrade(tx),
-                None => Served::Close,
-            };
+            return Head::Switching;
         }
-        drop(upgrade);
-        let sent = self.send_body(body, written.sends, &mut reader).await;
-        self.finish(sent, written.last, reader).await
+        Head::Body(body, written)
+    }
+
+    /// Waits for the service's answer, feeding the request's body and
+    /// noticing the client's close meanwhile: `None` when the connection is
+    /// over. The service's future is dropped as soon as it has answered,
+    /// so a long answer (an event stream) does not keep it.
+    async fn answer<R>(
+        &mut self,
+        answering: impl Future<Output = R>,
+        reader: &mut Option<Reader>,
+        drained: &mut WhenWoken<impl Future>,
+    ) -> Option<R> {
+        let mut answering = pin!(answering);
+        poll_fn(|cx| {
+            if !self.draining && drained.poll_unpin(cx).is_ready() {
+                self.draining = true;
+            }
+            // The answer first: one ready at once needs no look at the
+            // socket (as hyper looks only while the service is pending).
+            if let Poll::Ready(resp) = answering.as_mut().poll(cx) {
+                return Poll::Ready(Some(resp));
+            }
+            if self.pump(cx, reader, true).is_err() {
+                return Poll::Ready(None);
+            }
+            Poll::Pending
+        })
+        .await
     }
 
     /// After the answer: written out, and the request's body drained from
     /// what has arrived (else the connection closes).
-    async fn finish(&mut self, sent: Result<(), ()>, last: bool, reader: Option<Reader>) -> Served {
+    async fn finish(
+        &mut self,
+        sent: Result<(), ()>,
+        last: bool,
+        reader: Option<&mut Reader>,
+    ) -> Served {
         if sent.is_err() || poll_fn(|cx| self.poll_write_out(cx)).await.is_err() {
             return Served::Gone;
         }
         let mut drained = true;
-        if let Some(mut reader) = reader {
+        if let Some(reader) = reader {
             drained = reader.drain(&mut self.read).is_ok_and(|done| done);
             if !drained && !reader.broken {
                 // One look at what the socket has, as hyper takes.
@@ -414,22 +569,27 @@ impl<S: Socket> Engine<S> {
         if last || !drained {
             return Served::Close;
         }
+        // Nothing of a next request yet: no buffer is kept for it until its
+        // bytes come (see `poll_read_head`).
+        if self.read.is_empty() {
+            self.read = BytesMut::new();
+        }
         Served::Again
     }
 
     /// Streams the answer's body by its framing.
-    async fn send_body<B: HttpBody<Data = Bytes> + Unpin>(
+    async fn send_body<B: HttpBody<Data = Bytes> + Unpin, D: Future>(
         &mut self,
-        body: B,
-        sends: Sends,
+        body: &mut B,
+        sends: &Sends,
         reader: &mut Option<Reader>,
+        waits: &mut Waits<D, impl FnMut() -> D>,
     ) -> Result<(), ()> {
-        let mut left = match sends {
+        let mut left = match *sends {
             Sends::Length(0) => return Ok(()),
             Sends::Length(n) => Some(n),
             Sends::Chunked(_) | Sends::Close => None,
         };
-        let mut body = body;
         // The request's body is fed, and the client's close noticed,
         // whenever the answer waits.
         poll_fn(|cx| loop {
@@ -445,7 +605,7 @@ impl<S: Socket> Engine<S> {
                     }
                 }
             }
-            let frame = match Pin::new(&mut body).poll_frame(cx) {
+            let frame = match Pin::new(&mut *body).poll_frame(cx) {
                 Poll::Pending => {
                     if self.pump(cx, reader, false).is_err() {
                         return Poll::Ready(Err(()));
@@ -453,13 +613,15 @@ impl<S: Socket> Engine<S> {
                     // Nothing more yet: what is made goes out (an event
                     // stream's pieces each as it comes).
                     ready!(self.poll_write_out(cx))?;
+                    self.shed(reader);
+                    waits.shed();
                     return Poll::Pending;
                 }
                 Poll::Ready(frame) => frame,
             };
             match frame {
                 Some(Ok(frame)) => {
-                    if encode(&mut self.write, &sends, &mut left, frame) {
+                    if encode(&mut self.write, sends, &mut left, frame) {
                         return Poll::Ready(Ok(()));
                     }
                 }
@@ -514,8 +676,7 @@ impl<S: Socket> Engine<S> {
             }
         } else if self.read.is_empty() && reader.as_ref().is_none_or(|r| !r.broken) {
             // hyper's `mid_message_detect_eof`.
-            self.read.reserve(READ_ROOM);
-            match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read) {
+            match self.poll_probe(cx) {
                 Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Err(()),
                 Poll::Ready(Ok(_)) | Poll::Pending => {}
             }
@@ -526,6 +687,45 @@ impl<S: Socket> Engine<S> {
             }
         }
         Ok(())
+    }
+
+    /// Reads more of a request head. A connection between requests, with
+    /// no read buffer, makes one only once the socket has bytes for it.
+    fn poll_read_head(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.read.capacity() == 0 && self.io.replay.is_empty() {
+            ready!(self.io.io.poll_readable(cx))?;
+        }
+        self.read.reserve(READ_ROOM);
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read)
+    }
+
+    /// Looks at the socket while no body is being read: the client's
+    /// close, or bytes it sent ahead (a pipelined request), which are added
+    /// to the read buffer in order for the next head. They are read into
+    /// the room the buffer has; a buffer with none gets only what arrived,
+    /// by way of a small probe, so an answer that streams for long keeps no
+    /// read buffer while nothing comes.
+    fn poll_probe(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.read.capacity() > self.read.len() {
+            return tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read);
+        }
+        let mut probe = [0; PROBE];
+        let mut buf = ReadBuf::new(&mut probe);
+        ready!(Pin::new(&mut self.io).poll_read(cx, &mut buf))?;
+        self.read.extend_from_slice(buf.filled());
+        Poll::Ready(Ok(buf.filled().len()))
+    }
+
+    /// Gives back the buffers while the answer waits for its body with
+    /// everything written: the write buffer, and the read buffer when it
+    /// holds nothing and no request body is being read from it. An answer
+    /// that streams for long (an event stream) keeps neither while it
+    /// waits; each is made again when something comes.
+    fn shed(&mut self, reader: &Option<Reader>) {
+        self.write = BytesMut::new();
+        if self.read.is_empty() && reader.as_ref().is_none_or(Reader::done) {
+            self.read = BytesMut::new();
+        }
     }
 
     /// Writes out the write buffer and flushes.

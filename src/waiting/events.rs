@@ -300,21 +300,7 @@ impl Stream {
         };
         loop {
             let look_at = self.checked_at + self.pace();
-            let (ending, ticks) = (&mut self.ending, &mut self.ticks);
-            let wake = tokio::select! {
-                biased;
-                _ = ending.wait_for(|ending| *ending) => Wake::Ending,
-                () = sleep_until(sent_at + KEEPALIVE) => Wake::Keepalive,
-                ticked = async {
-                    sleep_until(look_at).await;
-                    ticks.changed().await
-                } => match ticked {
-                    Ok(()) => Wake::Ticked,
-                    // The route's live numbers are gone with their route.
-                    Err(_) => Wake::Ending,
-                },
-            };
-            match wake {
+            match self.wake(sent_at + KEEPALIVE, look_at).await {
                 Wake::Ending => return None,
                 Wake::Keepalive => return Some(self.check(true).await),
                 Wake::Ticked => {
@@ -326,6 +312,32 @@ impl Stream {
                     }
                 }
             }
+        }
+    }
+
+    /// Waits for what wakes the stream: the server's drain, the
+    /// keepalive, or, from `look_at` on, a tick (the keepalive first when
+    /// both are due). One timer at a time, so that an open stream keeps
+    /// room for one.
+    async fn wake(&mut self, keepalive: Instant, look_at: Instant) -> Wake {
+        let (ending, ticks) = (&mut self.ending, &mut self.ticks);
+        tokio::select! {
+            biased;
+            _ = ending.wait_for(|ending| *ending) => return Wake::Ending,
+            () = sleep_until(look_at.min(keepalive)) => {}
+        }
+        if look_at >= keepalive {
+            return Wake::Keepalive;
+        }
+        tokio::select! {
+            biased;
+            _ = ending.wait_for(|ending| *ending) => Wake::Ending,
+            () = sleep_until(keepalive) => Wake::Keepalive,
+            ticked = ticks.changed() => match ticked {
+                Ok(()) => Wake::Ticked,
+                // The route's live numbers are gone with their route.
+                Err(_) => Wake::Ending,
+            },
         }
     }
 
