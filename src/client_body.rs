@@ -2,8 +2,10 @@
 //! HTTP/2's is hyper's, HTTP/1's is fed by the connection's own engine
 //! (`connection`) through a one-frame slot ([`Feed`]), read from the
 //! socket only when the body asks for more, so a slow reader holds the
-//! client back. Also the socket an HTTP/1 connection hands over after a
-//! `101` ([`Upgraded`], waited for with the request's [`OnUpgrade`]).
+//! client back. Also a socket with the bytes already read from it
+//! ([`ReadAhead`]), as a tunnel takes either side of an upgraded
+//! connection: the client's, handed over after a `101` ([`Upgraded`],
+//! waited for with the request's [`OnUpgrade`]), and the origin's.
 
 use std::fmt;
 use std::io;
@@ -11,7 +13,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
@@ -234,37 +236,55 @@ pub trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
-/// The client's connection after a `101`: the bytes it had already sent
-/// past the request, then its socket.
-pub struct Upgraded {
+/// A socket and the bytes already read from it past a message: those
+/// bytes first, then the socket. A tunnel takes both sides of an upgraded
+/// connection this way: the client's after a `101` ([`Upgraded`]), the
+/// origin's after its `101` (`upstream::Handed`).
+pub struct ReadAhead<IO> {
     read: Bytes,
-    io: Box<dyn Io>,
+    io: IO,
 }
 
-impl Upgraded {
-    pub fn new(read: Bytes, io: Box<dyn Io>) -> Upgraded {
-        Upgraded { read, io }
+/// The client's connection after a `101`: the bytes it had already sent
+/// past the request, then its socket.
+pub type Upgraded = ReadAhead<Box<dyn Io>>;
+
+impl<IO> ReadAhead<IO> {
+    pub fn new(read: Bytes, io: IO) -> ReadAhead<IO> {
+        ReadAhead { read, io }
     }
 }
 
-impl AsyncRead for Upgraded {
+/// Puts what is left of `kept` (bytes read ahead of their reader) into
+/// `buf`; whether it put any. Once all are given, the buffer they were a
+/// slice of is let go.
+pub fn give_kept(kept: &mut Bytes, buf: &mut ReadBuf<'_>) -> bool {
+    if kept.is_empty() || buf.remaining() == 0 {
+        return false;
+    }
+    let n = kept.len().min(buf.remaining());
+    buf.put_slice(&kept.split_to(n));
+    if kept.is_empty() {
+        *kept = Bytes::new();
+    }
+    true
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for ReadAhead<IO> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
-        if !this.read.is_empty() {
-            let n = this.read.len().min(buf.remaining());
-            buf.put_slice(&this.read[..n]);
-            this.read.advance(n);
+        if give_kept(&mut this.read, buf) {
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut this.io).poll_read(cx, buf)
     }
 }
 
-impl AsyncWrite for Upgraded {
+impl<IO: AsyncWrite + Unpin> AsyncWrite for ReadAhead<IO> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -301,8 +321,8 @@ impl OnUpgrade {
     }
 }
 
-impl fmt::Debug for Upgraded {
+impl<IO> fmt::Debug for ReadAhead<IO> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Upgraded")
+        f.write_str("ReadAhead")
     }
 }

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use futures_util::task::AtomicWaker;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -37,6 +37,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 use tokio::time::{Instant, Sleep};
 
+use crate::client_body::give_kept;
 use crate::metrics::ConnectionMetrics;
 
 mod engine;
@@ -439,13 +440,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Parkable<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
-        if !this.replay.is_empty() && buf.remaining() > 0 {
-            let n = this.replay.len().min(buf.remaining());
-            buf.put_slice(&this.replay[..n]);
-            this.replay.advance(n);
-            if this.replay.is_empty() {
-                this.replay = Bytes::new();
-            }
+        if give_kept(&mut this.replay, buf) {
             this.activity.read_lately.store(true, Ordering::Relaxed);
             return Poll::Ready(Ok(()));
         }

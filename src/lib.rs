@@ -79,8 +79,9 @@
 //!   method, target, its fields as a `fields::Fields` list, its body, and
 //!   an HTTP/1 request's way to its connection after a `101`.
 //! - `client_body`: a client's request body whichever protocol brought it
-//!   (HTTP/1's fed by `connection`'s engine, HTTP/2's hyper's), and the
-//!   socket an HTTP/1 connection hands over after a `101`.
+//!   (HTTP/1's fed by `connection`'s engine, HTTP/2's hyper's), and a
+//!   socket with the bytes read ahead of it (`ReadAhead`): either end of a
+//!   tunnel after a `101`.
 //! - `h1`: the HTTP/1.1 codec, byte work only: an origin's response head
 //!   read once into a borrowed view and its body's framing (`response`),
 //!   the chunked coding (`chunked`), request heads written into a

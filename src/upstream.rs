@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use crate::client_body::ClientBody;
+use crate::client_body::{ClientBody, ReadAhead};
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderName, Method, Request, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
@@ -581,46 +581,9 @@ impl OriginBody {
     }
 }
 
-/// The origin's side of a tunnel: its socket, after what had been already
-/// read past the `101`.
-pub struct Handed {
-    read: Bytes,
-    io: Stream,
-}
-
-impl AsyncRead for Handed {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if !this.read.is_empty() {
-            let n = this.read.len().min(buf.remaining());
-            buf.put_slice(&this.read.split_to(n));
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.io).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Handed {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
-}
+/// The origin's side of a tunnel: what had been already read past the
+/// `101`, then its socket.
+pub type Handed = ReadAhead<Stream>;
 
 impl Pooled {
     fn new(conn: Box<Conn>, reused: bool, shard: Arc<Shard>) -> Pooled {
@@ -884,10 +847,7 @@ impl Pooled {
         if !conn.write.is_empty() {
             return None;
         }
-        Some(Handed {
-            read: conn.read.freeze(),
-            io: conn.io,
-        })
+        Some(ReadAhead::new(conn.read.freeze(), conn.io))
     }
 
     /// Back to the pool, if the connection is ready for another request:
