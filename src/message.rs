@@ -81,16 +81,8 @@ impl<B> Answer<B> {
         self.head.client_error = true;
     }
 
-    pub fn body(&self) -> &B {
-        &self.body
-    }
-
     pub fn body_mut(&mut self) -> &mut B {
         &mut self.body
-    }
-
-    pub fn into_body(self) -> B {
-        self.body
     }
 
     /// The same answer with its body made by `f`.
