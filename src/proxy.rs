@@ -313,11 +313,13 @@ impl Upstream {
         let prepared = self.rewrite(req, peer, upgrade, withheld);
         let worker = peer.worker;
         async move {
-            let (method, uri, version, fields, body) = prepared?.into_parts();
+            let (method, uri, _, fields, body) = prepared?.into_parts();
+            // HTTP/1.1 to the origin, whatever the client spoke: its
+            // framing (a body of unknown length chunked) is chosen for it.
             let req = OriginRequest {
                 method,
                 uri,
-                version,
+                version: Version::HTTP_11,
                 fields,
                 body: Outgoing::Client { body, withheld },
             };

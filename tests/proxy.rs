@@ -18,6 +18,7 @@ use tokio::net::TcpStream;
 #[derive(Clone, Debug)]
 struct Seen {
     method: Method,
+    version: http::Version,
     target: String,
     headers: HeaderMap,
     body: Bytes,
@@ -33,6 +34,7 @@ async fn recording_origin() -> (Origin, Arc<Mutex<Vec<Seen>>>) {
             let body = body.collect().await.unwrap().to_bytes();
             log.lock().unwrap().push(Seen {
                 method: parts.method,
+                version: parts.version,
                 target: parts.uri.to_string(),
                 headers: parts.headers,
                 body: body.clone(),
@@ -452,6 +454,43 @@ async fn http2_with_prior_knowledge_is_served() {
     let seen = seen.lock().unwrap()[0].clone();
     assert_eq!(seen.target, "/h2?q=1");
     assert_eq!(seen.headers["host"], gate.addr.to_string());
+}
+
+/// A request forwarded reaches the origin as HTTP/1.1 whatever the
+/// client spoke: an HTTP/2 body of unknown length goes chunked, whole, and
+/// an HTTP/1.0 request's line says HTTP/1.1.
+#[tokio::test]
+async fn requests_reach_the_origin_as_http11_with_their_whole_body() {
+    let (origin, seen) = recording_origin().await;
+    let gate = spawn_gate(proxy_config(&origin.url())).await;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<http_body_util::StreamBody<_>>();
+    let pieces = ["streamed ", "over ", "h2"]
+        .map(|piece| Ok::<_, std::convert::Infallible>(http_body::Frame::data(Bytes::from(piece))));
+    let body = http_body_util::StreamBody::new(futures_util::stream::iter(pieces));
+    let resp = client
+        .request(Request::post(gate.url("/h2-stream")).body(body).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let echoed = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(echoed, "streamed over h2");
+    let last = seen.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(last.version, http::Version::HTTP_11);
+    assert_eq!(last.body, "streamed over h2");
+    let answer = raw_exchange(
+        gate.addr,
+        b"POST /old HTTP/1.0\r\nHost: a\r\nContent-Length: 3\r\n\r\nold",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
+    let last = seen.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(
+        (last.target.as_str(), last.version),
+        ("/old", http::Version::HTTP_11)
+    );
+    assert_eq!(last.body, "old");
 }
 
 #[tokio::test]
